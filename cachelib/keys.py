@@ -1,0 +1,160 @@
+"""Cache keys: which compiled artifacts may be reused where.
+
+Inductor artifacts hit only with the same torch and triton versions, the same GPU and the
+same compile options, so every one of those is part of the key. A key has one string
+form, usable unchanged as a file path, a Redis key and an S3 object key::
+
+    cc1/<namespace>/<name>/<model>/<options>/<gpu>/<capability>/torch-<v>/triton-<v>/cuda-<v>/py-<v>
+
+``cc1`` is the key format version. Fields are ordered from the widest to the narrowest,
+so that one prefix lists a whole cache (``cc1/<ns>/<name>/``) or every variant of one
+model and option set. Each segment is restricted to ``[A-Za-z0-9._+-]`` and must not be
+empty, so that ``/`` can separate segments and the string form round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+KEY_FORMAT = "cc1"
+NONE = "none"
+"""The value of a version field that does not apply (no triton or CUDA on a CPU build)."""
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9._+-]+$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DIGEST = re.compile(r"^[0-9a-f]{16}$")
+_CAPABILITY = re.compile(r"^(sm[0-9]+|cpu)$")
+_VERSIONED = ("torch", "triton", "cuda", "py")
+
+
+class InvalidKey(ValueError):
+    """A cache key (or one of its fields) is malformed; the message names the field."""
+
+
+def digest(payload: Any) -> str:
+    """A 16-hex-digit digest of a JSON-serialisable value, independent of dict order."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def gpu_slug(product: str) -> str:
+    """Normalise a GPU product name to a key segment.
+
+    ``NVIDIA-H100-80GB-HBM3``, ``NVIDIA H100 80GB HBM3`` and ``nvidia_h100_80gb_hbm3`` all
+    become ``nvidia-h100-80gb-hbm3``; an empty product (no GPU) becomes ``cpu``.
+    """
+    slug = re.sub(r"[^a-z0-9.]+", "-", product.strip().lower()).strip("-.")
+    return slug or "cpu"
+
+
+def capability_slug(capability: tuple[int, int] | str | None) -> str:
+    """``(9, 0)`` or ``"9.0"`` -> ``sm90``; ``None`` or ``""`` (no GPU) -> ``cpu``."""
+    if capability is None or capability == "" or capability == "cpu":
+        return "cpu"
+    if isinstance(capability, str):
+        if _CAPABILITY.match(capability):
+            return capability
+        parts = capability.split(".")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise InvalidKey(f"capability: expected 'MAJOR.MINOR' or 'smNN', got {capability!r}")
+        return f"sm{parts[0]}{parts[1]}"
+    major, minor = capability
+    return f"sm{major}{minor}"
+
+
+@dataclass(frozen=True, order=True)
+class CacheKey:
+    """Every field that decides whether a compiled artifact can be reused."""
+
+    namespace: str
+    name: str
+    model: str
+    """Digest of the model identity (the harness target or command, see :func:`digest`)."""
+    options: str
+    """Digest of the compile options (mode, dynamic, fullgraph, backend, inductor config...)."""
+    gpu: str
+    """GPU product slug (:func:`gpu_slug`), ``cpu`` without a GPU."""
+    capability: str
+    """Compute capability slug (:func:`capability_slug`), ``cpu`` without a GPU."""
+    torch: str
+    triton: str
+    cuda: str
+    py: str
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, str) or not _SEGMENT.match(value):
+                raise InvalidKey(f"{f.name}: {value!r} is not a valid key segment ([A-Za-z0-9._+-]+)")
+        if not _DNS_LABEL.match(self.namespace):
+            raise InvalidKey(f"namespace: {self.namespace!r} is not a Kubernetes namespace name")
+        if not _is_dns_subdomain(self.name):
+            raise InvalidKey(f"name: {self.name!r} is not a Kubernetes object name")
+        for label, value in (("model", self.model), ("options", self.options)):
+            if not _DIGEST.match(value):
+                raise InvalidKey(f"{label}: {value!r} is not a 16-hex-digit digest")
+        if self.gpu != gpu_slug(self.gpu):
+            raise InvalidKey(f"gpu: {self.gpu!r} is not normalised (expected {gpu_slug(self.gpu)!r})")
+        if not _CAPABILITY.match(self.capability):
+            raise InvalidKey(f"capability: {self.capability!r} is not 'smNN' or 'cpu'")
+
+    # -- string form -------------------------------------------------------------------
+    def __str__(self) -> str:
+        return "/".join(
+            [KEY_FORMAT, self.namespace, self.name, self.model, self.options, self.gpu, self.capability]
+            + [f"{label}-{getattr(self, label)}" for label in _VERSIONED]
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> CacheKey:
+        """The inverse of ``str(key)``; raises :class:`InvalidKey` naming what is wrong."""
+        parts = text.split("/")
+        if not parts or parts[0] != KEY_FORMAT:
+            raise InvalidKey(f"key {text!r}: expected the format prefix {KEY_FORMAT!r}")
+        if len(parts) != 11:
+            raise InvalidKey(f"key {text!r}: expected 11 '/'-separated segments, got {len(parts)}")
+        versions: dict[str, str] = {}
+        for label, part in zip(_VERSIONED, parts[7:], strict=True):
+            prefix = f"{label}-"
+            if not part.startswith(prefix) or len(part) == len(prefix):
+                raise InvalidKey(f"key {text!r}: segment {part!r} should read '{prefix}<version>'")
+            versions[label] = part[len(prefix) :]
+        return cls(*parts[1:7], **versions)
+
+    # -- groupings ---------------------------------------------------------------------
+    @property
+    def cache_prefix(self) -> str:
+        """The prefix shared by every key of this cache."""
+        return cache_prefix(self.namespace, self.name)
+
+    @property
+    def variant(self) -> str:
+        """A short readable label of the runtime part: ``<gpu>/<capability>/torch-.../py-...``."""
+        return "/".join(str(self).split("/")[5:])
+
+    def matches(self, **wanted: str | None) -> bool:
+        """True when every given (non-None) field equals this key's field."""
+        return all(value is None or getattr(self, name) == value for name, value in wanted.items())
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CacheKey:
+        try:
+            return cls(**{f.name: str(data[f.name]) for f in fields(cls)})
+        except KeyError as missing:
+            raise InvalidKey(f"key field {missing.args[0]!r} is missing") from None
+
+
+def cache_prefix(namespace: str, name: str) -> str:
+    return f"{KEY_FORMAT}/{namespace}/{name}/"
+
+
+def _is_dns_subdomain(value: str) -> bool:
+    return len(value) <= 253 and all(_DNS_LABEL.match(label) for label in value.split("."))
