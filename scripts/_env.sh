@@ -1,0 +1,58 @@
+# Shared set-up for scripts/demo.sh and scripts/test.sh (sourced, not run).
+# Creates .venv in the checkout with Python >= 3.11 and installs the project into it.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${COMPILECACHE_VENV:-$ROOT/.venv}"
+export COMPILECACHE_TEST_CACHE="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+        echo "need root (or sudo) to run: $*" >&2; return 1; fi
+}
+
+APT_UPDATED=0
+apt_install() {
+    # apt_install PKG... : installs the Debian packages that are not installed yet.
+    local missing=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    log "apt-get install ${missing[*]}"
+    if [ "$APT_UPDATED" = 0 ]; then as_root apt-get update -qq; APT_UPDATED=1; fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+pick_python() {
+    local py
+    for py in "${PYTHON:-}" python3.11 python3.12 python3.13 python3; do
+        [ -n "$py" ] || continue
+        if command -v "$py" >/dev/null && "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            echo "$py"; return 0
+        fi
+    done
+    echo "compilecache needs Python >= 3.11" >&2; return 1
+}
+
+ensure_venv() {
+    # ensure_venv EXTRAS : venv with torch 2.13.0 (CPU) and the project installed with those extras.
+    local extras="$1" py
+    if [ ! -x "$VENV/bin/python" ]; then
+        py="$(pick_python)"
+        "$py" -m venv --help >/dev/null 2>&1 && "$py" -c 'import ensurepip' 2>/dev/null || apt_install python3-venv
+        log "creating $VENV"
+        "$py" -m venv "$VENV"
+    fi
+    local stamp="$VENV/.compilecache-$extras.stamp"
+    if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+        log "installing torch==2.13.0 and compilecache[$extras] into $VENV"
+        "$VENV/bin/python" -m pip install -q --upgrade pip
+        "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+        "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"
+        touch "$stamp"
+    fi
+    export PATH="$VENV/bin:$PATH"
+}
