@@ -1,0 +1,113 @@
+{{/* Chart name, overridable. */}}
+{{- define "compilecache-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: <release>-<chart> unless the release name already contains the chart name. */}}
+{{- define "compilecache-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Chart label value. */}}
+{{- define "compilecache-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels (stable across upgrades). */}}
+{{- define "compilecache-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "compilecache-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "compilecache-operator.labels" -}}
+helm.sh/chart: {{ include "compilecache-operator.chart" . }}
+{{ include "compilecache-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: compilecache
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* ServiceAccount name. */}}
+{{- define "compilecache-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "compilecache-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Image reference from {repository, tag, digest}: the digest wins, the tag defaults to appVersion. */}}
+{{- define "compilecache-operator.image" -}}
+{{- $image := index . 0 }}
+{{- $root := index . 1 }}
+{{- if $image.digest }}
+{{- if not (regexMatch "^sha256:[a-f0-9]{64}$" $image.digest) }}
+{{- fail (printf "image digest %q must look like sha256:<64 hex>" $image.digest) }}
+{{- end }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Names of the Services and the webhook certificate Secret. */}}
+{{- define "compilecache-operator.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "compilecache-operator.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "compilecache-operator.webhookCertSecretName" -}}
+{{- printf "%s-webhook-tls" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "compilecache-operator.webhookCertificateName" -}}
+{{- printf "%s-webhook" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* DNS names the webhook certificate must carry. */}}
+{{- define "compilecache-operator.webhookDNSNames" -}}
+{{- $svc := include "compilecache-operator.webhookServiceName" . }}
+{{- $ns := .Release.Namespace }}
+{{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toJson }}
+{{- end }}
+
+{{/* Namespaces holding storage Secrets the operator may read. */}}
+{{- define "compilecache-operator.secretNamespaces" -}}
+{{- $list := .Values.rbac.secretNamespaces | default (list .Release.Namespace) }}
+{{- $list | uniq | toJson }}
+{{- end }}
+
+{{/* Whether the operator watches every namespace. */}}
+{{- define "compilecache-operator.clusterWide" -}}
+{{- if .Values.operator.watchNamespace }}false{{ else }}true{{ end }}
+{{- end }}
+
+{{/* Store credentials from storage.credentialsSecret, with the Secret keys the operator uses for CompileCaches:
+     "password" for Redis, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN for S3 (all optional, so one
+     Secret shape serves either store). */}}
+{{- define "compilecache-operator.storageCredentialEnv" -}}
+{{- with .Values.storage.credentialsSecret }}
+{{- $secret := . }}
+{{- range $env, $key := dict "COMPILECACHE_REDIS_PASSWORD" "password" "AWS_ACCESS_KEY_ID" "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_SECRET_ACCESS_KEY" "AWS_SESSION_TOKEN" "AWS_SESSION_TOKEN" }}
+- name: {{ $env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret | quote }}
+      key: {{ $key | quote }}
+      optional: true
+{{- end }}
+{{- end }}
+{{- end }}
