@@ -1,0 +1,318 @@
+"""``redis://`` and ``rediss://``: objects as chunked values behind a manifest.
+
+Layout under the URL's ``prefix`` (default ``compilecache``)::
+
+    <prefix>:m:<key>                 hash: size, chunks, chunk_size, upload, created
+    <prefix>:c:<key>:<upload>:<i>    string: chunk i of one upload
+    <prefix>:index                   sorted set of every key (score 0), read with ZRANGEBYLEX
+
+A publish writes the chunks under a fresh upload id (with a pending expiry, so a
+publisher that dies half-way leaves nothing behind for long), then one Lua script
+checks that every chunk is there, swaps the manifest, adds the key to the index and
+gives the previous version's chunks a grace period before they expire. A reader reads
+the manifest once and then only chunks of that upload id: it finishes with the version
+it started on, or, when that version's chunks are gone (grace period over, expired),
+fails with :class:`ObjectChanged`. Two versions are never spliced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, BinaryIO, TypeVar, cast
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from cachelib.progress import Progress
+from cachelib.stores._stream import OrderedFetchStream, as_binary, read_pieces
+from cachelib.stores.base import (
+    NotFound,
+    ObjectChanged,
+    ObjectInfo,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    check_key,
+)
+from cachelib.stores.urls import RedisStoreURL
+
+PENDING_SECONDS = 24 * 3600
+"""Expiry of chunks not yet published: what a publisher that died mid-upload leaves behind."""
+_LIST_PAGE = 500
+_T = TypeVar("_T")
+
+# Chunks of a version that is being replaced or deleted: kept ``grace`` seconds for
+# readers already in flight (never longer than they would have lived anyway), or
+# deleted at once when grace is 0.
+_RETIRE = """
+local function retire(chunk_prefix, upload, count, grace)
+  for i = 0, count - 1 do
+    local ck = chunk_prefix .. upload .. ':' .. i
+    if grace == 0 then
+      redis.call('DEL', ck)
+    else
+      local left = redis.call('PTTL', ck)
+      if left == -1 or left > grace * 1000 then redis.call('PEXPIRE', ck, grace * 1000) end
+    end
+  end
+end
+"""
+
+# KEYS: manifest, index. ARGV: key, upload, chunks, size, chunk_size, created, ttl (0: none),
+# grace, chunk key prefix (<prefix>:c:<key>:).
+_PUBLISH = (
+    _RETIRE
+    + """
+local n = tonumber(ARGV[3])
+local ttl = tonumber(ARGV[7])
+for i = 0, n - 1 do
+  if redis.call('EXISTS', ARGV[9] .. ARGV[2] .. ':' .. i) == 0 then
+    return redis.error_reply('chunk ' .. i .. ' of upload ' .. ARGV[2] .. ' is missing')
+  end
+end
+for i = 0, n - 1 do
+  local ck = ARGV[9] .. ARGV[2] .. ':' .. i
+  if ttl > 0 then redis.call('EXPIRE', ck, ttl) else redis.call('PERSIST', ck) end
+end
+local old_upload = redis.call('HGET', KEYS[1], 'upload')
+local old_count = tonumber(redis.call('HGET', KEYS[1], 'chunks') or '0')
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'size', ARGV[4], 'chunks', ARGV[3], 'chunk_size', ARGV[5],
+           'upload', ARGV[2], 'created', ARGV[6])
+if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
+redis.call('ZADD', KEYS[2], 0, ARGV[1])
+if old_upload and old_upload ~= ARGV[2] then retire(ARGV[9], old_upload, old_count, tonumber(ARGV[8])) end
+return 1
+"""
+)
+
+# KEYS: manifest, index. ARGV: key, grace, chunk key prefix.
+_DELETE = (
+    _RETIRE
+    + """
+redis.call('ZREM', KEYS[2], ARGV[1])
+local upload = redis.call('HGET', KEYS[1], 'upload')
+if not upload then return 0 end
+local count = tonumber(redis.call('HGET', KEYS[1], 'chunks') or '0')
+redis.call('DEL', KEYS[1])
+retire(ARGV[3], upload, count, tonumber(ARGV[2]))
+return 1
+"""
+)
+
+# KEYS: manifest, index. ARGV: key. Drops an index entry whose manifest has expired.
+_PRUNE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.call('ZREM', KEYS[2], ARGV[1]) end
+return 0
+"""
+
+
+class _RetryOutages(Retry):
+    """Retries dropped connections and timeouts, but never a refused password."""
+
+    def call_with_retry(
+        self,
+        do: Callable[[], _T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> _T:
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, redis.AuthenticationError):
+                return False
+            return is_retryable is None or is_retryable(error)
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+class RedisStore(Store):
+    """Chunked objects in one Redis database under a key prefix."""
+
+    def __init__(self, config: RedisStoreURL, url: str) -> None:
+        self.config = config
+        self.url = url
+        self._client = redis.Redis(
+            host=config.host,
+            port=config.port,
+            db=config.db,
+            username=config.username,
+            password=config.password,
+            ssl=config.tls,
+            ssl_ca_certs=config.ca,
+            socket_timeout=config.timeout,
+            socket_connect_timeout=config.timeout,
+            retry=_RetryOutages(ExponentialBackoff(cap=1.0, base=0.1), config.retries),
+            health_check_interval=30,
+        )
+        self._publish = self._client.register_script(_PUBLISH)
+        self._delete = self._client.register_script(_DELETE)
+        self._prune = self._client.register_script(_PRUNE)
+        self._index = f"{config.prefix}:index"
+
+    # -- names ----------------------------------------------------------------------------
+    def manifest_key(self, key: str) -> str:
+        return f"{self.config.prefix}:m:{key}"
+
+    def chunk_prefix(self, key: str) -> str:
+        return f"{self.config.prefix}:c:{key}:"
+
+    def chunk_key(self, key: str, upload: str, index: int) -> str:
+        return f"{self.chunk_prefix(key)}{upload}:{index}"
+
+    # -- put ------------------------------------------------------------------------------
+    def put(self, key: str, stream: BinaryIO, size: int | None = None, *, progress: bool = False) -> ObjectInfo:
+        check_key(key)
+        upload = secrets.token_hex(8)
+        chunk = self.config.chunk
+        total = 0
+        count = 0
+        with Progress(f"put {key}", size, enabled=progress) as bar, self._errors(key):
+            pieces = read_pieces(stream, chunk, size, f"{self.url}: put {key}")
+
+            def write(index: int, piece: bytes) -> int:
+                self._client.set(self.chunk_key(key, upload, index), piece, ex=PENDING_SECONDS)
+                bar.update(len(piece))
+                return len(piece)
+
+            try:
+                for written in _bounded_parallel(write, pieces, self.config.workers):
+                    total += written
+                    count += 1
+                created = time.time()
+                self._publish(
+                    keys=[self.manifest_key(key), self._index],
+                    args=[
+                        key,
+                        upload,
+                        count,
+                        total,
+                        chunk,
+                        repr(created),
+                        self.config.ttl or 0,
+                        self.config.grace,
+                        self.chunk_prefix(key),
+                    ],
+                )
+            except BaseException:
+                self._discard_upload(key, upload, count + self.config.workers + 1)
+                raise
+        return ObjectInfo(key=key, size=total, modified=created)
+
+    def _discard_upload(self, key: str, upload: str, upper: int) -> None:
+        """Best-effort removal of the chunks of an upload that was not published."""
+        with contextlib.suppress(redis.RedisError):  # otherwise they expire after PENDING_SECONDS
+            self._client.delete(*[self.chunk_key(key, upload, i) for i in range(max(1, upper))])
+
+    # -- get / head -----------------------------------------------------------------------
+    def _manifest(self, key: str) -> dict[str, str] | None:
+        with self._errors(key):
+            raw = cast(dict[bytes, bytes], self._client.hgetall(self.manifest_key(check_key(key))))
+        if not raw:
+            return None
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def get(self, key: str, *, progress: bool = False) -> AbstractContextManager[BinaryIO]:
+        manifest = self._manifest(key)
+        if manifest is None:
+            raise NotFound(f"{self.url}: no object {key!r}")
+        size, count, chunk = int(manifest["size"]), int(manifest["chunks"]), int(manifest["chunk_size"])
+        upload = manifest["upload"]
+
+        def fetch(index: int) -> bytes:
+            with self._errors(key):
+                data = cast(bytes | None, self._client.get(self.chunk_key(key, upload, index)))
+            if data is None:
+                raise ObjectChanged(f"{self.url}: {key!r} was replaced or deleted while being read")
+            expected = chunk if index < count - 1 else size - chunk * (count - 1)
+            if len(data) != expected:
+                raise StoreError(f"{self.url}: {key!r}: chunk {index} has {len(data)} bytes, expected {expected}")
+            return data
+
+        bar = Progress(f"get {key}", size, enabled=progress) if progress else None
+        workers = self.config.workers
+        return as_binary(
+            OrderedFetchStream(fetch, count, workers=workers, window=2 * workers, progress=bar, name="redis-get")
+        )
+
+    def head(self, key: str) -> ObjectInfo | None:
+        manifest = self._manifest(key)
+        if manifest is None:
+            return None
+        return ObjectInfo(key=key, size=int(manifest["size"]), modified=float(manifest["created"]))
+
+    # -- list -----------------------------------------------------------------------------
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        # Keys are ASCII, so "\x7f" sorts after every character a key may hold.
+        low = f"[{prefix}".encode()
+        high = f"[{prefix}\x7f".encode() if prefix else b"+"
+        while True:
+            with self._errors(prefix):
+                members = cast(list[bytes], self._client.zrangebylex(self._index, low, high, start=0, num=_LIST_PAGE))
+                if not members:
+                    return
+                pipe = self._client.pipeline(transaction=False)
+                for member in members:
+                    pipe.hmget(self.manifest_key(member.decode()), "size", "created")
+                rows: list[list[bytes | None]] = pipe.execute()
+            for member, (size, created) in zip(members, rows, strict=True):
+                key = member.decode()
+                if size is None or created is None:
+                    with self._errors(key):
+                        self._prune(keys=[self.manifest_key(key), self._index], args=[key])
+                    continue
+                yield ObjectInfo(key=key, size=int(size), modified=float(created))
+            if len(members) < _LIST_PAGE:
+                return
+            low = b"(" + members[-1]
+
+    # -- delete ---------------------------------------------------------------------------
+    def delete(self, key: str) -> bool:
+        with self._errors(key):
+            deleted = self._delete(
+                keys=[self.manifest_key(check_key(key)), self._index],
+                args=[key, self.config.grace, self.chunk_prefix(key)],
+            )
+        return bool(deleted)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- errors ---------------------------------------------------------------------------
+    @contextmanager
+    def _errors(self, key: str) -> Iterator[None]:
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # includes authentication failures
+            raise StoreUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+        except redis.ResponseError as exc:
+            if str(exc).startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
+                raise StoreUnavailable(f"{self.url}: {exc}") from exc
+            raise StoreError(f"{self.url}: {key!r}: {exc}") from exc
+        except redis.RedisError as exc:
+            raise StoreError(f"{self.url}: {key!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _bounded_parallel(work: Callable[[int, bytes], _T], pieces: Iterator[bytes], workers: int) -> Iterator[_T]:
+    """Run ``work(i, piece)`` for each piece on a pool, at most ``workers`` pieces in flight.
+
+    Results come back in order; the first failure stops the intake and is raised.
+    """
+    pending: deque[Future[_T]] = deque()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="redis-put") as pool:
+        try:
+            for index, piece in enumerate(pieces):
+                if len(pending) >= workers:
+                    yield pending.popleft().result()
+                pending.append(pool.submit(work, index, piece))
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()

@@ -1,0 +1,259 @@
+"""``s3://bucket/prefix``: objects as S3 objects under ``prefix/``.
+
+Small objects go up in one PUT, larger ones as a multipart upload with parts sized for
+the object and uploaded in parallel; S3 shows the object only once the upload completes,
+and a failed upload is aborted, so readers never see a partial object. Reads are parallel
+ranged GETs pinned to the ETag seen at open (``If-Match``): a reader racing a re-publish
+either reads the version it opened or gets :class:`ObjectChanged`.
+Credentials come from boto3's standard chain (``AWS_*`` environment, config files,
+instance roles); the endpoint from the URL, else ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from itertools import chain
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from cachelib.progress import Progress
+from cachelib.stores._stream import OrderedFetchStream, as_binary, read_pieces
+from cachelib.stores.base import (
+    InvalidObjectKey,
+    NotFound,
+    ObjectChanged,
+    ObjectInfo,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    check_key,
+)
+from cachelib.stores.urls import S3_MAX_PART, S3_MAX_PARTS, MiB, S3StoreURL
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+DEFAULT_PART = 8 * MiB
+UNKNOWN_SIZE_PART = 16 * MiB
+"""Part size when the size is not announced: up to 160 GiB in 10,000 parts."""
+
+_UNAVAILABLE_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "ExpiredToken",
+        "InvalidAccessKeyId",
+        "InvalidToken",
+        "NoSuchBucket",
+        "SignatureDoesNotMatch",
+        "InternalError",
+        "ServiceUnavailable",
+        "SlowDown",
+        "503",
+        "500",
+        "403",
+    }
+)
+_MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+
+
+def plan_part_size(size: int | None) -> int:
+    """Multipart part size for an object of ``size`` bytes.
+
+    8 MiB parts (few requests, bounded memory per part in flight), grown in whole MiB for
+    objects that would otherwise need more than S3's 10,000 parts.
+    """
+    if size is None:
+        return UNKNOWN_SIZE_PART
+    needed = math.ceil(size / S3_MAX_PARTS / MiB) * MiB
+    return min(S3_MAX_PART, max(DEFAULT_PART, needed))
+
+
+class S3Store(Store):
+    """Objects in an S3 bucket (or an S3-compatible server) under a key prefix."""
+
+    def __init__(self, config: S3StoreURL, url: str, *, endpoint: str | None) -> None:
+        self.config = config
+        self.url = url
+        self.endpoint = endpoint
+        self._base = f"{config.prefix}/" if config.prefix else ""
+        client_config = botocore.config.Config(
+            connect_timeout=config.timeout,
+            read_timeout=config.timeout,
+            retries={"total_max_attempts": config.retries + 1, "mode": "standard"},
+            max_pool_connections=2 * config.workers + 2,
+            s3=cast(Any, {"addressing_style": config.addressing}),
+        )
+        self._client: S3Client = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint, region_name=config.region, config=client_config
+        )
+
+    def object_key(self, key: str) -> str:
+        return self._base + check_key(key)
+
+    # -- put ------------------------------------------------------------------------------
+    def put(self, key: str, stream: BinaryIO, size: int | None = None, *, progress: bool = False) -> ObjectInfo:
+        name = self.object_key(key)
+        part_size = self.config.part or plan_part_size(size)
+        with Progress(f"put {key}", size, enabled=progress) as bar, self._errors(key):
+            pieces = read_pieces(stream, part_size, size, f"{self.url}: put {key}")
+            first = next(pieces, b"")
+            second = next(pieces, None)
+            if second is None:
+                self._client.put_object(Bucket=self.config.bucket, Key=name, Body=first)
+                bar.update(len(first))
+            else:
+                self._multipart(name, chain([first, second], pieces), bar)
+        info = self.head(key)
+        if info is None:
+            raise StoreError(f"{self.url}: {key!r} is not visible after publishing it")
+        return info
+
+    def _multipart(self, name: str, pieces: Iterator[bytes], bar: Progress) -> None:
+        bucket = self.config.bucket
+        upload_id = self._client.create_multipart_upload(Bucket=bucket, Key=name)["UploadId"]
+
+        def upload(number: int, piece: bytes) -> dict[str, Any]:
+            answer = self._client.upload_part(
+                Bucket=bucket, Key=name, UploadId=upload_id, PartNumber=number, Body=piece
+            )
+            bar.update(len(piece))
+            return {"PartNumber": number, "ETag": answer["ETag"]}
+
+        parts: list[dict[str, Any]] = []
+        pending: deque[Future[dict[str, Any]]] = deque()
+        try:
+            with ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="s3-put") as pool:
+                try:
+                    for number, piece in enumerate(pieces, 1):
+                        if number > S3_MAX_PARTS:
+                            raise StoreError(
+                                f"{self.url}: {name!r} needs more than {S3_MAX_PARTS} parts; "
+                                "announce the size or raise part= in the URL"
+                            )
+                        if len(pending) >= self.config.workers:
+                            parts.append(pending.popleft().result())
+                        pending.append(pool.submit(upload, number, piece))
+                    while pending:
+                        parts.append(pending.popleft().result())
+                finally:
+                    for future in pending:
+                        future.cancel()
+            self._client.complete_multipart_upload(
+                Bucket=bucket,
+                Key=name,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},  # type: ignore[typeddict-item]
+            )
+        except BaseException:
+            # When the abort fails too, a bucket lifecycle rule for incomplete uploads cleans up.
+            with contextlib.suppress(botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
+                self._client.abort_multipart_upload(Bucket=bucket, Key=name, UploadId=upload_id)
+            raise
+
+    # -- get / head -----------------------------------------------------------------------
+    def _head(self, key: str) -> dict[str, Any] | None:
+        with self._errors(key):
+            try:
+                answer = self._client.head_object(Bucket=self.config.bucket, Key=self.object_key(key))
+            except botocore.exceptions.ClientError as exc:
+                if _code(exc) in _MISSING_CODES:
+                    return None
+                raise
+        return dict(answer)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        answer = self._head(key)
+        if answer is None:
+            return None
+        return ObjectInfo(key=key, size=int(answer["ContentLength"]), modified=answer["LastModified"].timestamp())
+
+    def get(self, key: str, *, progress: bool = False) -> AbstractContextManager[BinaryIO]:
+        answer = self._head(key)
+        if answer is None:
+            raise NotFound(f"{self.url}: no object {key!r}")
+        size = int(answer["ContentLength"])
+        etag = str(answer["ETag"])
+        step = self.config.range
+        count = math.ceil(size / step)
+        name = self.object_key(key)
+
+        def fetch(index: int) -> bytes:
+            start = index * step
+            end = min(size, start + step) - 1
+            with self._errors(key):
+                try:
+                    body = self._client.get_object(
+                        Bucket=self.config.bucket, Key=name, Range=f"bytes={start}-{end}", IfMatch=etag
+                    )["Body"]
+                    data = body.read()
+                except botocore.exceptions.ClientError as exc:
+                    if _code(exc) in _MISSING_CODES | {"PreconditionFailed", "412"}:
+                        raise ObjectChanged(f"{self.url}: {key!r} was replaced or deleted while being read") from exc
+                    raise
+            if len(data) != end - start + 1:
+                raise StoreError(f"{self.url}: {key!r}: range {start}-{end} returned {len(data)} bytes")
+            return data
+
+        bar = Progress(f"get {key}", size, enabled=progress) if progress else None
+        workers = self.config.workers
+        return as_binary(
+            OrderedFetchStream(fetch, count, workers=workers, window=2 * workers, progress=bar, name="s3-get")
+        )
+
+    # -- list / delete --------------------------------------------------------------------
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        pages = paginator.paginate(Bucket=self.config.bucket, Prefix=self._base + prefix)
+        with self._errors(prefix):
+            for page in pages:
+                for item in page.get("Contents", []):
+                    key = item["Key"][len(self._base) :]
+                    try:
+                        check_key(key)
+                    except InvalidObjectKey:
+                        continue  # not one of ours (e.g. a folder marker)
+                    yield ObjectInfo(key=key, size=int(item["Size"]), modified=item["LastModified"].timestamp())
+
+    def delete(self, key: str) -> bool:
+        if self._head(key) is None:
+            return False
+        with self._errors(key):
+            self._client.delete_object(Bucket=self.config.bucket, Key=self.object_key(key))
+        return True
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- errors ---------------------------------------------------------------------------
+    @contextmanager
+    def _errors(self, key: str) -> Iterator[None]:
+        where = f"{self.url}" + (f" (endpoint {self.endpoint})" if self.endpoint else "")
+        try:
+            yield
+        except (
+            botocore.exceptions.ConnectionError,  # refused, DNS, connect timeout
+            botocore.exceptions.HTTPClientError,  # read timeout, connection closed
+            botocore.exceptions.NoCredentialsError,
+            botocore.exceptions.PartialCredentialsError,
+            botocore.exceptions.CredentialRetrievalError,
+        ) as exc:
+            raise StoreUnavailable(f"{where}: {exc}") from exc
+        except botocore.exceptions.ClientError as exc:
+            if _code(exc) in _UNAVAILABLE_CODES:
+                raise StoreUnavailable(f"{where}: {key!r}: {exc}") from exc
+            raise StoreError(f"{where}: {key!r}: {exc}") from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StoreError(f"{where}: {key!r}: {exc}") from exc
+
+
+def _code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))

@@ -1,0 +1,315 @@
+"""Store URLs: parsing and validation (pure: no I/O, no environment, no client libraries).
+
+Accepted forms::
+
+    file:///absolute/path
+    redis://[[user]:password@]host[:port][/db][?prefix=&ttl=&chunk=&workers=&grace=&timeout=&retries=]
+    rediss://...same...[&ca=/path/to/ca.pem]
+    s3://bucket[/prefix][?endpoint=&region=&part=&range=&workers=&timeout=&retries=&addressing=]
+
+Sizes take an optional binary suffix: ``64K``, ``4M``, ``1G`` (KiB, MiB, GiB); ``4MiB`` and a
+plain byte count work too. Every error names the URL (password masked) and what is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
+
+from cachelib.stores.base import StoreURLError
+
+ACCEPTED_SCHEMES = ("file", "redis", "rediss", "s3")
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+REDIS_DEFAULT_PORT = 6379
+REDIS_DEFAULT_PREFIX = "compilecache"
+# Chunk size for Redis values. Redis caps a string at 512 MiB, so values are split anyway;
+# the size trades per-command overhead (small chunks) against memory held per in-flight
+# chunk and latency to the first byte (large chunks). Measured on a 2-core machine against
+# a loopback redis-server (`python bench/preload.py --redis-chunk-sweep`, figures in
+# docs/benchmarks.md): get throughput rises steeply up to 1 MiB and is flat from 2 to
+# 16 MiB, put is flat from 1 MiB on, while a 64 MiB chunk is slower on both. 4 MiB sits in
+# the middle of the plateau and bounds a reader's memory to (2 x workers) x 4 MiB = 32 MiB.
+REDIS_DEFAULT_CHUNK = 4 * MiB
+REDIS_MIN_CHUNK = 1 * KiB
+REDIS_MAX_CHUNK = 512 * MiB
+REDIS_DEFAULT_WORKERS = 4
+REDIS_DEFAULT_GRACE = 300
+REDIS_DEFAULT_TIMEOUT = 10.0
+REDIS_DEFAULT_RETRIES = 2
+
+S3_MIN_PART = 5 * MiB
+S3_MAX_PART = 5 * GiB
+S3_MAX_PARTS = 10_000
+S3_DEFAULT_RANGE = 8 * MiB
+S3_MIN_RANGE = 1 * KiB
+S3_DEFAULT_WORKERS = 4
+S3_DEFAULT_TIMEOUT = 30.0
+S3_DEFAULT_RETRIES = 3
+S3_ADDRESSING = ("auto", "path", "virtual")
+
+_PREFIX = re.compile(r"^[A-Za-z0-9._:+-]+$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_S3_PREFIX_SEGMENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]*$")
+_SIZE = re.compile(r"^([0-9]+)\s*([KMG]?)(?:i?B)?$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB}
+
+
+@dataclass(frozen=True)
+class FileStoreURL:
+    """``file:///root``: objects are files under ``root``."""
+
+    root: str
+
+
+@dataclass(frozen=True)
+class RedisStoreURL:
+    """``redis://`` or ``rediss://`` (TLS)."""
+
+    host: str
+    port: int = REDIS_DEFAULT_PORT
+    db: int = 0
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+    prefix: str = REDIS_DEFAULT_PREFIX
+    ttl: int | None = None
+    """Seconds after publishing at which the object expires; ``None`` keeps it."""
+    chunk: int = REDIS_DEFAULT_CHUNK
+    workers: int = REDIS_DEFAULT_WORKERS
+    """Parallel chunk fetches per reader."""
+    grace: int = REDIS_DEFAULT_GRACE
+    """Seconds the chunks of a replaced or deleted version stay readable for readers in flight."""
+    timeout: float = REDIS_DEFAULT_TIMEOUT
+    retries: int = REDIS_DEFAULT_RETRIES
+    ca: str | None = None
+    """CA bundle for ``rediss://``; the system's trust store when absent."""
+
+
+@dataclass(frozen=True)
+class S3StoreURL:
+    """``s3://bucket/prefix``; ``endpoint`` for S3-compatible servers."""
+
+    bucket: str
+    prefix: str = ""
+    """Key prefix without a trailing slash; ``""`` for the bucket root."""
+    endpoint: str | None = None
+    region: str | None = None
+    part: int | None = None
+    """Multipart part size; ``None`` sizes parts for each object."""
+    range: int = S3_DEFAULT_RANGE
+    """Size of each ranged GET."""
+    workers: int = S3_DEFAULT_WORKERS
+    timeout: float = S3_DEFAULT_TIMEOUT
+    retries: int = S3_DEFAULT_RETRIES
+    addressing: str = "auto"
+
+
+StoreURL = FileStoreURL | RedisStoreURL | S3StoreURL
+
+
+def parse_store_url(url: str) -> StoreURL:
+    """Parse and validate a store URL; raises :class:`StoreURLError` naming the problem."""
+    if not isinstance(url, str) or not url.strip():
+        raise StoreURLError(f"store URL {url!r} is empty; accepted schemes: {_schemes()}")
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:
+        raise StoreURLError(f"store URL {mask_url(url)!r} cannot be parsed: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        return _parse_file(url, parts)
+    if scheme in ("redis", "rediss"):
+        return _parse_redis(url, parts)
+    if scheme == "s3":
+        return _parse_s3(url, parts)
+    got = f"scheme {parts.scheme!r}" if parts.scheme else "no scheme"
+    raise StoreURLError(f"store URL {mask_url(url)!r} has {got}; accepted schemes: {_schemes()}")
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (for messages and logs)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return re.sub(r"//([^/@]*):[^/@]*@", r"//\1:***@", url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def parse_size(text: str, *, what: str) -> int:
+    """``"4M"`` -> ``4194304``; raises :class:`ValueError` naming ``what``."""
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise ValueError(f"{what}={text!r} is not a size (bytes, or a number with K, M or G)")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+
+
+# -- file ---------------------------------------------------------------------------------
+def _parse_file(url: str, parts: SplitResult) -> FileStoreURL:
+    if parts.netloc not in ("", "localhost"):
+        raise StoreURLError(
+            f"store URL {url!r}: file URLs need an absolute path (file:///path), got host {parts.netloc!r}"
+        )
+    if parts.query or parts.fragment:
+        raise StoreURLError(f"store URL {url!r}: file URLs take no options")
+    root = unquote(parts.path)
+    if not root.startswith("/"):
+        raise StoreURLError(f"store URL {url!r}: file URLs need an absolute path (file:///path)")
+    if root != "/":
+        root = root.rstrip("/")
+    return FileStoreURL(root=root)
+
+
+# -- redis --------------------------------------------------------------------------------
+def _parse_redis(url: str, parts: SplitResult) -> RedisStoreURL:
+    shown = mask_url(url)
+    tls = parts.scheme.lower() == "rediss"
+    try:
+        port = parts.port or REDIS_DEFAULT_PORT
+    except ValueError:
+        raise StoreURLError(f"store URL {shown!r}: the port is not a number from 0 to 65535") from None
+    host = parts.hostname
+    if not host:
+        raise StoreURLError(f"store URL {shown!r}: no host (expected {parts.scheme}://host:port/db)")
+    db_text = parts.path.strip("/")
+    if db_text and not db_text.isdigit():
+        raise StoreURLError(f"store URL {shown!r}: the path must be a database number, got {db_text!r}")
+    if parts.fragment:
+        raise StoreURLError(f"store URL {shown!r}: unexpected fragment #{parts.fragment}")
+    accepted = ("prefix", "ttl", "chunk", "workers", "grace", "timeout", "retries") + (("ca",) if tls else ())
+    opts = _query(shown, parts.query, accepted)
+    try:
+        prefix = opts.get("prefix", REDIS_DEFAULT_PREFIX)
+        if not _PREFIX.match(prefix):
+            raise ValueError(f"prefix={prefix!r} must be non-empty [A-Za-z0-9._:+-]")
+        chunk = _bounded_size(opts, "chunk", REDIS_DEFAULT_CHUNK, REDIS_MIN_CHUNK, REDIS_MAX_CHUNK)
+        return RedisStoreURL(
+            host=host,
+            port=port,
+            db=int(db_text or 0),
+            tls=tls,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+            prefix=prefix,
+            ttl=_int(opts, "ttl", 0, low=1) or None,
+            chunk=chunk,
+            workers=_int(opts, "workers", REDIS_DEFAULT_WORKERS, low=1, high=64),
+            grace=_int(opts, "grace", REDIS_DEFAULT_GRACE, low=0),
+            timeout=_seconds(opts, "timeout", REDIS_DEFAULT_TIMEOUT),
+            retries=_int(opts, "retries", REDIS_DEFAULT_RETRIES, low=0, high=10),
+            ca=opts.get("ca"),
+        )
+    except ValueError as exc:
+        raise StoreURLError(f"store URL {shown!r}: {exc}") from None
+
+
+# -- s3 -----------------------------------------------------------------------------------
+def _parse_s3(url: str, parts: SplitResult) -> S3StoreURL:
+    bucket = parts.netloc
+    if not bucket:
+        raise StoreURLError(f"store URL {url!r}: no bucket (expected s3://bucket/prefix)")
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        raise StoreURLError(
+            f"store URL {url!r}: bucket {bucket!r} is not a valid S3 bucket name "
+            "(3-63 characters of a-z, 0-9, '.', '-')"
+        )
+    prefix = unquote(parts.path).strip("/")
+    for segment in prefix.split("/") if prefix else ():
+        if not _S3_PREFIX_SEGMENT.match(segment):
+            raise StoreURLError(
+                f"store URL {url!r}: prefix segment {segment!r} must be non-empty [A-Za-z0-9._+-] not starting with '.'"
+            )
+    if parts.fragment:
+        raise StoreURLError(f"store URL {url!r}: unexpected fragment #{parts.fragment}")
+    opts = _query(
+        url, parts.query, ("endpoint", "region", "part", "range", "workers", "timeout", "retries", "addressing")
+    )
+    try:
+        endpoint = opts.get("endpoint")
+        if endpoint is not None:
+            endpoint_parts = urlsplit(endpoint)
+            if endpoint_parts.scheme not in ("http", "https") or not endpoint_parts.hostname:
+                raise ValueError(f"endpoint={endpoint!r} must be an http:// or https:// URL with a host")
+        addressing = opts.get("addressing", "auto")
+        if addressing not in S3_ADDRESSING:
+            raise ValueError(f"addressing={addressing!r} must be one of {', '.join(S3_ADDRESSING)}")
+        part = _bounded_size(opts, "part", 0, S3_MIN_PART, S3_MAX_PART) if "part" in opts else None
+        return S3StoreURL(
+            bucket=bucket,
+            prefix=prefix,
+            endpoint=endpoint,
+            region=opts.get("region") or None,
+            part=part,
+            range=_bounded_size(opts, "range", S3_DEFAULT_RANGE, S3_MIN_RANGE, S3_MAX_PART),
+            workers=_int(opts, "workers", S3_DEFAULT_WORKERS, low=1, high=64),
+            timeout=_seconds(opts, "timeout", S3_DEFAULT_TIMEOUT),
+            retries=_int(opts, "retries", S3_DEFAULT_RETRIES, low=0, high=10),
+            addressing=addressing,
+        )
+    except ValueError as exc:
+        raise StoreURLError(f"store URL {url!r}: {exc}") from None
+
+
+# -- option helpers -----------------------------------------------------------------------
+def _query(shown: str, query: str, accepted: tuple[str, ...]) -> dict[str, str]:
+    opts: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in accepted:
+            raise StoreURLError(f"store URL {shown!r}: unknown option {name!r}; accepted: {', '.join(accepted)}")
+        if name in opts:
+            raise StoreURLError(f"store URL {shown!r}: option {name!r} given twice")
+        opts[name] = value
+    return opts
+
+
+def _int(opts: dict[str, str], name: str, default: int, *, low: int, high: int | None = None) -> int:
+    if name not in opts:
+        return default
+    text = opts[name]
+    if not text.isdigit():
+        raise ValueError(f"{name}={text!r} is not a whole number")
+    value = int(text)
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{name}={value} must be {bound}")
+    return value
+
+
+def _seconds(opts: dict[str, str], name: str, default: float) -> float:
+    if name not in opts:
+        return default
+    try:
+        value = float(opts[name])
+    except ValueError:
+        raise ValueError(f"{name}={opts[name]!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise ValueError(f"{name}={opts[name]} must be more than 0 and at most 3600 seconds")
+    return value
+
+
+def _bounded_size(opts: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    if name not in opts:
+        return default
+    value = parse_size(opts[name], what=name)
+    if not low <= value <= high:
+        raise ValueError(f"{name}={opts[name]} must be from {_size_text(low)} to {_size_text(high)}")
+    return value
+
+
+def _size_text(n: int) -> str:
+    for unit, factor in (("G", GiB), ("M", MiB), ("K", KiB)):
+        if n % factor == 0:
+            return f"{n // factor}{unit}"
+    return str(n)
+
+
+def _schemes() -> str:
+    return ", ".join(f"{s}://" for s in ACCEPTED_SCHEMES)

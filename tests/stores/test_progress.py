@@ -1,0 +1,92 @@
+"""Progress bars: formatting, and drawn only on a real terminal (a pseudo-terminal here)."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import select
+from collections.abc import Iterator
+
+import pytest
+
+from cachelib.progress import Progress, format_bar, format_duration, human_bytes
+from cachelib.stores import open_store
+
+
+def test_human_bytes() -> None:
+    assert human_bytes(0) == "0 B"
+    assert human_bytes(1023) == "1023 B"
+    assert human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(5 * 1024**3) == "5.0 GiB"
+
+
+def test_format_duration() -> None:
+    assert format_duration(0) == "0:00:00"
+    assert format_duration(75.2) == "0:01:15"
+    assert format_duration(3 * 3600 + 5) == "3:00:05"
+
+
+def test_format_bar_with_total() -> None:
+    line = format_bar("get k", 50 * 1024**2, 100 * 1024**2, 2.0, width=10)
+    assert line == "get k [#####-----] 50.0 MiB / 100.0 MiB  25.0 MiB/s  ETA 0:00:02"
+
+
+def test_format_bar_without_total() -> None:
+    assert format_bar("put k", 3 * 1024**2, None, 1.0) == "put k  3.0 MiB  3.0 MiB/s"
+
+
+def test_not_shown_when_not_a_terminal() -> None:
+    out = io.StringIO()
+    with Progress("x", 10, stream=out) as bar:
+        bar.update(10)
+    assert out.getvalue() == "" and not bar.shown
+
+
+@pytest.fixture
+def terminal() -> Iterator[tuple[io.TextIOWrapper, int]]:
+    leader, follower = pty.openpty()
+    stream = open(follower, "w", encoding="utf-8", closefd=True)  # noqa: SIM115
+    try:
+        yield stream, leader
+    finally:
+        stream.close()
+        os.close(leader)
+
+
+def read_terminal(leader: int) -> str:
+    """Everything written to the terminal so far."""
+    out = b""
+    while select.select([leader], [], [], 0.2)[0]:
+        out += os.read(leader, 65536)
+    return out.decode()
+
+
+def test_shown_on_a_terminal(terminal: tuple[io.TextIOWrapper, int]) -> None:
+    stream, leader = terminal
+    with Progress("get k", 2048, stream=stream) as bar:
+        bar.update(2048)
+    text = read_terminal(leader)
+    assert bar.shown
+    assert "get k [" in text and "2.0 KiB / 2.0 KiB" in text and text.endswith("\r\n")
+
+
+def test_disabled_is_silent_on_a_terminal(terminal: tuple[io.TextIOWrapper, int]) -> None:
+    stream, _ = terminal
+    bar = Progress("x", 1, enabled=False, stream=stream)
+    assert not bar.shown
+
+
+def test_store_transfers_draw_on_a_terminal(
+    tmp_path: os.PathLike[str], terminal: tuple[io.TextIOWrapper, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream, leader = terminal
+    monkeypatch.setattr("sys.stderr", stream)
+    store = open_store(f"file://{tmp_path}")
+    data = os.urandom(3 * 1024 * 1024)
+    store.put("k", io.BytesIO(data), len(data), progress=True)
+    with store.get("k", progress=True) as fh:
+        assert fh.read() == data
+    text = read_terminal(leader)
+    assert "put k [" in text and "get k [" in text
+    assert "3.0 MiB / 3.0 MiB" in text
