@@ -9,10 +9,16 @@
 - apiGroups: ["compilecache.io"]
   resources: ["compilecaches/status"]
   verbs: ["get", "patch", "update"]
-# Warm-up Jobs: one per missing variant, created if absent, read for results, deleted on re-plan.
+# Owned children: Jobs carry an ownerReference with blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement
+# admission plugin (where enabled) only allows with update on the owner's finalizers.
+- apiGroups: ["compilecache.io"]
+  resources: ["compilecaches/finalizers"]
+  verbs: ["update"]
+# Warm-up Jobs: one per missing variant, created if absent, read for results, annotated once their result is
+# recorded, deleted on re-plan.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Pods: warm-up Job pods and injected workload pods are watched to read preload/publish results from their
 # termination messages; patched once to mark a result as counted.
 - apiGroups: [""]
