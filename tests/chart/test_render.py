@@ -1,0 +1,273 @@
+"""helm lint and helm template of every scenario, schema validation and the chart's structural promises."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.chart.chart import (
+    CHART_DIR,
+    NAMESPACE,
+    Manifest,
+    helm,
+    of_kind,
+    one,
+    operator_container,
+    rbac_rules,
+    scenario_files,
+    template,
+)
+
+pytestmark = pytest.mark.helm
+
+SCENARIOS = scenario_files()
+# Kinds whose schemas are not part of Kubernetes (CRD instances): kubernetes-validate ships none for them.
+NON_CORE_KINDS = {
+    "ServiceMonitor": "prometheus-operator CRD",
+    "PrometheusRule": "prometheus-operator CRD",
+    "Certificate": "cert-manager CRD",
+    "Issuer": "cert-manager CRD",
+}
+SCHEMA_VERSION = kubernetes_validate.utils.latest_version()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_helm_lint_strict(helm_bin: Path, scenario: str) -> None:
+    values = SCENARIOS[scenario]
+    args = ["lint", "--strict", str(CHART_DIR), "--namespace", NAMESPACE]
+    if values is not None:
+        args += ["--values", str(values)]
+    out = helm(helm_bin, *args).stdout
+    assert "0 chart(s) failed" in out
+
+
+def test_lint_rejects_values_outside_the_schema(helm_bin: Path) -> None:
+    proc = helm(helm_bin, "lint", str(CHART_DIR), "--set", "webhook.failurePolicy=Sometimes", check=False)
+    assert proc.returncode != 0
+    assert "failurePolicy" in proc.stdout + proc.stderr
+
+
+def test_bad_digest_is_refused_with_its_value(helm_bin: Path) -> None:
+    # The schema refuses it first; the template's own check names the value too (when schema checks are skipped).
+    proc = helm(helm_bin, "template", "cc", str(CHART_DIR), "--skip-schema-validation",
+                "--set", "images.operator.digest=sha256:nothex", check=False)
+    assert proc.returncode != 0
+    assert "sha256:nothex" in proc.stderr
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_rendered_objects_validate_against_kubernetes_schemas(renderings: dict[str, list[Manifest]],
+                                                               scenario: str) -> None:
+    """Every object of a Kubernetes kind validates (strict: no unknown fields) against the newest schemas
+    kubernetes-validate ships; kinds of other projects' CRDs are listed in NON_CORE_KINDS and skipped."""
+    validated = 0
+    for manifest in renderings[scenario]:
+        if manifest["kind"] in NON_CORE_KINDS:
+            continue
+        name = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(manifest, SCHEMA_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{scenario}: {name} is invalid for Kubernetes {SCHEMA_VERSION}: {error.message} "
+                        f"at {'/'.join(str(p) for p in error.absolute_path)}")
+        validated += 1
+    assert validated >= 3
+
+
+def test_every_optional_branch_is_rendered_by_some_scenario(renderings: dict[str, list[Manifest]]) -> None:
+    """The ci/ files together switch on every optional branch of the templates."""
+
+    def webhook(ms: list[Manifest]) -> Manifest | None:
+        found = of_kind(ms, "MutatingWebhookConfiguration")
+        return found[0] if found else None
+
+    def crd(ms: list[Manifest]) -> Manifest | None:
+        found = of_kind(ms, "CustomResourceDefinition")
+        return found[0] if found else None
+
+    def env(ms: list[Manifest]) -> dict[str, str]:
+        if not of_kind(ms, "Deployment"):
+            return {}
+        return {e["name"]: e.get("value", "") for e in operator_container(ms)["env"]}
+
+    branches = {
+        "cert-manager self-signed Issuer": lambda ms: bool(of_kind(ms, "Issuer")),
+        "cert-manager Certificate from an existing issuer": lambda ms: bool(of_kind(ms, "Certificate"))
+        and not of_kind(ms, "Issuer"),
+        "generated certificate Secret": lambda ms: any(s["type"] == "kubernetes.io/tls" for s in of_kind(ms, "Secret")),
+        "ServiceMonitor": lambda ms: bool(of_kind(ms, "ServiceMonitor")),
+        "PrometheusRule": lambda ms: bool(of_kind(ms, "PrometheusRule")),
+        "Grafana dashboard": lambda ms: any("grafana_dashboard" in c["metadata"]["labels"]
+                                            for c in of_kind(ms, "ConfigMap")),
+        "CRD with keep": lambda ms: (c := crd(ms)) is not None
+        and c["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep",
+        "CRD without keep": lambda ms: (c := crd(ms)) is not None and "annotations" not in c["metadata"],
+        "CRD disabled": lambda ms: crd(ms) is None,
+        "webhook disabled": lambda ms: webhook(ms) is None,
+        "failurePolicy Fail": lambda ms: (w := webhook(ms)) is not None and w["webhooks"][0]["failurePolicy"] == "Fail",
+        "image digests": lambda ms: bool(of_kind(ms, "Deployment")) and "@sha256:" in operator_container(ms)["image"],
+        "pull secrets": lambda ms: bool(of_kind(ms, "Deployment"))
+        and bool(one(ms, "Deployment")["spec"]["template"]["spec"].get("imagePullSecrets")),
+        "node cache hostPath": lambda ms: bool(env(ms).get("COMPILECACHE_NODE_CACHE_PATH")),
+        "namespaced Role for the watched namespace": lambda ms: any(
+            r["metadata"]["name"] == one(ms, "Deployment")["metadata"]["name"] for r in of_kind(ms, "Role")),
+        "secrets in several namespaces": lambda ms: len({r["metadata"]["namespace"] for r in of_kind(ms, "Role")
+                                                         if r["metadata"]["name"].endswith("-secrets")}) > 1,
+        "no RBAC, existing ServiceAccount": lambda ms: not of_kind(ms, "ClusterRole")
+        and not of_kind(ms, "ServiceAccount"),
+        "store credentials Secret": lambda ms: any("valueFrom" in e for e in operator_container(ms)["env"]
+                                                   if e["name"] == "AWS_ACCESS_KEY_ID"),
+        "text logs and verbose": lambda ms: bool(of_kind(ms, "Deployment"))
+        and {"--log-format=text", "--verbose"} <= set(operator_container(ms)["args"]),
+        "watch one namespace": lambda ms: bool(of_kind(ms, "Deployment"))
+        and any(a.startswith("--namespace=") for a in operator_container(ms)["args"]),
+    }
+    missing = [name for name, seen in branches.items() if not any(seen(ms) for ms in renderings.values())]
+    assert not missing, f"no ci/ scenario renders: {missing}"
+
+
+def test_operator_deployment_is_one_recreated_hardened_replica(default_rendering: list[Manifest]) -> None:
+    deployment = one(default_rendering, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = operator_container(default_rendering)
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    health_port = next(p["containerPort"] for p in container["ports"] if p["name"] == probe["port"])
+    assert health_port == 8081
+    assert "--health-port=8081" in container["args"]
+    assert "--webhook-config=external" in container["args"]
+    assert "--all-namespaces" in container["args"]
+    assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])  # writable scratch on a read-only root
+    assert pod["serviceAccountName"] == one(default_rendering, "ServiceAccount")["metadata"]["name"]
+
+
+def test_webhook_fails_open_and_only_sees_labelled_pods(default_rendering: list[Manifest]) -> None:
+    (hook,) = one(default_rendering, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["reinvocationPolicy"] in ("IfNeeded", "Never")
+    assert 1 <= hook["timeoutSeconds"] <= 30
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                              "operations": ["CREATE"], "scope": "Namespaced"}]
+    assert hook["objectSelector"] == {"matchExpressions": [{"key": "compilecache.io/cache", "operator": "Exists"}]}
+    (exclusion,) = [e for e in hook["namespaceSelector"]["matchExpressions"]
+                    if e["key"] == "kubernetes.io/metadata.name"]
+    assert exclusion["operator"] == "NotIn"
+    assert {"kube-system", NAMESPACE} <= set(exclusion["values"])
+    service = hook["clientConfig"]["service"]
+    webhook_service = one(default_rendering, "Service", "-webhook")
+    assert service["name"] == webhook_service["metadata"]["name"]
+    assert service["namespace"] == NAMESPACE
+    assert service["port"] == webhook_service["spec"]["ports"][0]["port"]
+    assert service["path"] == "/inject-pods"
+    target = webhook_service["spec"]["ports"][0]["targetPort"]
+    ports = {p["name"]: p["containerPort"] for p in operator_container(default_rendering)["ports"]}
+    assert f"--webhook-port={ports[target]}" in operator_container(default_rendering)["args"]
+
+
+def test_webhook_path_is_the_operators_handler_id(default_rendering: list[Manifest]) -> None:
+    from compilecache_operator.names import WEBHOOK_ID
+
+    (hook,) = one(default_rendering, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["service"]["path"] == f"/{WEBHOOK_ID}"
+
+
+def test_release_namespace_stays_excluded_when_more_are_listed(helm_bin: Path) -> None:
+    rendered = template(helm_bin, set_values=["webhook.excludeNamespaces={monitoring}"], namespace="ops")
+    (hook,) = one(rendered, "MutatingWebhookConfiguration")["webhooks"]
+    values = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert set(values) == {"kube-system", "ops", "monitoring"}
+
+
+# The verbs the operator uses, per (apiGroup, resource); anything else in a rule is a test failure.
+EXPECTED_VERBS = {
+    ("compilecache.io", "compilecaches"): {"get", "list", "watch", "patch", "update"},
+    ("compilecache.io", "compilecaches/status"): {"get", "patch", "update"},
+    ("compilecache.io", "compilecaches/finalizers"): {"update"},
+    ("batch", "jobs"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "pods"): {"get", "list", "watch", "patch"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+    ("", "nodes"): {"get", "list", "watch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("", "namespaces"): {"list", "watch"},
+    ("", "secrets"): {"get"},
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_rbac_is_least_privilege(renderings: dict[str, list[Manifest]], scenario: str) -> None:
+    rendered = renderings[scenario]
+    granted: dict[tuple[str, str], set[str]] = {}
+    for role, rule in rbac_rules(rendered):
+        where = f"{scenario}: {role['kind']}/{role['metadata']['name']}"
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"{where} has a wildcard in {field}"
+        assert "resourceNames" not in rule or rule["resourceNames"]
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                key = (group, resource)
+                assert key in EXPECTED_VERBS, f"{where} grants {key}, which the operator does not use"
+                assert set(rule["verbs"]) <= EXPECTED_VERBS[key], f"{where}: {key} {rule['verbs']}"
+                granted.setdefault(key, set()).update(rule["verbs"])
+                if resource == "secrets":
+                    assert role["kind"] == "Role", f"{where}: secrets must only be granted by namespaced Roles"
+    if not of_kind(rendered, "ClusterRole"):
+        return  # rbac.create=false
+    assert granted == {k: v for k, v in EXPECTED_VERBS.items() if k in granted}
+    assert ("", "namespaces") in granted or "--all-namespaces" not in operator_container(rendered)["args"]
+
+
+def test_secrets_role_follows_the_listed_namespaces(renderings: dict[str, list[Manifest]]) -> None:
+    default_roles = [r for r in of_kind(renderings["default"], "Role") if r["metadata"]["name"].endswith("-secrets")]
+    assert [r["metadata"]["namespace"] for r in default_roles] == [NAMESPACE]
+    namespaced = renderings["namespaced"]
+    roles = {r["metadata"]["namespace"] for r in of_kind(namespaced, "Role")
+             if r["metadata"]["name"].endswith("-secrets")}
+    assert roles == {"ml-team", "compilecache-secrets"}
+    bindings = [b for b in of_kind(namespaced, "RoleBinding") if b["metadata"]["name"].endswith("-secrets")]
+    assert {b["metadata"]["namespace"] for b in bindings} == roles
+    sa = one(namespaced, "ServiceAccount")["metadata"]["name"]
+    assert all(b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}] for b in bindings)
+    # Watching one namespace: the namespaced objects are granted by a Role there, never cluster-wide.
+    cluster_resources = {res for role, rule in rbac_rules(namespaced) if role["kind"] == "ClusterRole"
+                         for res in rule["resources"]}
+    assert cluster_resources == {"nodes", "customresourcedefinitions"}
+
+
+def test_every_values_key_is_commented() -> None:
+    """Each key in values.yaml, sections included, has a comment on the line right above it."""
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    key_line = re.compile(r"^\s*[A-Za-z][\w.-]*:")
+    uncommented = [f"{i + 1}: {line.strip()}" for i, line in enumerate(lines)
+                   if key_line.match(line) and not (i and lines[i - 1].lstrip().startswith("#"))]
+    assert not uncommented, f"values.yaml keys without a comment: {uncommented}"
+
+
+def test_values_keys_are_camel_case() -> None:
+    def keys(node: object, path: str = "") -> list[str]:
+        if isinstance(node, dict):
+            return [k for key, value in node.items() for k in [f"{path}{key}", *keys(value, f"{path}{key}.")]]
+        return []
+
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    # Keys that are Kubernetes field names or labels pass through unchanged.
+    bad = [k for k in keys(values) if "_" in k.rsplit(".", 1)[-1] or "-" in k.rsplit(".", 1)[-1]]
+    assert not bad
