@@ -1,0 +1,576 @@
+"""The CompileCache spec, parsed and validated in one place.
+
+:func:`parse_spec` turns the raw ``spec`` mapping into frozen dataclasses or raises
+:class:`InvalidSpec` listing every problem with its field path (``spec.storage.url: ...``).
+It repeats the CRD schema's checks (an object can predate a schema change) and adds those the
+schema cannot express: exactly one of ``model.target``/``model.command``, a store URL that a
+backend accepts and carries no password, GPU types that stay distinct once normalised.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from cachelib.keys import gpu_slug
+from cachelib.stores.base import StoreURLError
+from cachelib.stores.urls import parse_store_url
+
+DEFAULT_GPU_LABEL_KEY = "nvidia.com/gpu.product"
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+DYNAMIC = ("auto", "true", "false")
+DELETION_POLICIES = ("Keep", "Delete")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+_TARGET = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:)?[A-Za-z_][A-Za-z0-9_]*$")
+_BACKEND = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i?|[mun]|k)?$")
+
+
+@dataclass(frozen=True)
+class FieldError:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class InvalidSpec(ValueError):
+    """A spec that can never work; ``errors`` name every offending field."""
+
+    def __init__(self, errors: Sequence[FieldError]) -> None:
+        self.errors = tuple(errors)
+        super().__init__("; ".join(str(e) for e in self.errors))
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(e.path for e in self.errors)
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    mode: str = "default"
+    dynamic: str = "auto"
+    fullgraph: bool = False
+    backend: str = "inductor"
+    compiled_autograd: bool = False
+
+    def harness_args(self) -> list[str]:
+        """The harness flags for these options (defaults left out)."""
+        args = ["--mode", self.mode, "--dynamic", self.dynamic, "--backend", self.backend]
+        if self.fullgraph:
+            args.append("--fullgraph")
+        if self.compiled_autograd:
+            args.append("--compiled-autograd")
+        return args
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    target: str | None
+    command: str | None
+    compile: CompileOptions = field(default_factory=CompileOptions)
+    backward: bool = False
+
+    def identity(self) -> dict[str, Any]:
+        """Everything about the model that changes the compiled artifacts."""
+        return {
+            "target": self.target,
+            "command": self.command,
+            "mode": self.compile.mode,
+            "dynamic": self.compile.dynamic,
+            "fullgraph": self.compile.fullgraph,
+            "backend": self.compile.backend,
+            "compiled_autograd": self.compile.compiled_autograd,
+            "backward": self.backward,
+        }
+
+
+@dataclass(frozen=True)
+class GpuDiscovery:
+    auto: bool = False
+    label_key: str = DEFAULT_GPU_LABEL_KEY
+
+
+@dataclass(frozen=True)
+class SecretKey:
+    """One credential: the environment variable the store reads, from one key of the Secret."""
+
+    env: str
+    key: str
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    url: str
+    secret_name: str | None = None
+    secret_keys: tuple[SecretKey, ...] = ()
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.url).scheme.lower()
+
+
+@dataclass(frozen=True)
+class Resources:
+    limits: Mapping[str, str] = field(default_factory=dict)
+    requests: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {}
+        if self.limits:
+            out["limits"] = dict(self.limits)
+        if self.requests:
+            out["requests"] = dict(self.requests)
+        return out
+
+
+@dataclass(frozen=True)
+class WarmupSpec:
+    resources: Resources = field(default_factory=Resources)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    backoff_limit: int = 2
+    active_deadline_seconds: int = 3600
+    gpu_resource_name: str = DEFAULT_GPU_RESOURCE
+    gpus_per_job: int = 1
+    service_account_name: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class RemoteCacheSpec:
+    host: str
+    port: int = 6379
+    fx_graph: bool = True
+    autograd: bool = True
+    autotune: bool = True
+
+    def env(self) -> dict[str, str]:
+        """PyTorch's own remote-cache switches and the Redis address they use."""
+        out = {"TORCHINDUCTOR_REDIS_HOST": self.host, "TORCHINDUCTOR_REDIS_PORT": str(self.port)}
+        if self.fx_graph:
+            out["TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"] = "1"
+        if self.autograd:
+            out["TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE"] = "1"
+        if self.autotune:
+            out["TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"] = "1"
+        return out
+
+
+@dataclass(frozen=True)
+class PreloadSpec:
+    strict: bool = False
+    max_bytes: int | None = None
+    node_cache_path: str | None = None
+    resources: Resources = field(default_factory=Resources)
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    image: str
+    model: ModelSpec
+    storage: StorageSpec
+    image_pull_policy: str | None = None
+    gpu_types: tuple[str, ...] = ()
+    gpu_discovery: GpuDiscovery = field(default_factory=GpuDiscovery)
+    warmup: WarmupSpec = field(default_factory=WarmupSpec)
+    keep_generations: int = 2
+    deletion_policy: str = "Keep"
+    remote_cache: RemoteCacheSpec | None = None
+    preload: PreloadSpec = field(default_factory=PreloadSpec)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Operator-wide defaults (command-line flags) that a spec may leave to the operator."""
+
+    gpu_label_key: str = DEFAULT_GPU_LABEL_KEY
+    storage_url: str | None = None
+    storage_secret: str | None = None
+    node_cache_path: str | None = None
+
+
+# Credentials per store scheme: (spec key, environment variable, default Secret key, optional).
+_CREDENTIALS: dict[str, tuple[tuple[str, str, str, bool], ...]] = {
+    "redis": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
+    "rediss": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
+    "s3": (
+        ("accessKeyId", "AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID", False),
+        ("secretAccessKey", "AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", False),
+        ("sessionToken", "AWS_SESSION_TOKEN", "AWS_SESSION_TOKEN", True),
+    ),
+    "file": (),
+}
+
+
+class _Errors:
+    """Collects field errors so that one pass reports all of them."""
+
+    def __init__(self) -> None:
+        self.items: list[FieldError] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append(FieldError(path, message))
+
+
+def parse_spec(raw: Mapping[str, Any] | None, defaults: Defaults | None = None) -> CacheSpec:
+    """Parse a CompileCache ``spec``; raises :class:`InvalidSpec` naming every bad field."""
+    defaults = defaults or Defaults()
+    errors = _Errors()
+    spec = _mapping(raw, "spec", errors, required=True)
+    image = _string(spec, "image", "spec", errors, required=True, max_length=1024) or ""
+    pull_policy = _enum(spec, "imagePullPolicy", "spec", errors, PULL_POLICIES, None)
+    model_raw = _mapping(spec.get("model"), "spec.model", errors, required=True)
+    model = _parse_model(model_raw, errors) if spec.get("model") is not None else None
+    gpu_types = _parse_gpu_types(spec.get("gpuTypes"), errors)
+    discovery = _parse_discovery(_mapping(spec.get("gpuDiscovery"), "spec.gpuDiscovery", errors), defaults, errors)
+    storage = _parse_storage(spec.get("storage"), defaults, errors)
+    warmup = _parse_warmup(_mapping(spec.get("warmup"), "spec.warmup", errors), errors)
+    retention = _mapping(spec.get("retention"), "spec.retention", errors)
+    keep = _integer(retention, "keepGenerations", "spec.retention", errors, 2, low=1, high=100)
+    deletion = _enum(spec, "deletionPolicy", "spec", errors, DELETION_POLICIES, "Keep") or "Keep"
+    remote = _parse_remote_cache(spec.get("remoteCache"), errors)
+    preload = _parse_preload(_mapping(spec.get("preload"), "spec.preload", errors), defaults, errors)
+    if errors.items:
+        raise InvalidSpec(errors.items)
+    assert model is not None and storage is not None
+    return CacheSpec(
+        image=image,
+        image_pull_policy=pull_policy,
+        model=model,
+        gpu_types=gpu_types,
+        gpu_discovery=discovery,
+        storage=storage,
+        warmup=warmup,
+        keep_generations=keep,
+        deletion_policy=deletion,
+        remote_cache=remote,
+        preload=preload,
+    )
+
+
+# -- sections -------------------------------------------------------------------------------
+def _parse_model(model: Mapping[str, Any], errors: _Errors) -> ModelSpec | None:
+    path = "spec.model"
+    target = _string(model, "target", path, errors, max_length=256)
+    command = _string(model, "command", path, errors, max_length=4096)
+    if target is not None and not _TARGET.match(target):
+        errors.add(f"{path}.target", f"{target!r} is not module:function or a built-in target name")
+    if target is None and command is None:
+        errors.add(path, "set one of target or command")
+    elif target is not None and command is not None:
+        errors.add(path, "set only one of target or command, not both")
+    opts = _mapping(model.get("compile"), f"{path}.compile", errors)
+    cpath = f"{path}.compile"
+    backend = _string(opts, "backend", cpath, errors, max_length=128) or "inductor"
+    if not _BACKEND.match(backend):
+        errors.add(f"{cpath}.backend", f"{backend!r} is not a backend name")
+    dynamic_raw = opts.get("dynamic", "auto")
+    if isinstance(dynamic_raw, bool):  # a YAML true/false that skipped the schema
+        dynamic_raw = "true" if dynamic_raw else "false"
+    dynamic = _enum({"dynamic": dynamic_raw}, "dynamic", cpath, errors, DYNAMIC, "auto") or "auto"
+    compile_options = CompileOptions(
+        mode=_enum(opts, "mode", cpath, errors, MODES, "default") or "default",
+        dynamic=dynamic,
+        fullgraph=_boolean(opts, "fullgraph", cpath, errors, False),
+        backend=backend,
+        compiled_autograd=_boolean(opts, "compiledAutograd", cpath, errors, False),
+    )
+    backward = _boolean(model, "backward", path, errors, False)
+    return ModelSpec(target=target, command=command, compile=compile_options, backward=backward)
+
+
+def _parse_gpu_types(raw: Any, errors: _Errors) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        errors.add("spec.gpuTypes", "must be a list of GPU products")
+        return ()
+    if len(raw) > 32:
+        errors.add("spec.gpuTypes", f"at most 32 GPU types, got {len(raw)}")
+    seen: dict[str, int] = {}
+    out: list[str] = []
+    for i, item in enumerate(raw):
+        path = f"spec.gpuTypes[{i}]"
+        if not isinstance(item, str) or not item.strip():
+            errors.add(path, "must be a non-empty string")
+            continue
+        if len(item) > 63 or not _LABEL_VALUE.match(item):
+            errors.add(path, f"{item!r} is not a GPU product as a Node label value shows it (NVIDIA-H100-80GB-HBM3)")
+            continue
+        slug = gpu_slug(item)
+        if slug in seen:
+            errors.add(path, f"{item!r} is the same GPU type as spec.gpuTypes[{seen[slug]}] ({slug})")
+            continue
+        seen[slug] = i
+        out.append(item)
+    return tuple(out)
+
+
+def _parse_discovery(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) -> GpuDiscovery:
+    path = "spec.gpuDiscovery"
+    label_key = _string(raw, "labelKey", path, errors, max_length=317) or defaults.gpu_label_key
+    if not _QUALIFIED_NAME.match(label_key):
+        errors.add(f"{path}.labelKey", f"{label_key!r} is not a label key")
+    return GpuDiscovery(auto=_boolean(raw, "auto", path, errors, False), label_key=label_key)
+
+
+def _parse_storage(raw: Any, defaults: Defaults, errors: _Errors) -> StorageSpec | None:
+    path = "spec.storage"
+    storage = _mapping(raw, path, errors)
+    url = _string(storage, "url", path, errors, max_length=2048)
+    secret_raw = storage.get("secretRef")
+    if url is None:
+        url = defaults.storage_url
+        if url is None:
+            errors.add(f"{path}.url", "required (the operator has no default store)")
+            return None
+        if secret_raw is None and defaults.storage_secret:
+            secret_raw = {"name": defaults.storage_secret}
+    try:
+        parsed = parse_store_url(url)
+    except StoreURLError as exc:
+        errors.add(f"{path}.url", str(exc))
+        return None
+    if getattr(parsed, "password", None):
+        errors.add(f"{path}.url", "must not carry a password: put it in the Secret named by spec.storage.secretRef")
+        return None
+    scheme = urlsplit(url).scheme.lower()
+    if secret_raw is None:
+        return StorageSpec(url=url)
+    secret = _mapping(secret_raw, f"{path}.secretRef", errors)
+    name = _string(secret, "name", f"{path}.secretRef", errors, required=True, max_length=253)
+    if name is not None and not _DNS_SUBDOMAIN.match(name):
+        errors.add(f"{path}.secretRef.name", f"{name!r} is not a Secret name")
+    credentials = _CREDENTIALS.get(scheme, ())
+    if not credentials:
+        errors.add(f"{path}.secretRef", f"{scheme}:// stores take no credentials")
+        return None
+    keys_raw = _mapping(secret.get("keys"), f"{path}.secretRef.keys", errors)
+    known = {spec_key for spec_key, *_ in credentials}
+    for extra in sorted(set(keys_raw) - known):
+        accepted = ", ".join(sorted(known))
+        errors.add(f"{path}.secretRef.keys.{extra}", f"not a credential of {scheme}:// stores ({accepted})")
+    keys = tuple(
+        SecretKey(env=env, key=_string(keys_raw, spec_key, f"{path}.secretRef.keys", errors) or default, optional=opt)
+        for spec_key, env, default, opt in credentials
+    )
+    return StorageSpec(url=url, secret_name=name, secret_keys=keys)
+
+
+def _parse_resources(raw: Any, path: str, errors: _Errors) -> Resources:
+    section = _mapping(raw, path, errors)
+    out: dict[str, dict[str, str]] = {}
+    for part in ("limits", "requests"):
+        values = _mapping(section.get(part), f"{path}.{part}", errors)
+        parsed: dict[str, str] = {}
+        for name, value in values.items():
+            text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+            if not isinstance(text, str) or not _QUANTITY.match(text):
+                errors.add(f"{path}.{part}.{name}", f"{value!r} is not a resource quantity")
+                continue
+            parsed[str(name)] = text
+        out[part] = parsed
+    return Resources(limits=out["limits"], requests=out["requests"])
+
+
+def _parse_warmup(raw: Mapping[str, Any], errors: _Errors) -> WarmupSpec:
+    path = "spec.warmup"
+    resources = _parse_resources(raw.get("resources"), f"{path}.resources", errors)
+    selector = _string_map(raw.get("nodeSelector"), f"{path}.nodeSelector", errors)
+    tolerations = _parse_tolerations(raw.get("tolerations"), f"{path}.tolerations", errors)
+    gpu_resource = _string(raw, "gpuResourceName", path, errors, max_length=317) or DEFAULT_GPU_RESOURCE
+    if not _QUALIFIED_NAME.match(gpu_resource):
+        errors.add(f"{path}.gpuResourceName", f"{gpu_resource!r} is not a resource name")
+    account = _string(raw, "serviceAccountName", path, errors, max_length=253)
+    if account is not None and not _DNS_SUBDOMAIN.match(account):
+        errors.add(f"{path}.serviceAccountName", f"{account!r} is not a ServiceAccount name")
+    pull_secrets: list[str] = []
+    for i, item in enumerate(_list(raw.get("imagePullSecrets"), f"{path}.imagePullSecrets", errors)):
+        secret_name = _string(_mapping(item, f"{path}.imagePullSecrets[{i}]", errors), "name",
+                              f"{path}.imagePullSecrets[{i}]", errors, required=True)
+        if secret_name:
+            pull_secrets.append(secret_name)
+    env: list[tuple[str, str]] = []
+    for i, item in enumerate(_list(raw.get("env"), f"{path}.env", errors)):
+        ipath = f"{path}.env[{i}]"
+        entry = _mapping(item, ipath, errors)
+        env_name = _string(entry, "name", ipath, errors, required=True)
+        if env_name is not None and not _ENV_NAME.match(env_name):
+            errors.add(f"{ipath}.name", f"{env_name!r} is not an environment variable name")
+        elif env_name is not None:
+            env.append((env_name, _string(entry, "value", ipath, errors) or ""))
+    return WarmupSpec(
+        resources=resources,
+        node_selector=selector,
+        tolerations=tolerations,
+        backoff_limit=_integer(raw, "backoffLimit", path, errors, 2, low=0, high=10),
+        active_deadline_seconds=_integer(raw, "activeDeadlineSeconds", path, errors, 3600, low=1),
+        gpu_resource_name=gpu_resource,
+        gpus_per_job=_integer(raw, "gpusPerJob", path, errors, 1, low=0, high=16),
+        service_account_name=account,
+        image_pull_secrets=tuple(pull_secrets),
+        env=tuple(env),
+    )
+
+
+def _parse_tolerations(raw: Any, path: str, errors: _Errors) -> tuple[Mapping[str, Any], ...]:
+    out: list[Mapping[str, Any]] = []
+    for i, item in enumerate(_list(raw, path, errors)):
+        ipath = f"{path}[{i}]"
+        entry = _mapping(item, ipath, errors)
+        toleration: dict[str, Any] = {}
+        for name in ("key", "value"):
+            value = _string(entry, name, ipath, errors)
+            if value is not None:
+                toleration[name] = value
+        operator = _enum(entry, "operator", ipath, errors, TOLERATION_OPERATORS, None)
+        effect = _enum(entry, "effect", ipath, errors, TOLERATION_EFFECTS, None)
+        if operator:
+            toleration["operator"] = operator
+        if effect:
+            toleration["effect"] = effect
+        if "tolerationSeconds" in entry:
+            toleration["tolerationSeconds"] = _integer(entry, "tolerationSeconds", ipath, errors, 0, low=-(2**63))
+        if operator == "Exists" and "value" in toleration:
+            errors.add(f"{ipath}.value", "must be empty when operator is Exists")
+        out.append(toleration)
+    return tuple(out)
+
+
+def _parse_remote_cache(raw: Any, errors: _Errors) -> RemoteCacheSpec | None:
+    if raw is None:
+        return None
+    path = "spec.remoteCache"
+    remote = _mapping(raw, path, errors)
+    host = _string(remote, "host", path, errors, required=True, max_length=253)
+    if host is not None and not host.strip():
+        errors.add(f"{path}.host", "must not be empty")
+    return RemoteCacheSpec(
+        host=host or "",
+        port=_integer(remote, "port", path, errors, 6379, low=1, high=65535),
+        fx_graph=_boolean(remote, "fxGraph", path, errors, True),
+        autograd=_boolean(remote, "autograd", path, errors, True),
+        autotune=_boolean(remote, "autotune", path, errors, True),
+    )
+
+
+def _parse_preload(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) -> PreloadSpec:
+    path = "spec.preload"
+    node_cache = _mapping(raw.get("nodeCache"), f"{path}.nodeCache", errors)
+    host_path = _string(node_cache, "hostPath", f"{path}.nodeCache", errors, required="nodeCache" in raw)
+    if host_path is not None and (not host_path.startswith("/") or "/../" in f"{host_path}/"):
+        errors.add(f"{path}.nodeCache.hostPath", f"{host_path!r} must be an absolute path without '..'")
+    max_bytes = _integer(raw, "maxBytes", path, errors, -1, low=0) if "maxBytes" in raw else None
+    resources = _parse_resources(raw.get("resources"), f"{path}.resources", errors)
+    return PreloadSpec(
+        strict=_boolean(raw, "strict", path, errors, False),
+        max_bytes=max_bytes,
+        node_cache_path=host_path or defaults.node_cache_path,
+        resources=resources,
+    )
+
+
+# -- scalar readers -----------------------------------------------------------------------------
+def _mapping(raw: Any, path: str, errors: _Errors, *, required: bool = False) -> Mapping[str, Any]:
+    if raw is None:
+        if required:
+            errors.add(path, "required")
+        return {}
+    if not isinstance(raw, Mapping):
+        errors.add(path, f"must be an object, got {type(raw).__name__}")
+        return {}
+    return raw
+
+
+def _list(raw: Any, path: str, errors: _Errors) -> list[Any]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        errors.add(path, f"must be a list, got {type(raw).__name__}")
+        return []
+    return raw
+
+
+def _string_map(raw: Any, path: str, errors: _Errors) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in _mapping(raw, path, errors).items():
+        if not isinstance(value, str):
+            errors.add(f"{path}.{key}", "must be a string")
+        else:
+            out[str(key)] = value
+    return out
+
+
+def _string(
+    obj: Mapping[str, Any], key: str, path: str, errors: _Errors, *, required: bool = False, max_length: int = 1024
+) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            errors.add(f"{path}.{key}", "required")
+        return None
+    if not isinstance(value, str):
+        errors.add(f"{path}.{key}", f"must be a string, got {type(value).__name__}")
+        return None
+    if not value:
+        errors.add(f"{path}.{key}", "must not be empty")
+        return None
+    if len(value) > max_length:
+        errors.add(f"{path}.{key}", f"at most {max_length} characters, got {len(value)}")
+        return None
+    return value
+
+
+def _enum(
+    obj: Mapping[str, Any], key: str, path: str, errors: _Errors, allowed: Sequence[str], default: str | None
+) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if value not in allowed:
+        errors.add(f"{path}.{key}", f"{value!r} is not one of {', '.join(allowed)}")
+        return default
+    return str(value)
+
+
+def _boolean(obj: Mapping[str, Any], key: str, path: str, errors: _Errors, default: bool) -> bool:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        errors.add(f"{path}.{key}", f"must be true or false, got {value!r}")
+        return default
+    return value
+
+
+def _integer(
+    obj: Mapping[str, Any], key: str, path: str, errors: _Errors, default: int, *, low: int, high: int | None = None
+) -> int:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.add(f"{path}.{key}", f"must be a whole number, got {value!r}")
+        return default
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        errors.add(f"{path}.{key}", f"{value} must be {bound}")
+        return default
+    return value

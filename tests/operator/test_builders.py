@@ -1,0 +1,331 @@
+"""The pure builders: warm-up Job, pod patch, conditions and status."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from compilecache_operator import builders
+from compilecache_operator.conditions import merge_conditions
+from compilecache_operator.names import CACHE_LABEL, INJECTED_ANNOTATION, PRELOAD_CONTAINER, SKIPPED_ANNOTATION
+from compilecache_operator.plan import BundleRecord, Variant, plan_variants
+from compilecache_operator.results import JobState
+from compilecache_operator.spec import Defaults, parse_spec
+
+from tests.operator.samples import owner, parsed, raw_spec
+
+SETTINGS = builders.JobSettings(preloader_image="ghcr.io/compilecache/preloader:1", image_pull_secrets=("regcred",))
+KEY = "cc1/team-a/mlp/0123456789abcdef/fedcba9876543210/{gpu}/{cap}/torch-2.13.0/triton-none/cuda-none/py-3.11.7"
+
+
+def job_for(gpu: str = "", **spec: Any) -> dict[str, Any]:
+    body = owner(**spec)
+    parsed_spec = parse_spec(body["spec"], Defaults())
+    variant = Variant(id="0123456789", gpu=gpu, image=parsed_spec.image)
+    return builders.build_job(body, parsed_spec, variant, name="cc-mlp-0123456789-g3", job_id="cc-abc",
+                              settings=SETTINGS)
+
+
+def containers(job: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    pod = job["spec"]["template"]["spec"]
+    return pod["initContainers"], pod["containers"]
+
+
+# -- Job ------------------------------------------------------------------------------------------
+def test_job_runs_harness_copy_then_compile_then_publish() -> None:
+    job = job_for(storage={"url": "redis://redis:6379/0", "secretRef": {"name": "redis-creds"}})
+    init, main = containers(job)
+    assert [c["name"] for c in init] == ["harness", "compile"]
+    assert [c["name"] for c in main] == ["publish"]
+    harness, compile_, publish = init[0], init[1], main[0]
+    assert harness["image"] == publish["image"] == "ghcr.io/compilecache/preloader:1"
+    assert harness["command"][:2] == ["python", "-c"] and harness["command"][-1] == builders.HARNESS_FILE
+    assert compile_["image"] == "registry.example/workload:1"
+    assert compile_["command"] == [
+        "python", builders.HARNESS_FILE, "--target", "tiny_mlp", "--out", "/work/out", "--namespace", "team-a",
+        "--name", "mlp", "--mode", "default", "--dynamic", "auto", "--backend", "inductor",
+    ]
+    assert {"name": "TORCH_COMPILE_JOB_ID", "value": "cc-abc"} in compile_["env"]
+    assert compile_["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert publish["command"] == ["compilecache", "publish", "/work/out", "--store", "redis://redis:6379/0"]
+    assert publish["env"] == [{"name": "COMPILECACHE_REDIS_PASSWORD",
+                               "valueFrom": {"secretKeyRef": {"name": "redis-creds", "key": "password"}}}]
+    assert "env" not in harness and "COMPILECACHE_REDIS_PASSWORD" not in str(compile_)
+
+
+def test_job_identity_owner_and_labels() -> None:
+    job = job_for()
+    meta = job["metadata"]
+    assert meta["name"] == "cc-mlp-0123456789-g3" and meta["namespace"] == "team-a"
+    assert meta["ownerReferences"] == [{"apiVersion": "compilecache.io/v1alpha1", "kind": "CompileCache",
+                                        "name": "mlp", "uid": "uid-1234", "controller": True,
+                                        "blockOwnerDeletion": True}]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert labels["compilecache.io/warmup-for"] == "mlp" and labels["compilecache.io/variant"] == "0123456789"
+    assert labels["compilecache.io/generation"] == "3"
+    assert CACHE_LABEL not in labels, "warm-up pods must never be injected by the webhook"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and "nodeSelector" not in pod
+    assert job["spec"]["backoffLimit"] == 2 and job["spec"]["activeDeadlineSeconds"] == 3600
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_gpu_variant_selects_the_product_and_requests_a_gpu() -> None:
+    job = job_for("NVIDIA-H100-80GB-HBM3", gpuTypes=["NVIDIA-H100-80GB-HBM3"],
+                  warmup={"nodeSelector": {"pool": "gpu"}, "resources": {"limits": {"memory": "8Gi"}},
+                          "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]})
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "gpu", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    compile_ = pod["initContainers"][1]
+    assert compile_["resources"] == {"limits": {"memory": "8Gi", "nvidia.com/gpu": "1"}}
+    assert {"name": "COMPILECACHE_GPU", "value": "NVIDIA-H100-80GB-HBM3"} in compile_["env"]
+
+
+def test_gpus_per_job_zero_requests_no_gpu_resource() -> None:
+    job = job_for("NVIDIA-L4", gpuTypes=["NVIDIA-L4"], warmup={"gpusPerJob": 0},
+                  gpuDiscovery={"labelKey": "example.com/gpu"})
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"example.com/gpu": "NVIDIA-L4"}
+    assert "resources" not in pod["initContainers"][1]
+
+
+def test_job_options_command_env_and_remote_cache() -> None:
+    job = job_for(model={"command": "python serve.py", "compile": {"fullgraph": True}, "backward": True},
+                  remoteCache={"host": "fleet-redis", "port": 6380}, imagePullPolicy="Always",
+                  warmup={"env": [{"name": "HF_HOME", "value": "/tmp/hf"}], "serviceAccountName": "warm"})
+    compile_ = job["spec"]["template"]["spec"]["initContainers"][1]
+    assert compile_["command"][2:4] == ["--command", "python serve.py"]
+    assert "--fullgraph" in compile_["command"] and compile_["command"][-1] == "--backward"
+    env = {e["name"]: e["value"] for e in compile_["env"]}
+    assert env["TORCHINDUCTOR_REDIS_HOST"] == "fleet-redis" and env["TORCHINDUCTOR_REDIS_PORT"] == "6380"
+    assert env["TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"] == "1" and env["HF_HOME"] == "/tmp/hf"
+    assert compile_["imagePullPolicy"] == "Always"
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "warm"
+
+
+# -- pod patch ---------------------------------------------------------------------------------------
+def view(ready: bool = True, **spec: Any) -> builders.CacheView:
+    parsed_spec = parsed(**spec)
+    variants = plan_variants("team-a", "mlp", parsed_spec)
+    bundles = tuple(
+        BundleRecord(variant=v.id, key=KEY.format(gpu=v.gpu_slug, cap="cpu"), gpu=v.gpu_label, image=v.image,
+                     job_id="cc-job")
+        for v in variants
+    )
+    return builders.CacheView(namespace="team-a", name="mlp", ready=ready, spec=parsed_spec, bundles=bundles,
+                              current_variants=frozenset(v.id for v in variants), job_id="cc-job")
+
+
+def pod(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "containers": [{"name": "app", "image": "registry.example/workload:1", "command": ["python", "app.py"]}]
+    }
+    base.update(spec)
+    return {"metadata": {"name": "p", "namespace": "team-a", "labels": {CACHE_LABEL: "mlp"}}, "spec": base}
+
+
+def inject(p: dict[str, Any], v: builders.CacheView | None) -> builders.PodPatch:
+    return builders.build_pod_patch(p, v, preloader_image="ghcr.io/compilecache/preloader:1")
+
+
+def test_pod_gets_volume_preload_first_and_cache_env() -> None:
+    p = pod(initContainers=[{"name": "setup", "image": "busybox"}])
+    result = inject(p, view(storage={"url": "redis://redis:6379/0", "secretRef": {"name": "creds"}}))
+    assert result.skipped is None
+    out = builders.apply_pod_patch(p, result)
+    init = out["spec"]["initContainers"]
+    assert [c["name"] for c in init] == [PRELOAD_CONTAINER, "setup"]
+    preload = init[0]
+    key = KEY.format(gpu="cpu", cap="cpu")
+    assert preload["command"] == ["compilecache", "preload", "--store", "redis://redis:6379/0", "--key", key,
+                                  "--target", "/var/cache/compilecache/inductor"]
+    assert preload["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/var/cache/compilecache"}]
+    assert preload["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "creds", "key": "password"}
+    assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {}}]
+    app = out["spec"]["containers"][0]
+    assert {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/var/cache/compilecache/inductor"} in app["env"]
+    assert {"name": "TORCH_COMPILE_JOB_ID", "value": "cc-job"} in app["env"]
+    assert app["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/var/cache/compilecache"}]
+    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp"}
+
+
+def test_injection_is_idempotent() -> None:
+    v = view()
+    once = builders.apply_pod_patch(pod(), inject(pod(), v))
+    second = inject(once, v)
+    assert second.skipped == "already-injected" and not second.changes
+    assert builders.apply_pod_patch(once, second) == once
+
+
+def test_existing_cache_dir_is_respected_and_mounted_there() -> None:
+    p = pod(containers=[
+        {"name": "app", "image": "img", "env": [{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/data/inductor"},
+                                                 {"name": "TORCH_COMPILE_JOB_ID", "value": "mine"}]},
+        {"name": "sidecar", "image": "img2", "env": [{"name": "TORCHINDUCTOR_CACHE_DIR",
+                                                      "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]},
+    ])
+    out = builders.apply_pod_patch(p, inject(p, view()))
+    app, sidecar = out["spec"]["containers"]
+    assert app["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/data/inductor",
+                                    "subPath": "inductor"}]
+    env = {e["name"]: e.get("value") for e in app["env"]}
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/data/inductor" and env["TORCH_COMPILE_JOB_ID"] == "mine"
+    assert sidecar["volumeMounts"] == [], "a cache dir from elsewhere cannot be known: nothing is mounted"
+
+
+def test_not_ready_and_unknown_caches_are_skipped_with_a_reason() -> None:
+    for v, reason in ((view(ready=False), "not-ready"), (None, "unknown-cache")):
+        result = inject(pod(), v)
+        assert result.skipped == reason
+        out = builders.apply_pod_patch(pod(), result)
+        assert out["spec"] == pod()["spec"]
+        assert out["metadata"]["annotations"] == {SKIPPED_ANNOTATION: reason}
+
+
+def test_system_namespaces_are_left_alone() -> None:
+    p = pod()
+    p["metadata"]["namespace"] = "kube-system"
+    result = inject(p, view())
+    assert result.skipped == "excluded-namespace" and not result.changes
+
+
+@pytest.mark.parametrize(
+    ("pod_spec", "annotations", "gpu"),
+    [
+        ({"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}, {}, "NVIDIA-L4"),
+        ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}]},
+        ]}}}}, {}, "NVIDIA-L4"),
+        ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                   "values": ["NVIDIA-L4", "NVIDIA-A10"]}]},
+        ]}}}}, {}, None),
+        ({}, {"compilecache.io/gpu": "NVIDIA-A10"}, "NVIDIA-A10"),
+        ({}, {}, None),
+    ],
+)
+def test_pinned_gpu_narrows_the_preload(pod_spec: dict[str, Any], annotations: dict[str, str],
+                                        gpu: str | None) -> None:
+    p = pod(**pod_spec)
+    p["metadata"]["annotations"] = annotations
+    assert builders.pinned_gpu(p, "nvidia.com/gpu.product") == gpu
+    command = builders.apply_pod_patch(p, inject(p, view()))["spec"]["initContainers"][0]["command"]
+    if gpu:
+        assert command[-2:] == ["--gpu", gpu.lower()]
+    else:
+        assert "--gpu" not in command
+
+
+def test_keys_follow_the_pods_image() -> None:
+    v = view(gpuTypes=["NVIDIA-L4", "NVIDIA-A10"])
+    old = BundleRecord(variant="oldvariant", key=KEY.format(gpu="nvidia-l4", cap="sm89"), image="img:old")
+    v2 = builders.CacheView(namespace=v.namespace, name=v.name, ready=True, spec=v.spec, bundles=(*v.bundles, old),
+                            current_variants=v.current_variants, job_id=v.job_id)
+    current = builders.select_keys(pod(), v2)
+    assert len(current) == 2 and old.key not in current
+    assert builders.select_keys(pod(containers=[{"name": "a", "image": "img:old"}]), v2) == [old.key]
+
+
+def test_node_cache_remote_cache_strict_and_max_bytes() -> None:
+    v = view(preload={"strict": True, "maxBytes": 1000, "nodeCache": {"hostPath": "/var/cache/cc/"},
+                      "resources": {"limits": {"memory": "1Gi"}}},
+             remoteCache={"host": "fleet-redis"})
+    out = builders.apply_pod_patch(pod(), inject(pod(), v))
+    assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "hostPath": {
+        "path": "/var/cache/cc/team-a/mlp", "type": "DirectoryOrCreate"}}]
+    preload = out["spec"]["initContainers"][0]
+    assert preload["command"][-3:] == ["--strict", "--max-bytes", "1000"]
+    assert preload["resources"] == {"limits": {"memory": "1Gi"}}
+    env = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+    assert env["TORCHINDUCTOR_REDIS_HOST"] == "fleet-redis" and env["TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"] == "1"
+
+
+def test_apply_does_not_modify_the_input() -> None:
+    p = pod()
+    before = copy.deepcopy(p)
+    builders.apply_pod_patch(p, inject(p, view()))
+    assert p == before
+
+
+def test_cache_view_from_a_body() -> None:
+    body = owner()
+    spec = parsed()
+    (variant,) = plan_variants("team-a", "mlp", spec)
+    body["status"] = {
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "plannedGPUs": "cpu",
+        "bundles": [BundleRecord(variant=variant.id, key=KEY.format(gpu="cpu", cap="cpu"), job_id="cc-j").to_status()],
+    }
+    v = builders.cache_view(body, Defaults())
+    assert v.ready and v.current_variants == {variant.id} and v.job_id == "cc-j" and len(v.bundles) == 1
+    body["spec"] = raw_spec(image=None)
+    assert not builders.cache_view(body, Defaults()).ready
+
+
+# -- conditions and status -------------------------------------------------------------------------
+VARIANTS = [Variant("aaaaaaaaaa", "", "img"), Variant("bbbbbbbbbb", "NVIDIA-L4", "img")]
+
+
+def state(variant: str, phase: str, reason: str = "", message: str = "") -> JobState:
+    return JobState(name=f"job-{variant[:2]}", variant=variant, generation=1, phase=phase,  # type: ignore[arg-type]
+                    reason=reason, message=message)
+
+
+def by_type(conds: list[Any]) -> dict[str, Any]:
+    return {c.type: c for c in conds}
+
+
+def test_conditions_ready_when_every_variant_has_a_bundle() -> None:
+    bundles = [BundleRecord(variant=v.id, key="k" + v.id) for v in VARIANTS]
+    c = by_type(builders.warmup_conditions(VARIANTS, bundles, {}))
+    assert (c["Ready"].status, c["Ready"].reason) == (True, "BundlesAvailable")
+    assert not c["Warming"].status and not c["Degraded"].status
+
+
+def test_conditions_while_warming_and_after_failures() -> None:
+    one = [BundleRecord(variant="aaaaaaaaaa", key="k")]
+    warming = by_type(builders.warmup_conditions(VARIANTS, one, {"bbbbbbbbbb": state("bbbbbbbbbb", "active")}))
+    assert (warming["Ready"].status, warming["Ready"].reason) == (False, "WarmupInProgress")
+    assert warming["Warming"].status and "NVIDIA-L4" in warming["Warming"].message
+
+    failed = {"bbbbbbbbbb": state("bbbbbbbbbb", "failed", "CompileFailed", "exit 1: boom")}
+    partial = by_type(builders.warmup_conditions(VARIANTS, one, failed))
+    assert (partial["Ready"].status, partial["Ready"].reason) == (True, "PartiallyAvailable")
+    assert (partial["Degraded"].status, partial["Degraded"].reason) == (True, "CompileFailed")
+    assert "exit 1: boom" in partial["Degraded"].message
+
+    none = by_type(builders.warmup_conditions(VARIANTS, [], {
+        "aaaaaaaaaa": state("aaaaaaaaaa", "failed", "PublishFailed", "store down"), **failed}))
+    assert (none["Ready"].status, none["Ready"].reason) == (False, "WarmupFailed")
+    assert none["Degraded"].reason == "WarmupFailed" and "store down" in none["Ready"].message
+
+
+def test_merge_keeps_transition_time_until_the_status_changes() -> None:
+    first = merge_conditions([], builders.failure_conditions(builders.Failure("InvalidSpec", "spec.image: x")),
+                             generation=1, now="2025-01-01T00:00:00Z")
+    again = merge_conditions(first, builders.failure_conditions(builders.Failure("SecretNotFound", "y")),
+                             generation=2, now="2025-01-02T00:00:00Z")
+    ready = {c["type"]: c for c in again}["Ready"]
+    assert ready["lastTransitionTime"] == "2025-01-01T00:00:00Z" and ready["reason"] == "SecretNotFound"
+    assert ready["observedGeneration"] == 2
+    healed = merge_conditions(again, builders.warmup_conditions(VARIANTS[:1], [BundleRecord("aaaaaaaaaa", "k")], {}),
+                              generation=2, now="2025-01-03T00:00:00Z")
+    assert {c["type"]: c for c in healed}["Ready"]["lastTransitionTime"] == "2025-01-03T00:00:00Z"
+    assert [c["type"] for c in healed] == ["Ready", "Warming", "Degraded"]
+
+
+def test_build_status_counts_bundles_and_masks_the_store_password() -> None:
+    bundles = [BundleRecord(variant="aaaaaaaaaa", key="k", bytes=5)]
+    status = builders.build_status({}, generation=4, conditions=builders.warmup_conditions(VARIANTS[:1], bundles, {}),
+                                   bundles=bundles, planned_gpus=["cpu"], storage_url="redis://:pw@r:6379/0",
+                                   now="2025-01-01T00:00:00Z")
+    assert status["observedGeneration"] == 4 and status["bundleCount"] == 1
+    assert status["bundles"][0]["bytes"] == 5 and status["plannedGPUs"] == "cpu"
+    assert status["storage"] == "redis://:***@r:6379/0"
+    assert not builders.status_changed(status, status)
+    kept = builders.build_status(status, generation=5, conditions=[], bundles=None, planned_gpus=None,
+                                 storage_url=None, now="2025-01-02T00:00:00Z")
+    assert kept["bundles"] == status["bundles"] and kept["plannedGPUs"] == "cpu"
+    assert builders.status_changed(status, kept)

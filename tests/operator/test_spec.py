@@ -1,0 +1,261 @@
+"""Spec parsing and validation, and the CRD schema agreeing with it."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+import yaml
+from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
+
+from tests.operator.samples import parsed, raw_spec
+
+CRD = Path(__file__).resolve().parents[2] / "crds" / "compilecache.io_compilecaches.yaml"
+
+
+def errors_of(spec: Any, defaults: Defaults | None = None) -> dict[str, str]:
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec(spec, defaults or Defaults())
+    return {e.path: e.message for e in caught.value.errors}
+
+
+def test_minimal_spec_gets_the_documented_defaults() -> None:
+    spec = parsed()
+    assert spec.image == "registry.example/workload:1"
+    assert spec.model.target == "tiny_mlp" and spec.model.command is None
+    assert spec.model.compile.mode == "default" and spec.model.compile.dynamic == "auto"
+    assert spec.model.compile.backend == "inductor" and not spec.model.compile.fullgraph
+    assert spec.gpu_types == () and not spec.gpu_discovery.auto
+    assert spec.gpu_discovery.label_key == "nvidia.com/gpu.product"
+    assert spec.warmup.backoff_limit == 2 and spec.warmup.active_deadline_seconds == 3600
+    assert spec.warmup.gpus_per_job == 1 and spec.warmup.gpu_resource_name == "nvidia.com/gpu"
+    assert spec.keep_generations == 2 and spec.deletion_policy == "Keep"
+    assert spec.remote_cache is None and not spec.preload.strict and spec.preload.node_cache_path is None
+    assert spec.storage.secret_name is None and spec.storage.secret_keys == ()
+
+
+def test_full_spec_parses() -> None:
+    spec = parsed(
+        model={"command": "python serve.py --warmup", "compile": {"mode": "max-autotune", "dynamic": "false",
+               "fullgraph": True, "compiledAutograd": True}, "backward": True},
+        gpuTypes=["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB"],
+        gpuDiscovery={"auto": True, "labelKey": "example.com/gpu"},
+        storage={"url": "s3://bucket/caches?endpoint=http://127.0.0.1:9000", "secretRef": {"name": "s3-creds"}},
+        warmup={"resources": {"limits": {"memory": "16Gi", "cpu": 4}}, "nodeSelector": {"pool": "gpu"},
+                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "gpusPerJob": 0, "env": [{"name": "HF_HOME", "value": "/tmp/hf"}]},
+        retention={"keepGenerations": 5},
+        deletionPolicy="Delete",
+        remoteCache={"host": "redis.fleet", "autotune": False},
+        preload={"strict": True, "maxBytes": 1 << 30, "nodeCache": {"hostPath": "/var/cache/cc"}},
+    )
+    assert spec.model.command == "python serve.py --warmup" and spec.model.backward
+    assert spec.model.compile.harness_args() == [
+        "--mode", "max-autotune", "--dynamic", "false", "--backend", "inductor", "--fullgraph", "--compiled-autograd",
+    ]
+    assert spec.gpu_discovery.label_key == "example.com/gpu"
+    assert [(k.env, k.key, k.optional) for k in spec.storage.secret_keys] == [
+        ("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID", False),
+        ("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", False),
+        ("AWS_SESSION_TOKEN", "AWS_SESSION_TOKEN", True),
+    ]
+    assert spec.warmup.resources.limits == {"memory": "16Gi", "cpu": "4"}
+    assert spec.warmup.env == (("HF_HOME", "/tmp/hf"),)
+    assert spec.remote_cache is not None and spec.remote_cache.env() == {
+        "TORCHINDUCTOR_REDIS_HOST": "redis.fleet", "TORCHINDUCTOR_REDIS_PORT": "6379",
+        "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
+    }
+    assert spec.preload.node_cache_path == "/var/cache/cc" and spec.preload.max_bytes == 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "fragment"),
+    [
+        ({"image": None}, "spec.image", "required"),
+        ({"model": {}}, "spec.model", "one of target or command"),
+        ({"model": {"target": "tiny_mlp", "command": "x"}}, "spec.model", "only one"),
+        ({"model": {"target": "not a target"}}, "spec.model.target", "module:function"),
+        ({"model": {"target": "m:f", "compile": {"mode": "fast"}}}, "spec.model.compile.mode", "not one of"),
+        ({"model": {"target": "m:f", "compile": {"dynamic": "maybe"}}}, "spec.model.compile.dynamic", "not one of"),
+        ({"storage": {"url": "ftp://host/x"}}, "spec.storage.url", "scheme"),
+        ({"storage": {"url": "redis://127.0.0.1:notaport/0"}}, "spec.storage.url", "port"),
+        ({"storage": {"url": "redis://:hunter2@redis:6379/0"}}, "spec.storage.url", "password"),
+        ({"storage": {"url": "file:///srv/c", "secretRef": {"name": "s"}}}, "spec.storage.secretRef", "no credentials"),
+        ({"storage": {"url": "redis://r/0", "secretRef": {"name": "s", "keys": {"accessKeyId": "a"}}}},
+         "spec.storage.secretRef.keys.accessKeyId", "not a credential"),
+        ({"storage": {"url": "redis://r/0", "secretRef": {"name": "Bad_Name"}}}, "spec.storage.secretRef.name",
+         "not a Secret name"),
+        ({"gpuTypes": ["NVIDIA-H100", "nvidia-h100"]}, "spec.gpuTypes[1]", "same GPU type"),
+        ({"gpuTypes": ["NVIDIA H100"]}, "spec.gpuTypes[0]", "label value"),
+        ({"warmup": {"resources": {"limits": {"memory": "lots"}}}}, "spec.warmup.resources.limits.memory",
+         "quantity"),
+        ({"warmup": {"backoffLimit": 11}}, "spec.warmup.backoffLimit", "from 0 to 10"),
+        ({"warmup": {"tolerations": [{"operator": "Exists", "value": "x"}]}}, "spec.warmup.tolerations[0].value",
+         "must be empty"),
+        ({"retention": {"keepGenerations": 0}}, "spec.retention.keepGenerations", "from 1 to 100"),
+        ({"deletionPolicy": "Purge"}, "spec.deletionPolicy", "not one of"),
+        ({"remoteCache": {"port": 6379}}, "spec.remoteCache.host", "required"),
+        ({"preload": {"nodeCache": {"hostPath": "relative/dir"}}}, "spec.preload.nodeCache.hostPath", "absolute"),
+        ({"preload": {"strict": "yes"}}, "spec.preload.strict", "true or false"),
+    ],
+)
+def test_invalid_specs_name_the_field(overrides: dict[str, Any], path: str, fragment: str) -> None:
+    errors = errors_of(raw_spec(**overrides))
+    assert path in errors, errors
+    assert fragment in errors[path]
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    errors = errors_of(raw_spec(image=None, deletionPolicy="Purge", gpuTypes=["a", "A"]))
+    assert set(errors) == {"spec.image", "spec.deletionPolicy", "spec.gpuTypes[1]"}
+    with pytest.raises(InvalidSpec, match=r"spec\.image: required; "):
+        parse_spec(raw_spec(image=None, deletionPolicy="Purge"))
+
+
+def test_a_missing_spec_and_a_missing_store_are_errors() -> None:
+    assert errors_of(None) == {
+        "spec": "required", "spec.image": "required", "spec.model": "required",
+        "spec.storage.url": "required (the operator has no default store)",
+    }
+
+
+def test_operator_defaults_fill_what_the_spec_leaves_out() -> None:
+    defaults = Defaults(gpu_label_key="example.com/gpu", storage_url="redis://shared:6379/1",
+                        storage_secret="cache-creds", node_cache_path="/mnt/cc")
+    spec = parse_spec({k: v for k, v in raw_spec().items() if k != "storage"}, defaults)
+    assert spec.storage.url == "redis://shared:6379/1" and spec.storage.secret_name == "cache-creds"
+    assert spec.gpu_discovery.label_key == "example.com/gpu"
+    assert spec.preload.node_cache_path == "/mnt/cc"
+
+
+def test_yaml_booleans_for_dynamic_are_understood() -> None:
+    assert parsed(model={"target": "m:f", "compile": {"dynamic": True}}).model.compile.dynamic == "true"
+
+
+# -- the CRD ---------------------------------------------------------------------------------------
+def crd_version() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = crd["spec"]["versions"]
+    return version  # type: ignore[no-any-return]
+
+
+def as_json_schema(node: Any) -> Any:
+    """The CRD's OpenAPI v3 schema as JSON Schema (int-or-string and nullable spelled out)."""
+    if isinstance(node, list):
+        return [as_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: as_json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "format"}
+    return out
+
+
+def validator() -> jsonschema.Draft4Validator:
+    return jsonschema.Draft4Validator(as_json_schema(crd_version()["schema"]["openAPIV3Schema"]))
+
+
+def test_crd_identity_and_printer_columns() -> None:
+    crd = yaml.safe_load(CRD.read_text())
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd["metadata"]["name"] == "compilecaches.compilecache.io"
+    names = crd["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"]) == ("CompileCache", "compilecaches", ["cc"])
+    version = crd_version()
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert columns["Bundles"]["jsonPath"] == ".status.bundleCount"
+    assert all(columns[n].get("priority") == 1 for n in ("Reason", "Storage", "GPUs"))
+
+
+def test_crd_schema_is_structural_without_preserve_unknown_fields() -> None:
+    def keys(node: Any) -> set[str]:
+        if isinstance(node, dict):
+            return set(node) | {k for v in node.values() for k in keys(v)}
+        if isinstance(node, list):
+            return {k for v in node for k in keys(v)}
+        return set()
+
+    used = keys(crd_version()["schema"])
+    assert "x-kubernetes-preserve-unknown-fields" not in used
+    assert "x-kubernetes-validations" not in used
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        if "anyOf" in node and node.get("x-kubernetes-int-or-string"):
+            return
+        if "oneOf" not in node and "anyOf" not in node:
+            assert "type" in node, f"{path} has no type"
+        for name, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], f"{path}{{}}")
+        for branch in node.get("oneOf", []):
+            assert set(branch) == {"required"}, f"{path}: oneOf branches may only require fields"
+
+    walk(crd_version()["schema"]["openAPIV3Schema"], "")
+
+
+def test_crd_accepts_what_the_operator_accepts() -> None:
+    v = validator()
+    samples = [
+        raw_spec(),
+        raw_spec(model={"command": "python x.py", "compile": {"dynamic": "true", "mode": "reduce-overhead"}},
+                 gpuTypes=["NVIDIA-H100-80GB-HBM3"], gpuDiscovery={"auto": True},
+                 storage={"url": "s3://bucket/p", "secretRef": {"name": "c", "keys": {"sessionToken": "t"}}},
+                 warmup={"resources": {"limits": {"cpu": 2, "memory": "8Gi"}}, "backoffLimit": 0,
+                         "tolerations": [{"key": "k", "operator": "Equal", "value": "v"}]},
+                 retention={"keepGenerations": 3}, deletionPolicy="Delete",
+                 remoteCache={"host": "r", "port": 6380}, preload={"strict": True, "nodeCache": {"hostPath": "/x"}}),
+    ]
+    for spec in samples:
+        parse_spec(spec)
+        v.validate({"apiVersion": "compilecache.io/v1alpha1", "kind": "CompileCache", "metadata": {}, "spec": spec})
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"model": {"target": "tiny_mlp", "command": "x"}},
+        {"model": {}},
+        {"model": {"target": "m:f", "compile": {"dynamic": True}}},
+        {"gpuTypes": ["NVIDIA H100"]},
+        {"deletionPolicy": "Purge"},
+        {"storage": {"url": "ftp://x"}},
+        {"warmup": {"backoffLimit": -1}},
+        {"retention": {"keepGenerations": 0}},
+        {"preload": {"nodeCache": {}}},
+    ],
+)
+def test_crd_rejects_what_the_operator_rejects(overrides: dict[str, Any]) -> None:
+    spec = raw_spec(**overrides)
+    obj = {"apiVersion": "compilecache.io/v1alpha1", "kind": "CompileCache", "metadata": {}, "spec": spec}
+    assert list(validator().iter_errors(obj)), f"the CRD schema accepts {overrides}"
+
+
+def test_crd_defaults_match_the_parser() -> None:
+    props = crd_version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    compile_props = props["model"]["properties"]["compile"]["properties"]
+    warm = props["warmup"]["properties"]
+    remote = props["remoteCache"]["properties"]
+    spec = parsed(remoteCache={"host": "r"})
+    assert compile_props["mode"]["default"] == spec.model.compile.mode
+    assert compile_props["dynamic"]["default"] == spec.model.compile.dynamic
+    assert compile_props["backend"]["default"] == spec.model.compile.backend
+    assert warm["backoffLimit"]["default"] == spec.warmup.backoff_limit
+    assert warm["activeDeadlineSeconds"]["default"] == spec.warmup.active_deadline_seconds
+    assert warm["gpusPerJob"]["default"] == spec.warmup.gpus_per_job
+    assert warm["gpuResourceName"]["default"] == spec.warmup.gpu_resource_name
+    assert props["retention"]["properties"]["keepGenerations"]["default"] == spec.keep_generations
+    assert props["deletionPolicy"]["default"] == spec.deletion_policy
+    assert spec.remote_cache is not None and remote["port"]["default"] == spec.remote_cache.port
+
+
+def test_parse_does_not_modify_its_input() -> None:
+    raw = raw_spec(gpuTypes=["NVIDIA-H100"], warmup={"resources": {"limits": {"cpu": 1}}})
+    before = copy.deepcopy(raw)
+    parse_spec(raw)
+    assert raw == before
