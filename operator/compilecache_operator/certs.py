@@ -1,0 +1,101 @@
+"""TLS material of the webhook server: files from a directory, or a self-signed set.
+
+A mounted ``kubernetes.io/tls`` Secret (cert-manager's or the chart's) gives ``tls.crt``,
+``tls.key`` and, optionally, ``ca.crt``. Without a directory the operator makes a CA and a
+server certificate for the webhook host names (useful with ``--webhook-config managed``,
+where the operator also writes the CA into the webhook configuration).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    cert: Path
+    key: Path
+    ca: Path | None
+
+
+class CertError(ValueError):
+    """The certificate directory lacks a file the webhook server needs."""
+
+
+def from_directory(directory: Path) -> CertFiles:
+    cert, key, ca = directory / "tls.crt", directory / "tls.key", directory / "ca.crt"
+    for needed in (cert, key):
+        if not needed.is_file():
+            raise CertError(f"--webhook-cert-dir {directory}: {needed.name} is missing")
+    return CertFiles(cert=cert, key=key, ca=ca if ca.is_file() else None)
+
+
+def _san(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
+def self_signed(hostnames: Sequence[str], directory: Path, *, days: int = 365) -> CertFiles:
+    """Write ``ca.crt``, ``tls.crt`` and ``tls.key`` for ``hostnames`` (DNS names or IPs) into ``directory``."""
+    names = [h for h in dict.fromkeys(hostnames) if h and h not in ("0.0.0.0", "::")]
+    if not names:
+        raise CertError("no host name to put into the webhook certificate")
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "compilecache-operator webhook CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                key_encipherment=False, data_encipherment=False, key_agreement=False,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([_san(n) for n in names]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    files = CertFiles(cert=directory / "tls.crt", key=directory / "tls.key", ca=directory / "ca.crt")
+    assert files.ca is not None
+    files.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files.key.touch(mode=0o600)
+    files.key.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return files

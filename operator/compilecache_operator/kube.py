@@ -1,0 +1,224 @@
+"""A small asynchronous Kubernetes API client: plain dicts in and out.
+
+It authenticates exactly as Kopf does (the same login: the pod's service account, else the
+kubeconfig), so the operator needs nothing beyond Kopf and aiohttp. Every call names the method
+and path in its error.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import aiohttp
+from compilecache_operator.names import GROUP, PLURAL, VERSION
+
+JSON = dict[str, Any]
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeError(Exception):
+    """An API call answered with a non-2xx status."""
+
+    def __init__(self, method: str, path: str, status: int, text: str) -> None:
+        self.method, self.path, self.status = method, path, status
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = {}
+        detail = parsed.get("message", text[:300]) if isinstance(parsed, dict) else text[:300]
+        self.reason = str(parsed.get("reason", "")) if isinstance(parsed, dict) else ""
+        super().__init__(f"{method} {path}: HTTP {status} {self.reason}: {detail}")
+
+
+def _data(value: str | bytes) -> bytes:
+    """Kubeconfig ``*-data`` fields are base64 of PEM; accept PEM as is, too."""
+    raw = value.encode() if isinstance(value, str) else value
+    return raw if raw.lstrip().startswith(b"-----") else base64.b64decode(raw)
+
+
+class KubeAPI:
+    """One API server with one identity; reuse a single instance per operator."""
+
+    def __init__(self, info: Any, *, timeout: float = 30.0) -> None:
+        """``info`` is a :class:`kopf.ConnectionInfo` (from the same login handler Kopf uses)."""
+        self.server = str(info.server).rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._scratch = tempfile.TemporaryDirectory(prefix="compilecache-kube-")
+        self._ssl = self._ssl_context(info)
+        self._token: str | None = info.token
+        self._token_file = SERVICE_ACCOUNT_TOKEN if info.token and os.path.exists(SERVICE_ACCOUNT_TOKEN) else None
+        self._basic = (info.username, info.password) if info.username and info.password else None
+        self._session: aiohttp.ClientSession | None = None
+
+    def _ssl_context(self, info: Any) -> ssl.SSLContext | bool:
+        if not self.server.startswith("https"):
+            return False
+        if info.insecure:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif info.ca_data:
+            context = ssl.create_default_context(cadata=_data(info.ca_data).decode())
+        else:
+            context = ssl.create_default_context(cafile=os.fspath(info.ca_path) if info.ca_path else None)
+        cert, key = info.certificate_path, info.private_key_path
+        if info.certificate_data:
+            cert = self._write("client.crt", _data(info.certificate_data))
+        if info.private_key_data:
+            key = self._write("client.key", _data(info.private_key_data))
+        if cert:
+            context.load_cert_chain(os.fspath(cert), os.fspath(key) if key else None)
+        return context
+
+    def _write(self, name: str, data: bytes) -> str:
+        path = Path(self._scratch.name) / name
+        path.write_bytes(data)
+        path.chmod(0o600)
+        return str(path)
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        token = self._token
+        if self._token_file:  # projected tokens rotate: read the current one
+            token = Path(self._token_file).read_text().strip() or token
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        elif self._basic:
+            raw = f"{self._basic[0]}:{self._basic[1]}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+        return headers
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        self._scratch.cleanup()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+    ) -> JSON:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        url = self.server + path
+        if query:
+            url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        data = json.dumps(body) if body is not None else None
+        if data is not None and content_type is None:
+            content_type = "application/json"
+        async with self._session.request(
+            method, url, data=data, headers=self._headers(content_type), ssl=self._ssl
+        ) as response:
+            text = await response.text()
+            if response.status >= 300:
+                raise KubeError(method, path, response.status, text)
+            return json.loads(text) if text else {}
+
+    async def get(self, path: str, query: Mapping[str, Any] | None = None) -> JSON | None:
+        try:
+            return await self.request("GET", path, query=query)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # -- CompileCaches -----------------------------------------------------------------------------
+    @staticmethod
+    def cache_path(namespace: str, name: str = "") -> str:
+        base = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
+        return f"{base}/{quote(name)}" if name else base
+
+    async def get_cache(self, namespace: str, name: str) -> JSON | None:
+        return await self.get(self.cache_path(namespace, name))
+
+    async def patch_cache_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> JSON:
+        """Merge-patch the status subresource; lists in ``status`` replace the stored ones whole."""
+        return await self.request(
+            "PATCH", self.cache_path(namespace, name) + "/status", body={"status": status}, content_type=MERGE_PATCH
+        )
+
+    # -- Secrets, Nodes --------------------------------------------------------------------------------
+    async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        secret = await self.get(f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
+        if secret is None:
+            return None
+        return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+
+    async def node_label_values(self, label_key: str) -> set[str]:
+        nodes = await self.request("GET", "/api/v1/nodes", query={"labelSelector": label_key})
+        return {
+            str(n["metadata"]["labels"][label_key])
+            for n in nodes.get("items") or []
+            if (n.get("metadata") or {}).get("labels", {}).get(label_key)
+        }
+
+    # -- Jobs ---------------------------------------------------------------------------------------
+    @staticmethod
+    def jobs_path(namespace: str, name: str = "") -> str:
+        base = f"/apis/batch/v1/namespaces/{quote(namespace)}/jobs"
+        return f"{base}/{quote(name)}" if name else base
+
+    async def list_jobs(self, namespace: str, selector: str) -> list[JSON]:
+        found = await self.request("GET", self.jobs_path(namespace), query={"labelSelector": selector})
+        return list(found.get("items") or [])
+
+    async def create_job(self, namespace: str, job: Mapping[str, Any]) -> bool:
+        """Create the Job unless one of that name exists; True when this call created it."""
+        try:
+            await self.request("POST", self.jobs_path(namespace), body=job)
+        except KubeError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    async def delete_job(self, namespace: str, name: str) -> bool:
+        try:
+            await self.request("DELETE", self.jobs_path(namespace, name), query={"propagationPolicy": "Background"})
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def annotate_job(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        await self.request(
+            "PATCH", self.jobs_path(namespace, name),
+            body={"metadata": {"annotations": dict(annotations)}}, content_type=MERGE_PATCH,
+        )
+
+    # -- Pods ---------------------------------------------------------------------------------------
+    async def list_pods(self, namespace: str, selector: str) -> list[JSON]:
+        found = await self.request(
+            "GET", f"/api/v1/namespaces/{quote(namespace)}/pods", query={"labelSelector": selector}
+        )
+        return list(found.get("items") or [])
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> bool:
+        """Add annotations; False when the pod is gone."""
+        try:
+            await self.request(
+                "PATCH", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
+                body={"metadata": {"annotations": dict(annotations)}}, content_type=MERGE_PATCH,
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

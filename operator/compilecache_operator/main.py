@@ -1,0 +1,223 @@
+"""``compilecache-operator``: the command line that starts the operator.
+
+Every flag has an environment equivalent (``COMPILECACHE_<FLAG>``, dashes as underscores);
+a flag given on the command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import kopf
+from compilecache_operator import certs, handlers
+from compilecache_operator.builders import JobSettings
+from compilecache_operator.controller import Settings, State
+from compilecache_operator.metrics import Metrics
+from compilecache_operator.names import GROUP
+from compilecache_operator.spec import DEFAULT_GPU_LABEL_KEY, Defaults
+from compilecache_operator.webhook import PodWebhookServer
+from prometheus_client import start_http_server
+
+WEBHOOK_MODES = ("managed", "external", "off")
+LOG_FORMATS = ("text", "json")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("compilecache")
+    except metadata.PackageNotFoundError:
+        return "latest"
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(f"COMPILECACHE_{name}")
+    return value if value not in (None, "") else None
+
+
+def _env_int(name: str, default: int) -> int:
+    value = _env(name)
+    return int(value) if value is not None else default
+
+
+def _env_float(name: str, default: float) -> float:
+    value = _env(name)
+    return float(value) if value is not None else default
+
+
+def _env_bool(name: str) -> bool:
+    return (_env(name) or "").lower() in ("1", "true", "yes", "on")
+
+
+def _csv(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="compilecache-operator",
+        description="The compilecache operator: CompileCache warm-up Jobs, the pod-injection webhook, metrics.",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", default=None, metavar="NS",
+                       help="watch this namespace (repeatable; env COMPILECACHE_NAMESPACE, comma-separated)")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", default=_env_bool("ALL_NAMESPACES"),
+                       help="watch every namespace (the default when no namespace is given)")
+    p.add_argument("--metrics-port", type=int, default=_env_int("METRICS_PORT", 8080),
+                   help="port of the Prometheus /metrics endpoint; 0 turns it off (default 8080)")
+    p.add_argument("--metrics-address", default=_env("METRICS_ADDRESS") or "0.0.0.0",
+                   help="address the metrics endpoint listens on (default 0.0.0.0)")
+    p.add_argument("--health-port", type=int, default=_env_int("HEALTH_PORT", 8081),
+                   help="port of Kopf's liveness endpoint /healthz; 0 turns it off (default 8081)")
+    p.add_argument("--health-address", default=_env("HEALTH_ADDRESS") or "0.0.0.0",
+                   help="address the liveness endpoint listens on (default 0.0.0.0)")
+    p.add_argument("--webhook-config", choices=WEBHOOK_MODES, default=_env("WEBHOOK_CONFIG") or "external",
+                   help="managed: the operator writes the MutatingWebhookConfiguration itself (pointing at "
+                        "--webhook-host:--webhook-port); external: it is installed separately (the Helm chart); "
+                        "off: no webhook server (default external)")
+    p.add_argument("--webhook-port", type=int, default=_env_int("WEBHOOK_PORT", 9443),
+                   help="port of the HTTPS webhook server (default 9443)")
+    p.add_argument("--webhook-listen-address", default=_env("WEBHOOK_LISTEN_ADDRESS") or "0.0.0.0",
+                   help="address the webhook server listens on (default 0.0.0.0)")
+    p.add_argument("--webhook-host", default=_env("WEBHOOK_HOST"),
+                   help="host name or IP the API server reaches the webhook at: put into the managed "
+                        "configuration's URL and the self-signed certificate")
+    p.add_argument("--webhook-cert-dir", type=Path, default=_env("WEBHOOK_CERT_DIR"),
+                   help="directory with tls.crt, tls.key and optionally ca.crt (a kubernetes.io/tls Secret); "
+                        "without it a self-signed CA and certificate are generated")
+    p.add_argument("--webhook-config-name", default=_env("WEBHOOK_CONFIG_NAME"),
+                   help="name of the managed MutatingWebhookConfiguration (default compilecache.io, or "
+                        "<namespace>.compilecache.io when watching one namespace)")
+    preloader = _env("PRELOADER_IMAGE") or f"ghcr.io/compilecache/preloader:{_version()}"
+    p.add_argument("--preloader-image", default=preloader,
+                   help="image of the preload init container and of the warm-up's harness and publish steps")
+    p.add_argument("--image-pull-secrets", default=_env("IMAGE_PULL_SECRETS") or "",
+                   help="comma-separated pull Secrets added to warm-up pods (for the preloader image)")
+    p.add_argument("--gpu-label-key", default=_env("GPU_LABEL_KEY") or DEFAULT_GPU_LABEL_KEY,
+                   help=f"Node label with the GPU product when a spec does not say (default {DEFAULT_GPU_LABEL_KEY})")
+    p.add_argument("--node-cache-path", default=_env("NODE_CACHE_PATH"),
+                   help="default hostPath directory for pod caches when a spec does not set preload.nodeCache "
+                        "(default: an emptyDir per pod)")
+    p.add_argument("--default-storage-url", default=_env("DEFAULT_STORAGE_URL"),
+                   help="store URL for CompileCaches without spec.storage")
+    p.add_argument("--default-storage-secret", default=_env("DEFAULT_STORAGE_SECRET"),
+                   help="credentials Secret (in each CompileCache's namespace) used with --default-storage-url")
+    p.add_argument("--operator-namespace",
+                   default=_env("OPERATOR_NAMESPACE") or os.environ.get("POD_NAMESPACE"),
+                   help="the operator's own namespace: its pods are never injected")
+    p.add_argument("--resync-seconds", type=float, default=_env_float("RESYNC_SECONDS", 60.0),
+                   help="how often each CompileCache is reconciled without a change (default 60)")
+    p.add_argument("--retry-seconds", type=float, default=_env_float("RETRY_SECONDS", 30.0),
+                   help="delay before looking again after a problem that may pass, e.g. a missing Secret (default 30)")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default=_env("LOG_FORMAT") or "text",
+                   help="text or json (one JSON object per line)")
+    p.add_argument("--verbose", "-v", action="store_true", default=_env_bool("VERBOSE"), help="debug logging")
+    return p
+
+
+@dataclass(frozen=True)
+class Options:
+    namespaces: tuple[str, ...]
+    args: argparse.Namespace
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    namespaces = tuple(args.namespace or ([] if args.all_namespaces else _csv(_env("NAMESPACE"))))
+    for port_name in ("metrics_port", "health_port", "webhook_port"):
+        port = getattr(args, port_name)
+        if not 0 <= port <= 65535:
+            parser.error(f"--{port_name.replace('_', '-')}: {port} is not a port number")
+    if args.webhook_config == "external" and args.webhook_cert_dir is None:
+        logging.getLogger(__name__).warning(
+            "--webhook-config external without --webhook-cert-dir: the self-signed certificate is not known "
+            "to the API server"
+        )
+    return Options(namespaces=namespaces, args=args)
+
+
+def settings_from(options: Options) -> Settings:
+    a = options.args
+    return Settings(
+        defaults=Defaults(
+            gpu_label_key=a.gpu_label_key,
+            storage_url=a.default_storage_url,
+            storage_secret=a.default_storage_secret,
+            node_cache_path=a.node_cache_path,
+        ),
+        jobs=JobSettings(preloader_image=a.preloader_image, image_pull_secrets=tuple(_csv(a.image_pull_secrets))),
+        retry_seconds=a.retry_seconds,
+        namespaces=options.namespaces,
+        operator_namespace=a.operator_namespace,
+    )
+
+
+def admission_from(options: Options, scratch: Path) -> handlers.Admission:
+    a = options.args
+    if a.webhook_config == "off":
+        return handlers.Admission()
+    if a.webhook_cert_dir is not None:
+        files = certs.from_directory(Path(a.webhook_cert_dir))
+    else:
+        names = [a.webhook_host or "", a.webhook_listen_address, "localhost", "127.0.0.1"]
+        files = certs.self_signed(names, scratch)
+    server = PodWebhookServer(
+        addr=a.webhook_listen_address,
+        port=a.webhook_port,
+        host=a.webhook_host,
+        certfile=files.cert,
+        pkeyfile=files.key,
+        cafile=files.ca,
+    )
+    managed = None
+    if a.webhook_config == "managed":
+        default_name = f"{options.namespaces[0]}.{GROUP}" if len(options.namespaces) == 1 else GROUP
+        managed = a.webhook_config_name or default_name
+    return handlers.Admission(server=server, managed=managed)
+
+
+def run(options: Options) -> None:
+    a = options.args
+    kopf.configure(verbose=a.verbose, log_format=kopf.LogFormat.JSON if a.log_format == "json" else kopf.LogFormat.FULL)
+    metrics = Metrics()
+    if a.metrics_port:
+        start_http_server(a.metrics_port, addr=a.metrics_address, registry=metrics.registry)
+    state = State(settings=settings_from(options), metrics=metrics)
+    with tempfile.TemporaryDirectory(prefix="compilecache-webhook-") as scratch:
+        admission = admission_from(options, Path(scratch))
+        registry = handlers.build_registry(
+            handlers.Intervals(resync_seconds=a.resync_seconds), webhook=admission.server is not None
+        )
+        memo = kopf.Memo(state=state, admission=admission, counted=handlers.CountedPods())
+        kopf.run(
+            registry=registry,
+            clusterwide=not options.namespaces,
+            namespaces=list(options.namespaces),
+            standalone=True,
+            liveness_endpoint=f"http://{a.health_address}:{a.health_port}/healthz" if a.health_port else None,
+            memo=memo,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        options = parse_args(argv)
+        run(options)
+    except certs.CertError as exc:
+        print(f"compilecache-operator: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
