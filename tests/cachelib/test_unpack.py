@@ -1,0 +1,197 @@
+"""Safe unpacking: unsafe members refused with their name, nothing written on any failure, merges."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cachelib.unpack import (
+    STAGING_PREFIX,
+    ArchiveTooLarge,
+    CorruptArchive,
+    Limits,
+    MemberTooLarge,
+    UnsafeMember,
+    unpack_tar_verified,
+)
+from tests.cachelib.helpers import tree
+
+Member = tuple[tarfile.TarInfo, bytes | None]
+
+
+def file(name: str, data: bytes = b"data") -> Member:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+def special(name: str, kind: bytes, linkname: str = "") -> Member:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = linkname
+    return info, None
+
+
+def make_tar(*members: Member) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def ok() -> None:
+    pass
+
+
+def unpack(data: bytes, target: Path, verify: Callable[[], None] = ok, limits: Limits | None = None) -> object:
+    return unpack_tar_verified(io.BytesIO(data), verify, target, limits)
+
+
+@pytest.fixture(params=["absent", "empty", "populated"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """The target in each state a pod can hand us: not there yet, an empty emptyDir, already filled."""
+    path = tmp_path / "cache"
+    if request.param != "absent":
+        path.mkdir()
+    if request.param == "populated":
+        (path / "existing").write_bytes(b"keep me")
+    return path
+
+
+def snapshot(path: Path) -> dict[str, str] | None:
+    return tree(path) if path.exists() else None
+
+
+def assert_untouched(target: Path, before: dict[str, str] | None) -> None:
+    assert snapshot(target) == before
+    leftovers = [p for p in target.parent.iterdir() if p.name.startswith(STAGING_PREFIX)]
+    assert leftovers == []
+
+
+# -- refusals ------------------------------------------------------------------------------------
+UNSAFE = {
+    "dotdot": ([file("ok"), file("../evil")], UnsafeMember, "'../evil'.*escapes"),
+    "dotdot-inner": ([file("a/../../evil")], UnsafeMember, "a/../../evil"),
+    "absolute": ([file("/etc/evil")], UnsafeMember, "'/etc/evil'.*absolute"),
+    "symlink-out": ([special("link", tarfile.SYMTYPE, "../../etc/passwd")], UnsafeMember, "'link'.*outside"),
+    "symlink-absolute": ([special("link", tarfile.SYMTYPE, "/etc/passwd")], UnsafeMember, "'link'.*absolute"),
+    "hardlink-out": ([special("hard", tarfile.LNKTYPE, "../outside")], UnsafeMember, "'hard'.*outside"),
+    "hardlink-absolute": ([special("hard", tarfile.LNKTYPE, "/etc/passwd")], UnsafeMember, "'hard'.*/etc/passwd"),
+    "hardlink-missing": ([special("hard", tarfile.LNKTYPE, "nothere")], UnsafeMember, "'hard'.*not an earlier file"),
+    "through-symlink": (
+        [special("d", tarfile.SYMTYPE, "."), file("d/x")],
+        UnsafeMember,
+        "'d/x'.*below the symlink 'd'",
+    ),
+    "char-device": ([special("dev/null", tarfile.CHRTYPE)], UnsafeMember, "'dev/null'.*device"),
+    "block-device": ([special("sda", tarfile.BLKTYPE)], UnsafeMember, "'sda'.*device"),
+    "fifo": ([special("pipe", tarfile.FIFOTYPE)], UnsafeMember, "'pipe'.*FIFO"),
+    "duplicate": ([file("same"), file("same", b"other")], UnsafeMember, "'same'.*twice"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSAFE))
+def test_unsafe_member_refused_and_nothing_written(case: str, target: Path) -> None:
+    members, error, match = UNSAFE[case]
+    before = snapshot(target)
+    with pytest.raises(error, match=match):
+        unpack(make_tar(*members), target)
+    assert_untouched(target, before)
+    assert not (target.parent / "evil").exists() and not (target.parent / "outside").exists()
+
+
+def test_member_over_the_size_limit(target: Path) -> None:
+    before = snapshot(target)
+    with pytest.raises(MemberTooLarge, match="'big'.*101 bytes"):
+        unpack(make_tar(file("small", b"x"), file("big", b"y" * 101)), target, limits=Limits(max_member_bytes=100))
+    assert_untouched(target, before)
+
+
+def test_total_over_the_limit(target: Path) -> None:
+    before = snapshot(target)
+    members = [file(f"f{i}", b"z" * 40) for i in range(3)]
+    with pytest.raises(ArchiveTooLarge, match="'f2'"):
+        unpack(make_tar(*members), target, limits=Limits(max_member_bytes=100, max_total_bytes=100))
+    assert_untouched(target, before)
+
+
+def test_too_many_members(target: Path) -> None:
+    before = snapshot(target)
+    with pytest.raises(ArchiveTooLarge, match="more than 2 members"):
+        unpack(make_tar(file("a"), file("b"), file("c")), target, limits=Limits(max_members=2))
+    assert_untouched(target, before)
+
+
+def test_digest_failure_after_extraction_writes_nothing(target: Path) -> None:
+    """verify() runs after the last member: a mismatch there must leave the target as it was."""
+
+    def verify() -> None:
+        raise ValueError("digest mismatch")
+
+    before = snapshot(target)
+    with pytest.raises(ValueError, match="digest mismatch"):
+        unpack(make_tar(file("fxgraph/a", b"1"), file("b", b"2")), target, verify)
+    assert_untouched(target, before)
+
+
+def test_garbage_is_a_corrupt_archive(target: Path) -> None:
+    before = snapshot(target)
+    with pytest.raises(CorruptArchive):
+        unpack(b"\x01" * 1024, target)
+    assert_untouched(target, before)
+
+
+# -- success and merges ----------------------------------------------------------------------------
+def test_unpacks_files_dirs_and_inner_links(target: Path) -> None:
+    existing = snapshot(target) or {}
+    data = make_tar(
+        file("fxgraph/ab/entry", b"graph"),
+        special("emptydir", tarfile.DIRTYPE),
+        special("fxgraph/latest", tarfile.SYMTYPE, "ab/entry"),
+        special("copy", tarfile.LNKTYPE, "fxgraph/ab/entry"),
+        file("./dotted/name", b"n"),
+    )
+    stats = unpack(data, target)
+    found = tree(target)
+    assert (target / "fxgraph/ab/entry").read_bytes() == b"graph"
+    assert (target / "copy").read_bytes() == b"graph"
+    assert found["fxgraph/latest"] == "link:ab/entry"
+    assert found["emptydir"] == "dir"
+    assert (target / "dotted/name").read_bytes() == b"n"
+    assert {k: v for k, v in found.items() if k in existing} == existing
+    assert getattr(stats, "files") == 3
+    assert [p for p in target.parent.iterdir() if p.name.startswith(STAGING_PREFIX)] == []
+    assert [p for p in target.iterdir() if p.name.startswith(STAGING_PREFIX)] == []
+
+
+def test_merging_identical_and_conflicting_files(tmp_path: Path) -> None:
+    target = tmp_path / "cache"
+    unpack(make_tar(file("fxgraph/a", b"first"), file("shared", b"same")), target)
+    stats = unpack(make_tar(file("fxgraph/a", b"second"), file("shared", b"same"), file("fxgraph/b", b"new")), target)
+    assert (target / "fxgraph/a").read_bytes() == b"first"  # existing content is kept
+    assert (target / "fxgraph/b").read_bytes() == b"new"
+    assert (getattr(stats, "installed"), getattr(stats, "identical"), getattr(stats, "conflicts")) == (1, 1, 1)
+
+
+def test_stale_staging_of_a_dead_process_is_removed(tmp_path: Path) -> None:
+    target = tmp_path / "cache"
+    target.mkdir()
+    stale = target / f"{STAGING_PREFIX}999999999-abc"
+    stale.mkdir()
+    (stale / "junk").write_bytes(b"x")
+    unpack(make_tar(file("a")), target)
+    assert sorted(p.name for p in target.iterdir()) == ["a"]
+
+
+def test_modes_are_sane(tmp_path: Path) -> None:
+    info, data = file("run.so", b"\x7fELF")
+    info.mode = 0o4777  # setuid + world-writable in the archive
+    unpack(make_tar((info, data)), tmp_path / "cache")
+    mode = os.stat(tmp_path / "cache/run.so").st_mode & 0o7777
+    assert mode == 0o755
