@@ -89,10 +89,8 @@ def test_every_optional_branch_is_rendered_by_some_scenario(renderings: dict[str
         found = of_kind(ms, "CustomResourceDefinition")
         return found[0] if found else None
 
-    def env(ms: list[Manifest]) -> dict[str, str]:
-        if not of_kind(ms, "Deployment"):
-            return {}
-        return {e["name"]: e.get("value", "") for e in operator_container(ms)["env"]}
+    def args(ms: list[Manifest]) -> list[str]:
+        return list(operator_container(ms)["args"]) if of_kind(ms, "Deployment") else []
 
     branches = {
         "cert-manager self-signed Issuer": lambda ms: bool(of_kind(ms, "Issuer")),
@@ -109,22 +107,24 @@ def test_every_optional_branch_is_rendered_by_some_scenario(renderings: dict[str
         "CRD disabled": lambda ms: crd(ms) is None,
         "webhook disabled": lambda ms: webhook(ms) is None,
         "failurePolicy Fail": lambda ms: (w := webhook(ms)) is not None and w["webhooks"][0]["failurePolicy"] == "Fail",
-        "image digests": lambda ms: bool(of_kind(ms, "Deployment")) and "@sha256:" in operator_container(ms)["image"],
+        "image digests": lambda ms: bool(of_kind(ms, "Deployment")) and "@sha256:" in operator_container(ms)["image"]
+        and any(a.startswith("--preloader-image=") and "@sha256:" in a for a in args(ms)),
         "pull secrets": lambda ms: bool(of_kind(ms, "Deployment"))
         and bool(one(ms, "Deployment")["spec"]["template"]["spec"].get("imagePullSecrets")),
-        "node cache hostPath": lambda ms: bool(env(ms).get("COMPILECACHE_NODE_CACHE_PATH")),
-        "namespaced Role for the watched namespace": lambda ms: any(
-            r["metadata"]["name"] == one(ms, "Deployment")["metadata"]["name"] for r in of_kind(ms, "Role")),
+        "node cache hostPath": lambda ms: any(a.startswith("--node-cache-path=/") for a in args(ms)),
+        "namespaced Roles for the watched namespaces": lambda ms: len([
+            r for r in of_kind(ms, "Role") if r["metadata"]["name"] == one(ms, "Deployment")["metadata"]["name"]]) > 1,
         "secrets in several namespaces": lambda ms: len({r["metadata"]["namespace"] for r in of_kind(ms, "Role")
                                                          if r["metadata"]["name"].endswith("-secrets")}) > 1,
         "no RBAC, existing ServiceAccount": lambda ms: not of_kind(ms, "ClusterRole")
         and not of_kind(ms, "ServiceAccount"),
-        "store credentials Secret": lambda ms: any("valueFrom" in e for e in operator_container(ms)["env"]
-                                                   if e["name"] == "AWS_ACCESS_KEY_ID"),
-        "text logs and verbose": lambda ms: bool(of_kind(ms, "Deployment"))
-        and {"--log-format=text", "--verbose"} <= set(operator_container(ms)["args"]),
-        "watch one namespace": lambda ms: bool(of_kind(ms, "Deployment"))
-        and any(a.startswith("--namespace=") for a in operator_container(ms)["args"]),
+        "default store with a credentials Secret": lambda ms: any(a.startswith("--default-storage-secret=")
+                                                                  for a in args(ms)),
+        "helm test lists the store": lambda ms: any(c["name"] == "store" for p in of_kind(ms, "Pod")
+                                                    for c in p["spec"]["containers"]),
+        "text logs and verbose": lambda ms: {"--log-format=text", "--verbose"} <= set(args(ms)),
+        "watch listed namespaces": lambda ms: any(a.startswith("--namespace=") for a in args(ms)),
+        "webhook server off": lambda ms: "--webhook-config=off" in args(ms),
     }
     missing = [name for name, seen in branches.items() if not any(seen(ms) for ms in renderings.values())]
     assert not missing, f"no ci/ scenario renders: {missing}"
@@ -232,7 +232,8 @@ def test_rbac_is_least_privilege(renderings: dict[str, list[Manifest]], scenario
     if not of_kind(rendered, "ClusterRole"):
         return  # rbac.create=false
     assert granted == {k: v for k, v in EXPECTED_VERBS.items() if k in granted}
-    assert ("", "namespaces") in granted or "--all-namespaces" not in operator_container(rendered)["args"]
+    # Kopf watches namespaces only when it watches listed namespaces; cluster-wide it needs none.
+    assert (("", "namespaces") in granted) == ("--all-namespaces" not in operator_container(rendered)["args"])
 
 
 def test_secrets_role_follows_the_listed_namespaces(renderings: dict[str, list[Manifest]]) -> None:
@@ -241,15 +242,20 @@ def test_secrets_role_follows_the_listed_namespaces(renderings: dict[str, list[M
     namespaced = renderings["namespaced"]
     roles = {r["metadata"]["namespace"] for r in of_kind(namespaced, "Role")
              if r["metadata"]["name"].endswith("-secrets")}
-    assert roles == {"ml-team", "compilecache-secrets"}
+    assert roles == {"ml-team", "ml-research"}
     bindings = [b for b in of_kind(namespaced, "RoleBinding") if b["metadata"]["name"].endswith("-secrets")]
     assert {b["metadata"]["namespace"] for b in bindings} == roles
     sa = one(namespaced, "ServiceAccount")["metadata"]["name"]
     assert all(b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}] for b in bindings)
-    # Watching one namespace: the namespaced objects are granted by a Role there, never cluster-wide.
+    # Watching listed namespaces: the namespaced objects are granted by a Role in each, never cluster-wide.
     cluster_resources = {res for role, rule in rbac_rules(namespaced) if role["kind"] == "ClusterRole"
                          for res in rule["resources"]}
-    assert cluster_resources == {"nodes", "customresourcedefinitions"}
+    assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces"}
+    watched = {r["metadata"]["namespace"] for r in of_kind(namespaced, "Role") if not r["metadata"]["name"].endswith(
+        "-secrets")}
+    assert watched == {"ml-team", "ml-research"}
+    args = operator_container(namespaced)["args"]
+    assert "--namespace=ml-team" in args and "--namespace=ml-research" in args and "--all-namespaces" not in args
 
 
 def test_every_values_key_is_commented() -> None:
@@ -271,3 +277,28 @@ def test_values_keys_are_camel_case() -> None:
     # Keys that are Kubernetes field names or labels pass through unchanged.
     bad = [k for k in keys(values) if "_" in k.rsplit(".", 1)[-1] or "-" in k.rsplit(".", 1)[-1]]
     assert not bad
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_operator_accepts_the_rendered_command_line(renderings: dict[str, list[Manifest]], scenario: str) -> None:
+    """The operator's own argument parser reads the Deployment's args into the settings the values asked for."""
+    from compilecache_operator.main import parse_args, settings_from
+
+    rendered = renderings[scenario]
+    container = operator_container(rendered)
+    options = parse_args(container["args"])
+    settings = settings_from(options)
+    values = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in container["args"] if "=" in a}
+    assert settings.jobs.preloader_image == values["--preloader-image"]
+    assert settings.defaults.gpu_label_key == values["--gpu-label-key"]
+    assert options.args.metrics_port == next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
+    assert options.args.health_port == next(p["containerPort"] for p in container["ports"] if p["name"] == "health")
+    if of_kind(rendered, "MutatingWebhookConfiguration"):
+        assert options.args.webhook_config == "external"
+        assert str(options.args.webhook_cert_dir) == next(
+            m["mountPath"] for m in container["volumeMounts"] if m["name"] == "webhook-tls")
+    else:
+        assert options.args.webhook_config == "off"
+    watched = [r["metadata"]["namespace"] for r in of_kind(rendered, "Role")
+               if r["metadata"]["name"] == one(rendered, "Deployment")["metadata"]["name"]]
+    assert sorted(options.namespaces) == sorted(watched)

@@ -92,7 +92,7 @@ app.kubernetes.io/part-of: compilecache
 
 {{/* Whether the operator watches every namespace. */}}
 {{- define "compilecache-operator.clusterWide" -}}
-{{- if .Values.operator.watchNamespace }}false{{ else }}true{{ end }}
+{{- if .Values.operator.watchNamespaces }}false{{ else }}true{{ end }}
 {{- end }}
 
 {{/* Store credentials from storage.credentialsSecret, with the Secret keys the operator uses for CompileCaches:

@@ -1,0 +1,235 @@
+"""The image recipes: Dockerfiles read as text (no Docker engine here), the site-packages slimming run on real
+installed packages, and the wheel-set size computation."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.chart.chart import REPO_ROOT
+
+IMAGES = REPO_ROOT / "images"
+DOCKERFILES = {"operator": IMAGES / "operator" / "Dockerfile", "preloader": IMAGES / "preloader" / "Dockerfile"}
+EXPECTED_EXTRA = {"operator": "operator", "preloader": "store"}
+SITE_PACKAGES = Path(next(p for p in sys.path if p.endswith("site-packages")))
+
+
+def load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem.replace("-", "_"), path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def pyproject() -> dict[str, object]:
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def stages(dockerfile: Path) -> list[list[tuple[str, str]]]:
+    out: list[list[tuple[str, str]]] = []
+    for instruction in instructions(dockerfile):
+        if instruction[0] == "FROM":
+            out.append([])
+        if out:
+            out[-1].append(instruction)
+    return out
+
+
+def extra_requirements(extra: str, project: dict[str, object]) -> set[str]:
+    """Distribution names an extra pulls in, following the project's self-references (compilecache[a,b])."""
+    meta = project["project"]
+    assert isinstance(meta, dict)
+    extras = meta["optional-dependencies"]
+    names: set[str] = {re.split(r"[\[<>=!~; ]", d)[0].lower() for d in meta["dependencies"]}
+    todo, seen = [extra], set()
+    while todo:
+        current = todo.pop()
+        assert current in extras, f"extra [{current}] is not in pyproject.toml"
+        seen.add(current)
+        for req in extras[current]:
+            name = re.split(r"[\[<>=!~; ]", req)[0].lower()
+            if name == meta["name"]:
+                todo += [e for e in re.search(r"\[(.*)\]", req).group(1).split(",") if e not in seen]  # type: ignore[union-attr]
+            else:
+                names.add(name)
+    return names
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_dockerfile_is_multi_stage_on_a_pinned_base_and_runs_as_non_root(image: str) -> None:
+    dockerfile = DOCKERFILES[image]
+    steps = instructions(dockerfile)
+    args = dict(a.split("=", 1) for kind, a in steps if kind == "ARG" and "=" in a)
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", args["PYTHON_DIGEST"])
+    assert "slim" in args["PYTHON_IMAGE"] and "python:3.11" in args["PYTHON_IMAGE"]
+    all_stages = stages(dockerfile)
+    assert len(all_stages) >= 2
+    for stage in all_stages:
+        assert stage[0][1].split()[0] == "${PYTHON_IMAGE}@${PYTHON_DIGEST}", stage[0]
+    final = all_stages[-1]
+    users = [a for kind, a in final if kind == "USER"]
+    assert users and users[-1].split(":")[0] not in ("0", "root")
+    assert int(users[-1].split(":")[0]) >= 1000
+    # Only the built virtual environment (and files) come over from the build stage: no compilers, no pip cache.
+    assert not [a for kind, a in final if kind == "RUN" and "pip install" in a]
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_dockerfile_installs_an_existing_extra_without_torch(image: str) -> None:
+    steps = instructions(DOCKERFILES[image])
+    installs = [a for kind, a in steps if kind == "RUN" and "pip install" in a]
+    assert len(installs) == 1
+    (extra,) = re.findall(r'pip install "\.\[([a-z,]+)\]"', installs[0])
+    assert extra == EXPECTED_EXTRA[image]
+    requirements = extra_requirements(extra, pyproject())
+    assert "torch" not in requirements
+    assert "find_spec('torch')" in installs[0]  # the build fails if torch ever slips in
+    if image == "operator":
+        assert {"kopf", "prometheus-client"} <= requirements
+    else:
+        assert {"redis", "boto3", "zstandard"} <= requirements and "kopf" not in requirements
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_dockerfile_copies_files_that_exist_and_the_context_includes(image: str) -> None:
+    dockerfile = DOCKERFILES[image]
+    ignore = (dockerfile.parent / "Dockerfile.dockerignore").read_text().splitlines()
+    included = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    assert "*" in ignore  # everything else stays out of the context
+    for kind, arg in instructions(dockerfile):
+        if kind != "COPY" or "--from=" in arg:
+            continue
+        *sources, _dest = arg.split()
+        for source in sources:
+            assert (REPO_ROOT / source).exists(), f"{image}: COPY {source} does not exist"
+            assert source.rstrip("/") in included, f"{image}: {source} is ignored by Dockerfile.dockerignore"
+
+
+def test_images_run_console_scripts_the_project_declares() -> None:
+    scripts = pyproject()["project"]["scripts"]  # type: ignore[index]
+    operator = instructions(DOCKERFILES["operator"])
+    assert ("ENTRYPOINT", '["compilecache-operator"]') in operator
+    assert "compilecache-operator" in scripts
+    preloader = instructions(DOCKERFILES["preloader"])
+    assert ("CMD", '["compilecache", "--help"]') in preloader
+    assert "compilecache" in scripts
+
+
+def test_preloader_ships_the_harness_at_its_fixed_path() -> None:
+    text = DOCKERFILES["preloader"].read_text()
+    assert "install -D -m 0644 cachelib/harness.py /opt/compilecache/harness.py" in text
+    assert "COPY --from=build --chmod=0644 /opt/compilecache/harness.py /opt/compilecache/harness.py" in text
+    assert (REPO_ROOT / "cachelib" / "harness.py").is_file()
+
+
+def test_slim_rules() -> None:
+    slim = load(IMAGES / "slim.py")
+    assert slim.is_removed("botocore/data/ec2/2016-11-15/service-2.json.gz")
+    assert not slim.is_removed("botocore/data/s3/2006-03-01/service-2.json.gz")
+    assert not slim.is_removed("botocore/data/sts/2011-06-15/service-2.json.gz")
+    assert not slim.is_removed("botocore/data/endpoints.json")
+    assert not slim.is_removed("botocore/client.py")
+    assert slim.is_removed("zstandard/_cffi.cpython-311-x86_64-linux-gnu.so")
+    assert not slim.is_removed("zstandard/backend_c.cpython-311-x86_64-linux-gnu.so")
+
+
+def test_slimmed_botocore_still_serves_s3_and_sts(tmp_path: Path) -> None:
+    """Copies the installed boto3/botocore, slims them, and drives S3 and STS clients up to the network (a closed
+    loopback port): their models load and requests serialise; another service is gone."""
+    slim = load(IMAGES / "slim.py")
+    for package in ("botocore", "boto3", "s3transfer"):
+        shutil.copytree(SITE_PACKAGES / package, tmp_path / package)
+    before = sum(f.stat().st_size for f in (tmp_path / "botocore").rglob("*") if f.is_file())
+    freed = slim.slim(tmp_path)
+    assert freed > before / 2
+    probe = f"""
+import boto3, botocore, botocore.config, botocore.exceptions
+assert botocore.__file__.startswith({str(tmp_path)!r}), botocore.__file__
+session = boto3.session.Session(aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1")
+config = botocore.config.Config(retries={{"max_attempts": 1}}, connect_timeout=2)
+for service, call in (("s3", lambda c: c.list_objects_v2(Bucket="b", Prefix="cc1/")),
+                      ("sts", lambda c: c.get_caller_identity())):
+    client = session.client(service, endpoint_url="http://127.0.0.1:9", config=config)
+    try:
+        call(client)
+    except botocore.exceptions.EndpointConnectionError:
+        pass
+try:
+    session.client("ec2")
+except botocore.exceptions.UnknownServiceError:
+    print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("strip") is None, reason="binutils' strip is not installed")
+def test_slimmed_and_stripped_zstandard_still_uses_its_c_backend(tmp_path: Path) -> None:
+    slim = load(IMAGES / "slim.py")
+    shutil.copytree(SITE_PACKAGES / "zstandard", tmp_path / "zstandard")
+    backend = next((tmp_path / "zstandard").glob("backend_c.*.so"))
+    size = backend.stat().st_size
+    slim.slim(tmp_path, strip=True)
+    assert not list((tmp_path / "zstandard").glob("_cffi.*.so"))
+    assert backend.stat().st_size <= size
+    probe = f"""
+import zstandard
+assert zstandard.__file__.startswith({str(tmp_path)!r})
+data = bytes(range(256)) * 4096
+assert zstandard.ZstdDecompressor().decompress(zstandard.ZstdCompressor(level=3).compress(data)) == data
+print(zstandard.backend)
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "cext", proc.stderr
+
+
+def test_slim_refuses_an_unexpected_botocore_layout(tmp_path: Path) -> None:
+    slim = load(IMAGES / "slim.py")
+    (tmp_path / "botocore" / "data" / "ec2").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="lacks the models"):
+        slim.slim(tmp_path)
+    assert (tmp_path / "botocore" / "data" / "ec2").is_dir()  # nothing removed
+
+
+def test_wheel_size_sums_installed_members(tmp_path: Path) -> None:
+    wheel_size = load(IMAGES / "wheel-size.py")
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    source = b"def f():\n    return 1\n" * 50
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("demo/__init__.py", source)
+        archive.writestr("botocore/data/ec2/2016-11-15/service-2.json.gz", b"x" * 5000)
+        archive.writestr("botocore/data/s3/2006-03-01/service-2.json.gz", b"y" * 3000)
+    full = wheel_size.installed_size(wheel)
+    assert full.installed_bytes == len(source) + 8000
+    assert full.download_bytes == wheel.stat().st_size
+    assert full.bytecode_bytes > 16
+    slimmed = wheel_size.installed_size(wheel, wheel_size.load_slim())
+    assert slimmed.installed_bytes == len(source) + 3000
+    rows, download, installed = wheel_size.summarize([slimmed, full])
+    assert rows[0] is full and installed == full.installed_bytes + slimmed.installed_bytes
+    assert download == 2 * wheel.stat().st_size
