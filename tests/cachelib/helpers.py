@@ -32,15 +32,21 @@ def make_key(**overrides: str) -> CacheKey:
     return CacheKey(**{**BASE_FIELDS, **overrides})
 
 
-def make_outdir(path: Path, key: CacheKey, *, files: dict[str, bytes] | None = None, megacache: bytes = b"mega") -> Path:
+def make_outdir(
+    path: Path, key: CacheKey, *, files: dict[str, bytes] | None = None, megacache: bytes = b"mega"
+) -> Path:
     """A directory shaped like the harness's output: result.json, megacache.bin, cachedir/."""
-    files = files if files is not None else {
-        "fxgraph/ab/fabc/entry": b"graph" * 100,
-        "aotautograd/aa/entry": b"aot" * 50,
-        "xy/cxy.so": os.urandom(4096),
-        "triton/0/KERNEL/kernel.json": b"{}",
-        "locks/cxy.lock": b"",
-    }
+    files = (
+        files
+        if files is not None
+        else {
+            "fxgraph/ab/fabc/entry": b"graph" * 100,
+            "aotautograd/aa/entry": b"aot" * 50,
+            "xy/cxy.so": os.urandom(4096),
+            "triton/0/KERNEL/kernel.json": b"{}",
+            "locks/cxy.lock": b"",
+        }
+    )
     cachedir = path / "cachedir"
     for rel, data in files.items():
         (cachedir / rel).parent.mkdir(parents=True, exist_ok=True)

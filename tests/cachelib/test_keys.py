@@ -75,7 +75,7 @@ def test_invalid_field_is_named(field: str, value: str) -> None:
     [
         ("cc2/team-a/llama/0123456789abcdef/fedcba9876543210/cpu/cpu/torch-1/triton-none/cuda-none/py-3.11", "prefix"),
         ("cc1/team-a/llama/0123456789abcdef", "11"),
-        ("cc1/team-a/llama/0123456789abcdef/fedcba9876543210/cpu/cpu/pytorch-1/triton-none/cuda-none/py-3.11", "torch-"),
+        ("cc1/team-a/llama/0123456789abcdef/fedcba9876543210/cpu/cpu/pytorch-1/triton-none/cuda-none/py-3", "torch-"),
     ],
 )
 def test_parse_names_what_is_wrong(text: str, complaint: str) -> None:

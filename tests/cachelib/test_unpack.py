@@ -16,6 +16,7 @@ from cachelib.unpack import (
     CorruptArchive,
     Limits,
     MemberTooLarge,
+    UnpackStats,
     UnsafeMember,
     unpack_tar_verified,
 )
@@ -49,7 +50,7 @@ def ok() -> None:
     pass
 
 
-def unpack(data: bytes, target: Path, verify: Callable[[], None] = ok, limits: Limits | None = None) -> object:
+def unpack(data: bytes, target: Path, verify: Callable[[], None] = ok, limits: Limits | None = None) -> UnpackStats:
     return unpack_tar_verified(io.BytesIO(data), verify, target, limits)
 
 
@@ -108,7 +109,7 @@ def test_unsafe_member_refused_and_nothing_written(case: str, target: Path) -> N
 
 def test_member_over_the_size_limit(target: Path) -> None:
     before = snapshot(target)
-    with pytest.raises(MemberTooLarge, match="'big'.*101 bytes"):
+    with pytest.raises(MemberTooLarge, match=r"'big'.*101 bytes"):
         unpack(make_tar(file("small", b"x"), file("big", b"y" * 101)), target, limits=Limits(max_member_bytes=100))
     assert_untouched(target, before)
 
@@ -165,7 +166,7 @@ def test_unpacks_files_dirs_and_inner_links(target: Path) -> None:
     assert found["emptydir"] == "dir"
     assert (target / "dotted/name").read_bytes() == b"n"
     assert {k: v for k, v in found.items() if k in existing} == existing
-    assert getattr(stats, "files") == 3
+    assert stats.files == 3
     assert [p for p in target.parent.iterdir() if p.name.startswith(STAGING_PREFIX)] == []
     assert [p for p in target.iterdir() if p.name.startswith(STAGING_PREFIX)] == []
 
@@ -176,7 +177,7 @@ def test_merging_identical_and_conflicting_files(tmp_path: Path) -> None:
     stats = unpack(make_tar(file("fxgraph/a", b"second"), file("shared", b"same"), file("fxgraph/b", b"new")), target)
     assert (target / "fxgraph/a").read_bytes() == b"first"  # existing content is kept
     assert (target / "fxgraph/b").read_bytes() == b"new"
-    assert (getattr(stats, "installed"), getattr(stats, "identical"), getattr(stats, "conflicts")) == (1, 1, 1)
+    assert (stats.installed, stats.identical, stats.conflicts) == (1, 1, 1)
 
 
 def test_stale_staging_of_a_dead_process_is_removed(tmp_path: Path) -> None:

@@ -1,0 +1,698 @@
+"""The compilecache warm-up harness: compile models into a fresh inductor cache directory.
+
+It runs inside the user's own image, so this one module needs nothing but the standard
+library and torch (torch is imported only once the cache directory is set)::
+
+    python harness.py --target mypkg.models:warmup --out /out --namespace team-a --name llama \\
+        [--mode M] [--dynamic true|false|auto] [--fullgraph] [--backend inductor] \\
+        [--compiled-autograd] [--backward] [--command "..."]
+
+It writes the output directory that ``compilecache pack`` / ``publish`` turn into a bundle:
+
+- ``OUT/cachedir/`` -- the ``TORCHINDUCTOR_CACHE_DIR`` the compile wrote (triton cache included);
+- ``OUT/megacache.bin`` -- the bytes of ``torch.compiler.save_cache_artifacts()`` (empty when none);
+- ``OUT/result.json`` -- the cache key fields, versions, device, job id, compile seconds per
+  target, torch's cache counters and the Mega-Cache size.
+
+A target ``module:function`` (or the short name of a built-in one: ``tiny_mlp``,
+``transformer_block``, ``small_convnet``) returns a list of
+``(callable_or_module, example_args[, example_kwargs])``; the harness compiles each with
+the requested options and calls it once: under ``torch.no_grad()`` by default (inference),
+forward and backward with ``--backward``, as one compiled training step (forward, a sum of
+the floating outputs as loss, backward) with ``--compiled-autograd``. A target that takes
+one parameter receives a ``compile(fn)`` function applying the requested options; a target
+may also compile and run its own models and return ``None``.
+
+Exit status: 0 done, 2 bad arguments, 3 target cannot be imported, 4 target (or command)
+failed, 5 target returned the wrong shape, 6 output cannot be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HARNESS_VERSION = "1"
+RESULT_FORMAT = 1
+KEY_FORMAT = "cc1"
+NONE = "none"
+CPU = "cpu"
+
+BUILTIN_MODULE = "cachelib.targets"
+BUILTIN_TARGETS = ("tiny_mlp", "transformer_block", "small_convnet")
+
+RESULT_FILE = "result.json"
+MEGACACHE_FILE = "megacache.bin"
+CACHEDIR = "cachedir"
+
+CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+JOB_ID_ENV = "TORCH_COMPILE_JOB_ID"
+TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_IMPORT = 3
+EXIT_FAILED = 4
+EXIT_SHAPE = 5
+EXIT_OUTPUT = 6
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COUNTER_GROUPS = ("inductor", "aot_autograd", "dynamo_cache", "compiled_autograd", "frames", "stats")
+
+_SEGMENT_BAD = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+class HarnessError(Exception):
+    """A failure with a clear message and the exit status that goes with it."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# -- identity: the same functions as cachelib.keys (this module must stand alone) ------------
+def digest(payload: Any) -> str:
+    """A 16-hex-digit digest of a JSON-serialisable value, independent of dict order."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def gpu_slug(product: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``; empty -> ``cpu``."""
+    slug = re.sub(r"[^a-z0-9.]+", "-", product.strip().lower()).strip("-.")
+    return slug or CPU
+
+
+def capability_slug(capability: tuple[int, int] | None) -> str:
+    """``(9, 0)`` -> ``sm90``; ``None`` (no GPU) -> ``cpu``."""
+    return CPU if capability is None else f"sm{capability[0]}{capability[1]}"
+
+
+def version_segment(version: str) -> str:
+    """A version string made safe for a key segment (``[A-Za-z0-9._+-]``)."""
+    return _SEGMENT_BAD.sub("-", version.strip()).strip("-") or NONE
+
+
+def key_string(fields: Mapping[str, str]) -> str:
+    """``cc1/<ns>/<name>/<model>/<options>/<gpu>/<capability>/torch-V/triton-V/cuda-V/py-V``."""
+    head = [KEY_FORMAT] + [fields[f] for f in ("namespace", "name", "model", "options", "gpu", "capability")]
+    return "/".join(head + [f"{f}-{fields[f]}" for f in ("torch", "triton", "cuda", "py")])
+
+
+def canonical_target(target: str) -> str:
+    """``tiny_mlp`` -> ``cachelib.targets:tiny_mlp``; other targets must read ``module:function``."""
+    if target in BUILTIN_TARGETS:
+        return f"{BUILTIN_MODULE}:{target}"
+    module, sep, function = target.partition(":")
+    if not sep or not module or not function.isidentifier():
+        raise HarnessError(
+            f"--target {target!r}: expected 'module:function' or one of {', '.join(BUILTIN_TARGETS)}", EXIT_USAGE
+        )
+    return target
+
+
+def model_digest(target: str | None = None, command: str | None = None) -> str:
+    """The model identity digest of a key: the canonical target, or the command line."""
+    if (target is None) == (command is None):
+        raise HarnessError("give exactly one of a target or a command", EXIT_USAGE)
+    if target is not None:
+        return digest({"target": canonical_target(target)})
+    return digest({"command": command})
+
+
+def default_job_id(namespace: str, name: str) -> str:
+    """The stable ``torch.compiler.config.job_id`` of a cache, used when none is given."""
+    return f"compilecache-{namespace}.{name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """Everything passed to ``torch.compile`` or set around it; all of it enters the digest."""
+
+    mode: str = "default"
+    dynamic: bool | None = None
+    fullgraph: bool = False
+    backend: str = "inductor"
+    compiled_autograd: bool = False
+    backward: bool = False
+    inductor_config: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.compiled_autograd and not self.backward:
+            object.__setattr__(self, "backward", True)  # compiled autograd captures the backward pass
+        object.__setattr__(self, "inductor_config", tuple(sorted(self.inductor_config)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "dynamic": self.dynamic,
+            "fullgraph": self.fullgraph,
+            "backend": self.backend,
+            "compiled_autograd": self.compiled_autograd,
+            "backward": self.backward,
+            "inductor_config": dict(self.inductor_config),
+        }
+
+    def digest(self) -> str:
+        return digest(self.to_dict())
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``torch.compile``."""
+        return {
+            "mode": None if self.mode == "default" else self.mode,
+            "dynamic": self.dynamic,
+            "fullgraph": self.fullgraph,
+            "backend": self.backend,
+        }
+
+
+# -- environment detection (needs torch) ---------------------------------------------------
+def detect_versions() -> dict[str, str]:
+    """torch, triton (or "none"), CUDA (or "none") and Python versions of this process."""
+    import torch
+
+    try:
+        import triton  # type: ignore[import-not-found,unused-ignore]
+
+        triton_version = str(triton.__version__)
+    except ImportError:
+        triton_version = NONE
+    cuda = torch.version.cuda or (f"hip{torch.version.hip}" if getattr(torch.version, "hip", None) else None)
+    return {
+        "torch": str(torch.__version__),
+        "triton": triton_version,
+        "cuda": str(cuda) if cuda else NONE,
+        "python": platform.python_version(),
+    }
+
+
+def detect_device() -> dict[str, Any]:
+    """The accelerator compiled for: CUDA device product and compute capability, or the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        return {
+            "type": "cuda",
+            "product": torch.cuda.get_device_name(index),
+            "capability": f"{major}.{minor}",
+            "count": torch.cuda.device_count(),
+        }
+    return {"type": CPU, "product": CPU, "capability": None, "count": 0}
+
+
+def key_fields(
+    namespace: str, name: str, model: str, options: str, device: Mapping[str, Any], versions: Mapping[str, str]
+) -> dict[str, str]:
+    """The fields of the cache key this warm-up produces (``cachelib.keys.CacheKey``'s)."""
+    capability = str(device.get("capability") or "")
+    major, _, minor = capability.partition(".")
+    cap = (int(major), int(minor)) if capability else None
+    py_major_minor = ".".join(versions["python"].split(".")[:2])
+    return {
+        "namespace": namespace,
+        "name": name,
+        "model": model,
+        "options": options,
+        "gpu": gpu_slug("" if device.get("type") == CPU else str(device.get("product", ""))),
+        "capability": capability_slug(cap),
+        "torch": version_segment(versions["torch"]),
+        "triton": version_segment(versions["triton"]),
+        "cuda": version_segment(versions["cuda"]),
+        "py": version_segment(py_major_minor),
+    }
+
+
+def counters_snapshot() -> dict[str, dict[str, int]]:
+    """torch's compile counters (``torch._dynamo.utils.counters``) for the groups that matter."""
+    from torch._dynamo.utils import counters
+
+    return {group: {k: int(v) for k, v in counters[group].items()} for group in COUNTER_GROUPS if group in counters}
+
+
+def cache_summary(counters: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """FX-graph and AOTAutograd cache hits and misses out of a counters snapshot."""
+    inductor = counters.get("inductor", {})
+    aot = counters.get("aot_autograd", {})
+    return {
+        "fxgraph_hit": int(inductor.get("fxgraph_cache_hit", 0)),
+        "fxgraph_miss": int(inductor.get("fxgraph_cache_miss", 0)),
+        "fxgraph_bypass": int(inductor.get("fxgraph_cache_bypass", 0)),
+        "aotautograd_hit": int(aot.get("autograd_cache_hit", 0)),
+        "aotautograd_miss": int(aot.get("autograd_cache_miss", 0)),
+        "aotautograd_bypass": int(aot.get("autograd_cache_bypass", 0)),
+    }
+
+
+# -- targets --------------------------------------------------------------------------------
+Entry = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+def load_target(target: str) -> Callable[..., Any]:
+    """Import ``module:function``; the built-in targets also load from ``targets.py`` beside this file."""
+    spec = canonical_target(target)
+    module_name, _, function_name = spec.partition(":")
+    try:
+        module = _import(module_name)
+    except Exception as exc:  # any import-time failure of the user's module
+        raise HarnessError(f"cannot import target {target!r}: {type(exc).__name__}: {exc}", EXIT_IMPORT) from exc
+    function = getattr(module, function_name, None)
+    if function is None or not callable(function):
+        raise HarnessError(
+            f"cannot import target {target!r}: {module_name} has no function {function_name!r}", EXIT_IMPORT
+        )
+    return function  # type: ignore[no-any-return]
+
+
+def _import(module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ImportError:
+        beside = Path(__file__).with_name("targets.py")
+        if module_name != BUILTIN_MODULE or not beside.is_file():
+            raise
+    spec = importlib.util.spec_from_file_location("compilecache_targets", beside)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def normalise_entries(target: str, returned: Any) -> list[Entry] | None:
+    """Check what a target returned: ``None`` or a list of (callable, args[, kwargs])."""
+    if returned is None:
+        return None
+    expected = "a list of (callable_or_module, example_args[, example_kwargs]) or None"
+    if not isinstance(returned, list | tuple) or not returned:
+        raise HarnessError(f"target {target!r} returned {type(returned).__name__}; expected {expected}", EXIT_SHAPE)
+    entries: list[Entry] = []
+    for index, item in enumerate(returned):
+        where = f"target {target!r} item {index}"
+        if not isinstance(item, list | tuple) or len(item) not in (2, 3):
+            raise HarnessError(f"{where} is {type(item).__name__}; expected {expected}", EXIT_SHAPE)
+        fn, args = item[0], item[1]
+        kwargs = item[2] if len(item) == 3 else {}
+        if not callable(fn):
+            raise HarnessError(f"{where}: {type(fn).__name__} is not callable", EXIT_SHAPE)
+        if not isinstance(args, list | tuple):
+            raise HarnessError(f"{where}: example_args is {type(args).__name__}, expected a tuple", EXIT_SHAPE)
+        if not isinstance(kwargs, dict):
+            raise HarnessError(f"{where}: example_kwargs is {type(kwargs).__name__}, expected a dict", EXIT_SHAPE)
+        entries.append((fn, tuple(args), kwargs))
+    return entries
+
+
+def make_compile(options: CompileOptions) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``torch.compile`` with the options applied (the function given to self-running targets)."""
+    import torch
+
+    kwargs = options.compile_kwargs()
+
+    def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return torch.compile(fn, **kwargs)
+
+    return compile_fn
+
+
+def _scalar_loss(output: Any) -> Any:
+    """The sum of every floating tensor in ``output`` (tensors, sequences, dicts, dataclasses)."""
+    import torch
+
+    total = None
+    stack = [output]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if item.is_floating_point() or item.is_complex():
+                total = item.sum() if total is None else total + item.sum()
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    if total is None:
+        raise HarnessError("--backward: the target's output holds no floating tensor to take a loss from", EXIT_SHAPE)
+    return total
+
+
+def compile_entry(fn: Callable[..., Any], options: CompileOptions) -> Callable[..., Any]:
+    """The compiled callable for one entry; with compiled autograd, a whole training step."""
+    compile_fn = make_compile(options)
+    if not options.compiled_autograd:
+        return compile_fn(fn)
+
+    def train_step(*args: Any, **kwargs: Any) -> Any:
+        loss = _scalar_loss(fn(*args, **kwargs))
+        loss.backward()
+        return loss
+
+    return compile_fn(train_step)
+
+
+def run_entry(
+    compiled: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: CompileOptions
+) -> None:
+    """One first call: inference under no_grad, or forward and backward."""
+    import torch
+
+    if options.compiled_autograd:
+        compiled(*args, **kwargs)
+    elif options.backward:
+        _scalar_loss(compiled(*args, **kwargs)).backward()
+    else:
+        with torch.no_grad():
+            compiled(*args, **kwargs)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def describe(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
+
+
+def run_target(
+    target: str, options: CompileOptions, function: Callable[..., Any] | None = None
+) -> list[dict[str, Any]]:
+    """Import (unless given) and run a target; the first-call seconds of each compiled entry."""
+    function = function or load_target(target)
+    takes_compile = _required_params(function) >= 1
+    started = time.perf_counter()
+    try:
+        returned = function(make_compile(options)) if takes_compile else function()
+    except HarnessError:
+        raise
+    except Exception as exc:
+        traceback.print_exc()
+        raise HarnessError(f"target {target!r} failed: {type(exc).__name__}: {exc}", EXIT_FAILED) from exc
+    entries = normalise_entries(target, returned)
+    if entries is None:
+        return [{"index": 0, "name": canonical_target(target), "seconds": round(time.perf_counter() - started, 4)}]
+    timings = []
+    for index, (fn, args, kwargs) in enumerate(entries):
+        try:
+            compiled = compile_entry(fn, options)
+            t0 = time.perf_counter()
+            run_entry(compiled, args, kwargs, options)
+            seconds = time.perf_counter() - t0
+        except HarnessError:
+            raise
+        except Exception as exc:
+            traceback.print_exc()
+            raise HarnessError(
+                f"target {target!r} item {index} ({describe(fn)}) failed to compile or run: "
+                f"{type(exc).__name__}: {exc}",
+                EXIT_FAILED,
+            ) from exc
+        timings.append({"index": index, "name": describe(fn), "seconds": round(seconds, 4)})
+    return timings
+
+
+def _required_params(function: Callable[..., Any]) -> int:
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    return sum(1 for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def run_command(command: str, env: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Run the user's command with the cache environment; its wall seconds."""
+    argv = shlex.split(command)
+    if not argv:
+        raise HarnessError("--command is empty", EXIT_USAGE)
+    started = time.perf_counter()
+    try:
+        status = subprocess.run(argv, env=dict(env), check=False).returncode
+    except OSError as exc:
+        raise HarnessError(f"--command {argv[0]!r} cannot be started: {exc.strerror or exc}", EXIT_FAILED) from exc
+    if status != 0:
+        raise HarnessError(f"--command exited with status {status}: {command}", EXIT_FAILED)
+    return [{"index": 0, "name": argv[0], "seconds": round(time.perf_counter() - started, 4)}]
+
+
+# -- the run ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Request:
+    out: Path
+    namespace: str
+    name: str
+    options: CompileOptions
+    target: str | None = None
+    command: str | None = None
+    cache_dir: Path | None = None
+
+    @property
+    def cache_path(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else self.out / CACHEDIR
+
+
+def prepare_environment(request: Request, job_id: str) -> dict[str, str]:
+    """Point inductor (and triton under it) at the cache directory, set the job id; before torch loads."""
+    if "torch._inductor" in sys.modules:
+        raise HarnessError("torch's inductor was imported before the harness could set its cache directory")
+    request.cache_path.mkdir(parents=True, exist_ok=True)
+    os.environ[CACHE_DIR_ENV] = str(request.cache_path)
+    os.environ[JOB_ID_ENV] = job_id
+    os.environ.pop("TRITON_CACHE_DIR", None)  # keep triton's cache inside the inductor cache dir
+    return dict(os.environ)
+
+
+def apply_options(options: CompileOptions, job_id: str) -> None:
+    import torch
+
+    torch.compiler.config.job_id = job_id
+    torch._dynamo.config.compiled_autograd = options.compiled_autograd
+    import torch._inductor.config as inductor_config
+
+    for name, value in options.inductor_config:
+        if not hasattr(inductor_config, name.split(".")[0]):
+            raise HarnessError(f"--inductor-config {name}: torch._inductor.config has no such option", EXIT_USAGE)
+        target: Any = inductor_config
+        *parents, leaf = name.split(".")
+        for part in parents:
+            target = getattr(target, part)
+        setattr(target, leaf, value)
+
+
+def save_megacache(out: Path) -> dict[str, Any]:
+    """``torch.compiler.save_cache_artifacts()`` into OUT/megacache.bin (empty when nothing was saved)."""
+    import torch
+
+    saved = torch.compiler.save_cache_artifacts()
+    data, info = (saved[0], saved[1]) if saved else (b"", None)
+    _write_atomic(out / MEGACACHE_FILE, data)
+    artifacts = {str(k): len(v) for k, v in getattr(info, "artifacts", {}).items()} if info is not None else {}
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "artifacts": artifacts}
+
+
+def warm_up(request: Request) -> dict[str, Any]:
+    """Compile the target (or run the command) and write the output directory; the result."""
+    model = model_digest(request.target, request.command)
+    options_digest = request.options.digest()
+    job_id = os.environ.get(JOB_ID_ENV) or default_job_id(request.namespace, request.name)
+    env = prepare_environment(request, job_id)
+    function = load_target(request.target) if request.target is not None else None
+    apply_options(request.options, job_id)
+    versions = detect_versions()
+    device = detect_device()
+    fields = key_fields(request.namespace, request.name, model, options_digest, device, versions)
+
+    started = time.perf_counter()
+    if request.command is not None:
+        timings = run_command(request.command, env)
+        counters: dict[str, dict[str, int]] | None = None
+    else:
+        assert request.target is not None
+        timings = run_target(request.target, request.options, function)
+        counters = counters_snapshot()
+    total = time.perf_counter() - started
+    megacache = save_megacache(request.out)
+    result = {
+        "format": RESULT_FORMAT,
+        "producer": f"compilecache-harness/{HARNESS_VERSION}",
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "key": fields,
+        "key_string": key_string(fields),
+        "job_id": job_id,
+        "target": canonical_target(request.target) if request.target else None,
+        "command": request.command,
+        "options": request.options.to_dict(),
+        "versions": versions,
+        "device": device,
+        "cache_dir": str(request.cache_path),
+        "targets": timings,
+        "compile_seconds": round(total, 4),
+        "counters": counters,
+        "cache": cache_summary(counters) if counters is not None else None,
+        "megacache": megacache,
+    }
+    _write_atomic(request.out / RESULT_FILE, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
+    return result
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise HarnessError(f"cannot write {path}: {exc.strerror or exc}", EXIT_OUTPUT) from exc
+
+
+def write_termination_log(message: Mapping[str, Any]) -> None:
+    """Write the outcome where Kubernetes reads a container's termination message, when it exists."""
+    path = Path(os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG)
+    explicit = bool(os.environ.get(TERMINATION_LOG_ENV))
+    if path.exists() or (explicit and path.parent.is_dir()):
+        with contextlib.suppress(OSError):
+            path.write_text(json.dumps(message, sort_keys=True)[:4000])
+
+
+# -- command line ---------------------------------------------------------------------------
+def parse_bool_auto(text: str) -> bool | None:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    if lowered in ("auto", "none", ""):
+        return None
+    raise argparse.ArgumentTypeError(f"expected true, false or auto, got {text!r}")
+
+
+def parse_config_item(text: str) -> tuple[str, Any]:
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return name.strip(), value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="harness.py",
+        description="Compile models with torch.compile into a fresh cache directory and write "
+        "OUT/{result.json,megacache.bin,cachedir/} for `compilecache publish`.",
+        epilog="examples:\n"
+        "  python harness.py --target tiny_mlp --out /tmp/out --namespace default --name demo\n"
+        "  python harness.py --target mypkg.models:warmup --out /out --namespace ml --name llama "
+        "--mode max-autotune --backward\n"
+        '  python harness.py --command "python serve.py --warmup-only" --out /out --namespace ml --name serve',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--target", help="module:function, or tiny_mlp | transformer_block | small_convnet")
+    what.add_argument("--command", help="run this command with TORCHINDUCTOR_CACHE_DIR set instead of a target")
+    parser.add_argument("--out", required=True, type=Path, help="output directory (created; must be empty)")
+    parser.add_argument("--namespace", required=True, help="namespace of the CompileCache")
+    parser.add_argument("--name", required=True, help="name of the CompileCache")
+    parser.add_argument("--mode", default="default", choices=MODES, help="torch.compile mode (default: %(default)s)")
+    parser.add_argument(
+        "--dynamic",
+        default=None,
+        type=parse_bool_auto,
+        metavar="true|false|auto",
+        help="dynamic shapes (default: auto)",
+    )
+    parser.add_argument("--fullgraph", action="store_true", help="torch.compile(fullgraph=True)")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: %(default)s)")
+    parser.add_argument(
+        "--compiled-autograd", action="store_true", help="compile forward+backward as one step with compiled autograd"
+    )
+    parser.add_argument("--backward", action="store_true", help="run forward and backward (training)")
+    parser.add_argument(
+        "--inductor-config",
+        action="append",
+        default=[],
+        type=parse_config_item,
+        metavar="NAME=VALUE",
+        help="set torch._inductor.config.NAME (VALUE parsed as JSON); part of the options digest",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="compile into this cache directory instead of OUT/cachedir (to measure a preloaded cache)",
+    )
+    return parser
+
+
+def request_from_args(args: argparse.Namespace) -> Request:
+    options = CompileOptions(
+        mode=args.mode,
+        dynamic=args.dynamic,
+        fullgraph=args.fullgraph,
+        backend=args.backend,
+        compiled_autograd=args.compiled_autograd,
+        backward=args.backward,
+        inductor_config=tuple(args.inductor_config),
+    )
+    if args.target is not None:
+        canonical_target(args.target)
+    for label, value in (("namespace", args.namespace), ("name", args.name)):
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value) or (label == "namespace" and "." in value):
+            raise HarnessError(f"--{label} {value!r} is not a Kubernetes name", EXIT_USAGE)
+    out = args.out.absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise HarnessError(f"--out {out}: exists and is not an empty directory", EXIT_USAGE)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HarnessError(f"--out {out}: {exc.strerror or exc}", EXIT_OUTPUT) from exc
+    return Request(
+        out=out,
+        namespace=args.namespace,
+        name=args.name,
+        options=options,
+        target=args.target,
+        command=args.command,
+        cache_dir=args.cache_dir.absolute() if args.cache_dir else None,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # targets import like `python -m` would find them
+    args = build_parser().parse_args(argv)
+    try:
+        result = warm_up(request_from_args(args))
+    except HarnessError as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        write_termination_log({"result": "error", "stage": "compile", "reason": str(exc)})
+        return exc.exit_code
+    summary = {
+        "result": "compiled",
+        "key": result["key_string"],
+        "job_id": result["job_id"],
+        "compile_seconds": result["compile_seconds"],
+        "cache": result["cache"],
+        "megacache_bytes": result["megacache"]["bytes"],
+    }
+    print(json.dumps(summary, sort_keys=True))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""The warm-up harness: identity functions agree with cachelib.keys, options enter the digest,
+bad targets fail with clear messages, and a real CPU warm-up writes a complete output directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cachelib import harness, keys
+from cachelib.harness import CompileOptions, HarnessError
+from tests.cachelib.conftest import WARM_NAME, WARM_NAMESPACE, Warmed
+
+PAYLOADS: list[Any] = [
+    {"target": "cachelib.targets:tiny_mlp"},
+    {"b": [1, 2, {"z": None, "a": True}], "a": 1.5},
+    CompileOptions(mode="max-autotune", dynamic=True, inductor_config=(("x", 1),)).to_dict(),
+    "plain",
+    [Path("/p")],
+]
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_digest_is_the_same_function_as_keys_digest(payload: Any) -> None:
+    assert harness.digest(payload) == keys.digest(payload)
+
+
+@pytest.mark.parametrize("product", ["NVIDIA H100 80GB HBM3", "NVIDIA-A100-SXM4-80GB", "AMD Instinct MI300X", ""])
+def test_gpu_slug_matches_keys(product: str) -> None:
+    assert harness.gpu_slug(product) == keys.gpu_slug(product)
+
+
+def test_key_fields_of_a_cuda_device_make_a_valid_key() -> None:
+    """Pure function: the device dict is what detect_device() returns on an H100."""
+    device = {"type": "cuda", "product": "NVIDIA H100 80GB HBM3", "capability": "9.0", "count": 8}
+    versions = {"torch": "2.13.0+cu128", "triton": "3.6.0", "cuda": "12.8", "python": "3.11.7"}
+    fields = harness.key_fields("ml", "llama", "0" * 16, "1" * 16, device, versions)
+    key = keys.CacheKey.from_dict(fields)
+    assert (key.gpu, key.capability, key.py) == ("nvidia-h100-80gb-hbm3", "sm90", "3.11")
+    assert harness.key_string(fields) == str(key)
+
+
+def test_key_fields_of_the_cpu() -> None:
+    device = {"type": "cpu", "product": "cpu", "capability": None, "count": 0}
+    versions = {"torch": "2.13.0+cpu", "triton": "none", "cuda": "none", "python": "3.12.1"}
+    key = keys.CacheKey.from_dict(harness.key_fields("default", "x", "0" * 16, "1" * 16, device, versions))
+    assert (key.gpu, key.capability, key.triton, key.cuda, key.py) == ("cpu", "cpu", "none", "none", "3.12")
+
+
+def test_version_segment_makes_any_version_a_valid_segment() -> None:
+    assert harness.version_segment("2.6.0a0+git1234 abc") == "2.6.0a0+git1234-abc"
+    keys.CacheKey.from_dict({**keys.CacheKey.parse(
+        "cc1/a/b/0123456789abcdef/0123456789abcdef/cpu/cpu/torch-1/triton-none/cuda-none/py-3.11"
+    ).to_dict(), "torch": harness.version_segment("2.6.0a0+git1234 abc")})  # fmt: skip
+
+
+OPTION_VARIANTS = {
+    "mode": CompileOptions(mode="max-autotune"),
+    "dynamic-true": CompileOptions(dynamic=True),
+    "dynamic-false": CompileOptions(dynamic=False),
+    "fullgraph": CompileOptions(fullgraph=True),
+    "backend": CompileOptions(backend="aot_eager"),
+    "backward": CompileOptions(backward=True),
+    "compiled_autograd": CompileOptions(compiled_autograd=True),
+    "inductor_config": CompileOptions(inductor_config=(("max_autotune_gemm", True),)),
+}
+
+
+def test_every_compile_option_enters_the_digest() -> None:
+    digests = {name: o.digest() for name, o in OPTION_VARIANTS.items()}
+    digests["default"] = CompileOptions().digest()
+    assert len(set(digests.values())) == len(digests)
+
+
+def test_compile_options_details() -> None:
+    assert CompileOptions(compiled_autograd=True).backward is True
+    a = CompileOptions(inductor_config=(("b", 1), ("a", 2)))
+    b = CompileOptions(inductor_config=(("a", 2), ("b", 1)))
+    assert a.digest() == b.digest()
+    assert CompileOptions().compile_kwargs() == {"mode": None, "dynamic": None, "fullgraph": False,
+                                                 "backend": "inductor"}  # fmt: skip
+
+
+def test_targets_and_model_digest() -> None:
+    assert harness.canonical_target("tiny_mlp") == "cachelib.targets:tiny_mlp"
+    assert harness.model_digest(target="tiny_mlp") == harness.model_digest(target="cachelib.targets:tiny_mlp")
+    assert harness.model_digest(target="a:b") != harness.model_digest(command="a:b")
+    for bad in ("nocolon", "mod:", ":fn", "mod:not-an-identifier"):
+        with pytest.raises(HarnessError, match="module:function") as caught:
+            harness.canonical_target(bad)
+        assert caught.value.exit_code == harness.EXIT_USAGE
+
+
+def test_job_id_is_stable_per_cache() -> None:
+    assert harness.default_job_id("ns", "a") == harness.default_job_id("ns", "a")
+    assert harness.default_job_id("ns", "a") != harness.default_job_id("ns", "b")
+
+
+@pytest.mark.parametrize(
+    ("returned", "match"),
+    [
+        (42, "returned int"),
+        ([], "returned list"),
+        ([len], "item 0 is builtin_function_or_method"),
+        ([(len, (1,), {}, "extra")], "item 0 is tuple"),
+        ([(42, ())], "int is not callable"),
+        ([(len, "x")], "example_args is str"),
+        ([(len, (), [])], "example_kwargs is list"),
+    ],
+)
+def test_wrong_target_shapes(returned: Any, match: str) -> None:
+    with pytest.raises(HarnessError, match=match) as caught:
+        harness.normalise_entries("m:f", returned)
+    assert caught.value.exit_code == harness.EXIT_SHAPE
+
+
+def test_right_target_shapes() -> None:
+    assert harness.normalise_entries("m:f", None) is None
+    assert harness.normalise_entries("m:f", [(len, [1]), (max, (1, 2), {"default": 0})]) == [
+        (len, (1,), {}),
+        (max, (1, 2), {"default": 0}),
+    ]
+
+
+def test_import_failures_are_named() -> None:
+    with pytest.raises(HarnessError, match=r"cannot import target 'no_such_module_xyz:f'.*ModuleNotFound") as e:
+        harness.load_target("no_such_module_xyz:f")
+    assert e.value.exit_code == harness.EXIT_IMPORT
+    with pytest.raises(HarnessError, match="has no function 'nothing'"):
+        harness.load_target("json:nothing")
+
+
+def test_detect_device_reads_cuda_when_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: torch.cuda's queries are replaced by an H100's answers (a mock, because a GPU
+    cannot run on this machine); the harness must take product and capability from them."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    device = harness.detect_device()
+    assert device == {"type": "cuda", "product": "NVIDIA H100 80GB HBM3", "capability": "9.0", "count": 8}
+
+
+# -- the harness as a program -------------------------------------------------------------------
+def run_harness(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, harness.__file__, "--out", str(tmp_path / "out"), "--namespace", "default", "--name", "t",
+         *args],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, **(env or {})}, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    proc = run_harness(tmp_path, "--target", "nocolon")
+    assert proc.returncode == 2
+    assert "module:function" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "f").write_text("x")
+    proc = subprocess.run(
+        [sys.executable, harness.__file__, "--out", str(tmp_path / "busy"), "--namespace", "default", "--name", "t",
+         "--target", "tiny_mlp"], capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "not an empty directory" in proc.stderr
+
+
+def test_target_that_cannot_be_imported_exits_3_and_says_why(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    proc = run_harness(tmp_path, "--target", "missing_module_abc:warm", env={"COMPILECACHE_TERMINATION_LOG": str(log)})
+    assert proc.returncode == harness.EXIT_IMPORT
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "harness: error: cannot import target 'missing_module_abc:warm': "
+        "ModuleNotFoundError: No module named 'missing_module_abc'"
+    )
+    message = json.loads(log.read_text())
+    assert message["result"] == "error" and "missing_module_abc" in message["reason"]
+
+
+@pytest.mark.slow
+def test_target_with_the_wrong_shape_exits_5_and_failing_target_exits_4(tmp_path: Path) -> None:
+    (tmp_path / "usermod.py").write_text(
+        textwrap.dedent("""
+        def shape():
+            return {"model": 1}
+
+        def boom():
+            raise RuntimeError("no weights here")
+    """)
+    )
+    proc = run_harness(tmp_path, "--target", "usermod:shape")
+    assert proc.returncode == harness.EXIT_SHAPE, proc.stderr
+    assert "target 'usermod:shape' returned dict; expected a list of" in proc.stderr
+    (tmp_path / "out").rename(tmp_path / "out-shape")
+    proc = run_harness(tmp_path, "--target", "usermod:boom")
+    assert proc.returncode == harness.EXIT_FAILED
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "harness: error: target 'usermod:boom' failed: RuntimeError: no weights here"
+    )
+
+
+@pytest.mark.slow
+def test_command_runs_with_the_cache_environment(tmp_path: Path) -> None:
+    script = (
+        "import os, pathlib; d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR']); "
+        "(d / 'marker').write_text(os.environ['TORCH_COMPILE_JOB_ID'])"
+    )
+    proc = run_harness(tmp_path, "--command", f'{sys.executable} -c "{script}"')
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    assert (out / "cachedir" / "marker").read_text() == "compilecache-default.t"
+    result = json.loads((out / "result.json").read_text())
+    assert result["command"].startswith(sys.executable) and result["target"] is None
+    assert result["counters"] is None and result["megacache"]["bytes"] == 0
+    assert result["key"]["model"] == harness.model_digest(command=result["command"])
+    out.rename(tmp_path / "out-ok")
+    proc = run_harness(tmp_path, "--command", f"{sys.executable} -c 'raise SystemExit(7)'")
+    assert proc.returncode == harness.EXIT_FAILED and "exited with status 7" in proc.stderr
+
+
+@pytest.mark.slow
+def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None:
+    result = warmed.result
+    key = keys.CacheKey.from_dict(result["key"])
+    assert str(key) == result["key_string"]
+    assert (key.namespace, key.name, key.gpu, key.capability) == (WARM_NAMESPACE, WARM_NAME, "cpu", "cpu")
+    assert key.model == harness.model_digest(target="tiny_mlp")
+    assert key.options == CompileOptions().digest() == harness.digest(result["options"])
+    import torch
+
+    assert result["versions"]["torch"] == torch.__version__ == key.torch
+    assert result["job_id"] == harness.default_job_id(WARM_NAMESPACE, WARM_NAME)
+    assert result["cache"]["fxgraph_miss"] >= 1 and result["cache"]["fxgraph_hit"] == 0
+    assert result["counters"]["aot_autograd"]["autograd_cache_saved"] >= 1
+    assert result["targets"][0]["seconds"] > 0 and result["compile_seconds"] >= result["targets"][0]["seconds"]
+    assert result["device"]["type"] == "cpu"
+    megacache = warmed.out / "megacache.bin"
+    assert megacache.stat().st_size == result["megacache"]["bytes"] > 0
+    assert any((warmed.out / "cachedir" / "fxgraph").iterdir())
+    assert any((warmed.out / "cachedir" / "aotautograd").iterdir())
