@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from itertools import chain
@@ -80,7 +80,11 @@ def plan_part_size(size: int | None) -> int:
 class S3Store(Store):
     """Objects in an S3 bucket (or an S3-compatible server) under a key prefix."""
 
-    def __init__(self, config: S3StoreURL, url: str, *, endpoint: str | None) -> None:
+    def __init__(
+        self, config: S3StoreURL, url: str, *, endpoint: str | None, credentials: Mapping[str, str] | None = None
+    ) -> None:
+        """``credentials`` (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``)
+        replace boto3's standard chain when given."""
         self.config = config
         self.url = url
         self.endpoint = endpoint
@@ -92,7 +96,13 @@ class S3Store(Store):
             max_pool_connections=2 * config.workers + 2,
             s3=cast(Any, {"addressing_style": config.addressing}),
         )
-        self._client: S3Client = boto3.session.Session().client(
+        given = credentials or {}
+        session = boto3.session.Session(
+            aws_access_key_id=given.get("AWS_ACCESS_KEY_ID"),
+            aws_secret_access_key=given.get("AWS_SECRET_ACCESS_KEY"),
+            aws_session_token=given.get("AWS_SESSION_TOKEN"),
+        )
+        self._client: S3Client = session.client(
             "s3", endpoint_url=endpoint, region_name=config.region, config=client_config
         )
 

@@ -149,3 +149,13 @@ def test_bad_password_is_unavailable_and_masked(password_server: RedisServer, au
     with open_store(url) as store, pytest.raises(StoreUnavailable) as caught:
         store.head("a")
     assert "wrong-pw" not in str(caught.value)
+
+
+def test_password_from_credentials_wins_over_the_environment(
+    password_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COMPILECACHE_REDIS_PASSWORD", "stale-pw")
+    url = f"redis://{password_server.host}:{password_server.port}/0?prefix=credpw"
+    with open_store(url, credentials={"COMPILECACHE_REDIS_PASSWORD": "s3cret-pw"}) as store:
+        store.put("a", io.BytesIO(b"x"), 1)
+        assert store.head("a") is not None
