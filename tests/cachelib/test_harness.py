@@ -247,3 +247,37 @@ def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None
     assert megacache.stat().st_size == result["megacache"]["bytes"] > 0
     assert any((warmed.out / "cachedir" / "fxgraph").iterdir())
     assert any((warmed.out / "cachedir" / "aotautograd").iterdir())
+
+
+@pytest.mark.parametrize("module", [harness, pytest.importorskip("cachelib.targets")])
+def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> None:
+    """harness.py and targets.py are copied into users' images: nothing of ours, nothing else."""
+    import ast
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    roots: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    assert roots - set(sys.stdlib_module_names) <= {"torch", "triton"}, roots
+
+
+@pytest.mark.slow
+def test_built_in_targets_load_from_beside_the_harness_without_cachelib(tmp_path: Path) -> None:
+    """In a user's image only harness.py and targets.py exist, side by side: short names still work."""
+    import shutil
+
+    from cachelib import targets
+
+    shutil.copy(harness.__file__, tmp_path / "harness.py")
+    shutil.copy(targets.__file__, tmp_path / "targets.py")
+    code = (
+        "import sys; sys.modules['cachelib'] = None; import harness; "
+        "entries = harness.normalise_entries('tiny_mlp', harness.load_target('tiny_mlp')()); "
+        "print(type(entries[0][0]).__name__, tuple(entries[0][1][0].shape))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["TinyMLP", "(8,", "64)"]

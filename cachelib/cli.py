@@ -1,0 +1,563 @@
+"""The ``compilecache`` command line: warm up, publish, preload, inspect and tidy cache bundles."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cachelib import __version__
+
+STORE_ENV = "COMPILECACHE_STORE"
+log = logging.getLogger("compilecache")
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+class CommandError(Exception):
+    """A failure to report as one line, with an exit status."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+def parse_size(text: str) -> int:
+    """``1073741824``, ``512M``, ``10Gi``, ``2GB`` -> bytes (binary units)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 10G, got {text!r}")
+    unit = (match.group(2) or "").lower()[:1]
+    return int(match.group(1)) * _SIZE_UNITS[unit]
+
+
+def print_json(payload: Any) -> None:
+    print(json.dumps(payload, sort_keys=True, separators=(",", ":")), flush=True)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + "Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, sort_keys=True)
+
+
+def setup_logging(log_format: str, verbose: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter("%(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO if verbose == 1 else logging.WARNING)
+
+
+def store_url(args: argparse.Namespace) -> str:
+    url: str | None = args.store or os.environ.get(STORE_ENV)
+    if not url:
+        raise CommandError(f"no store: give --store URL (or set {STORE_ENV})", 2)
+    return url
+
+
+def versions_of(args: argparse.Namespace) -> dict[str, str | None]:
+    return {"torch": args.torch, "triton": args.triton, "cuda": args.cuda, "py": args.py}
+
+
+# -- subcommands -----------------------------------------------------------------------------------
+def cmd_pack(args: argparse.Namespace) -> int:
+    from cachelib.publish import pack
+
+    written = pack(Path(args.outdir), Path(args.bundle), level=args.level)
+    print_json(
+        {
+            "key": str(written.header.key),
+            "bundle": str(args.bundle),
+            "bytes": written.bytes,
+            "sha256": written.sha256,
+            "parts": {p.name: {"size": p.size, "stored_size": p.stored_size} for p in written.header.parts},
+        }
+    )
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from cachelib.preload import write_termination_message
+    from cachelib.publish import publish
+
+    try:
+        published = publish(Path(args.source), store_url(args), level=args.level, progress=True)
+    except Exception as exc:
+        write_termination_message({"result": "error", "stage": "publish", "reason": f"{type(exc).__name__}: {exc}"})
+        raise
+    payload = published.to_dict()
+    print_json(payload)
+    write_termination_message(payload)
+    return 0
+
+
+def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
+    """The harness command line for ``compilecache warmup``'s options."""
+    from cachelib import harness
+
+    argv = [sys.executable, harness.__file__]
+    argv += ["--target", args.target] if args.target else ["--command", args.command]
+    argv += ["--out", str(out), "--namespace", args.namespace, "--name", args.name]
+    argv += ["--mode", args.mode, "--dynamic", args.dynamic, "--backend", args.backend]
+    for flag in ("fullgraph", "compiled_autograd", "backward"):
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
+    for item in args.inductor_config:
+        argv += ["--inductor-config", item]
+    return argv
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    from cachelib.publish import publish
+
+    url = store_url(args)
+    with tempfile.TemporaryDirectory(prefix="compilecache-warmup-") as scratch:
+        out = Path(args.out) if args.out else Path(scratch) / "out"
+        argv = harness_argv(args, out)
+        log.info("running the harness: %s", " ".join(argv))
+        status = subprocess.run(argv, stdout=sys.stderr, check=False).returncode
+        if status != 0:
+            raise CommandError(f"the warm-up harness failed (exit status {status}); see its message above", status)
+        published = publish(out, url, level=args.level, progress=True)
+    print_json(published.to_dict())
+    return 0
+
+
+def cmd_preload(args: argparse.Namespace) -> int:
+    from cachelib.preload import preload, write_termination_message
+
+    result = preload(
+        store_url(args),
+        args.key or (),
+        args.target,
+        cache=args.cache,
+        gpu=args.gpu,
+        versions=versions_of(args),
+        max_bytes=args.max_bytes,
+        progress=True,
+    )
+    payload = result.to_dict()
+    print_json(payload)
+    write_termination_message(payload)
+    if result.result != "hit":
+        log.warning("preload %s: %s", result.result, result.reason)
+    return result.exit_code(args.strict)
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from cachelib.preload import load, write_termination_message
+
+    result = load(
+        store_url(args),
+        args.key or (),
+        args.target,
+        cache=args.cache,
+        gpu=args.gpu,
+        versions=versions_of(args),
+        max_bytes=args.max_bytes,
+        progress=True,
+    )
+    payload = result.to_dict()
+    print_json(payload)
+    write_termination_message(payload)
+    if result.result != "hit":
+        log.warning("load %s: %s", result.result, result.reason)
+    return result.exit_code(args.strict)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from cachelib.bundle import BundleReader
+    from cachelib.publish import inspect_bundle
+    from cachelib.stores import open_store
+
+    if args.store:
+        with open_store(args.store) as store, store.get(args.bundle) as stream:
+            reader = BundleReader(stream)
+            if args.verify:
+                reader.verify_all()
+            header = reader.header.to_dict()
+    else:
+        path = Path(args.bundle)
+        if not path.is_file():
+            raise CommandError(
+                f"{path}: no such bundle file (to inspect a stored bundle, give --store URL and its key)"
+            )
+        header = inspect_bundle(path, verify=args.verify)
+    if args.verify:
+        header["verified"] = True
+    print(json.dumps(header, indent=2, sort_keys=True))
+    return 0
+
+
+def _prefix(args: argparse.Namespace) -> str:
+    from cachelib.keys import cache_prefix
+    from cachelib.preload import parse_cache_ref
+
+    if args.cache:
+        return cache_prefix(*parse_cache_ref(args.cache))
+    return str(args.prefix or "")
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from cachelib.inventory import format_age, format_size, list_bundles
+    from cachelib.stores import open_store
+
+    with open_store(store_url(args)) as store:
+        found = list_bundles(store, _prefix(args))
+    now = time.time()
+    if args.json:
+        for entry in found:
+            print_json(entry.to_dict(now))
+        return 0
+    rows = [("CACHE", "MODEL", "OPTIONS", "GPU", "CAP", "TORCH", "TRITON", "CUDA", "PY", "SIZE", "AGE")]
+    for e in found:
+        k = e.key
+        rows.append(
+            (
+                f"{k.namespace}/{k.name}",
+                k.model,
+                k.options,
+                k.gpu,
+                k.capability,
+                k.torch,
+                k.triton,
+                k.cuda,
+                k.py,
+                format_size(e.size),
+                format_age(e.age(now)),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print(f"{len(found)} bundle(s), {format_size(sum(e.size for e in found))}", file=sys.stderr)
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from cachelib.inventory import list_bundles, parse_duration, plan_gc
+    from cachelib.stores import open_store
+
+    try:
+        older_than = parse_duration(args.older_than) if args.older_than else None
+        now = time.time()
+        with open_store(store_url(args)) as store:
+            doomed = plan_gc(list_bundles(store, _prefix(args)), now, older_than=older_than, keep=args.keep)
+            deleted = 0
+            for entry in doomed:
+                if not args.dry_run and store.delete(str(entry.key)):
+                    deleted += 1
+                print_json(
+                    {
+                        "key": str(entry.key),
+                        "size": entry.size,
+                        "age_seconds": round(entry.age(now), 1),
+                        "action": "would delete" if args.dry_run else "deleted",
+                    }
+                )
+    except ValueError as exc:
+        raise CommandError(str(exc), 2) from None
+    verb = "would delete" if args.dry_run else "deleted"
+    print(
+        f"{verb} {len(doomed) if args.dry_run else deleted} bundle(s), {sum(e.size for e in doomed)} bytes",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from cachelib.demo import run_demo
+
+    return run_demo(store=args.store, target=args.target, keep=args.keep)
+
+
+# -- parser ----------------------------------------------------------------------------------------
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def _add(
+    sub: Any, name: str, handler: Callable[[argparse.Namespace], int], summary: str, description: str, examples: str
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=summary, description=description, epilog="examples:\n" + examples, formatter_class=_formatter
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _store_arg(parser: argparse.ArgumentParser, required_hint: str = "") -> None:
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="file:///path, redis://host:6379/0, rediss://..., s3://bucket/prefix "
+        f"(default: ${STORE_ENV}){required_hint}",
+    )
+
+
+def _selection_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--key", action="append", metavar="KEY", help="a bundle key (repeat for several)")
+    parser.add_argument("--cache", metavar="NS/NAME", help="every bundle of this cache (instead of --key)")
+    parser.add_argument(
+        "--gpu",
+        metavar="SLUG",
+        help="only this GPU's bundles, e.g. NVIDIA-H100-80GB-HBM3 or cpu "
+        "(default: $COMPILECACHE_GPU, else every variant)",
+    )
+    for field in ("torch", "triton", "cuda", "py"):
+        parser.add_argument(f"--{field}", metavar="V", help=f"only bundles built with this {field} version")
+    parser.add_argument("--strict", action="store_true", help="exit 1 unless every bundle was a hit")
+    parser.add_argument(
+        "--max-bytes",
+        type=parse_size,
+        default=64 * 1024**3,
+        metavar="N",
+        help="refuse to unpack more than N bytes in all (default 64G)",
+    )
+
+
+def _compile_args(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--target", help="module:function, or tiny_mlp | transformer_block | small_convnet")
+    what.add_argument("--command", help="a command to run with TORCHINDUCTOR_CACHE_DIR set, instead of a target")
+    parser.add_argument("--namespace", default="default", help="namespace of the cache (default: %(default)s)")
+    parser.add_argument("--name", required=True, help="name of the cache")
+    parser.add_argument("--mode", default="default", help="torch.compile mode (default: %(default)s)")
+    parser.add_argument("--dynamic", default="auto", choices=("true", "false", "auto"), help="dynamic shapes")
+    parser.add_argument("--fullgraph", action="store_true", help="torch.compile(fullgraph=True)")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: %(default)s)")
+    parser.add_argument("--compiled-autograd", action="store_true", help="compile forward+backward as one step")
+    parser.add_argument("--backward", action="store_true", help="also run the backward pass (training)")
+    parser.add_argument(
+        "--inductor-config",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set torch._inductor.config.NAME for the compile (part of the key)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="compilecache",
+        description="Warm starts for torch.compile. Compile a model once (warmup), publish the compiled "
+        "caches as a bundle to a store (a directory, Redis or S3), and preload that bundle before a "
+        "process starts so that its torch.compile hits instead of compiling again.",
+        epilog="Start with `compilecache demo`: it does all of that on this machine's CPU in about a minute.\n\n"
+        "examples:\n"
+        "  compilecache demo\n"
+        "  compilecache warmup --target tiny_mlp --name demo --store file:///tmp/store\n"
+        "  compilecache ls --store file:///tmp/store\n"
+        "  compilecache preload --store file:///tmp/store --cache default/demo --target /tmp/inductor\n"
+        "  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor python train.py",
+        formatter_class=_formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"compilecache {__version__}")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines on stderr")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs; tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = _add(
+        sub,
+        "warmup",
+        cmd_warmup,
+        "compile a model with the harness, then pack and publish the bundle",
+        "Run the warm-up harness (cachelib/harness.py) with this Python in a subprocess: it compiles the\n"
+        "target into a fresh inductor cache directory. Then pack that directory into a bundle, verify\n"
+        "it and publish it under its cache key. Prints the publish result as JSON.",
+        "  compilecache warmup --target tiny_mlp --name demo --store file:///tmp/store\n"
+        "  compilecache warmup --target mypkg.models:warm --namespace ml --name llama --backward \\\n"
+        "      --mode max-autotune --store s3://bucket/compilecache",
+    )
+    _compile_args(p)
+    _store_arg(p)
+    p.add_argument("--out", help="keep the harness output directory here (default: a temporary one)")
+    p.add_argument("--level", type=int, default=3, help="zstd level (default: %(default)s)")
+
+    p = _add(
+        sub,
+        "pack",
+        cmd_pack,
+        "turn a harness output directory into a bundle file",
+        "Pack OUTDIR (result.json, megacache.bin, cachedir/ written by the harness) into one bundle\n"
+        "file: header JSON plus zstd-compressed parts. Prints the key, size and sha256 as JSON.",
+        "  compilecache pack /tmp/out /tmp/demo.ccb",
+    )
+    p.add_argument("outdir", help="the harness output directory")
+    p.add_argument("bundle", help="the bundle file to write")
+    p.add_argument("--level", type=int, default=3, help="zstd level (default: %(default)s)")
+
+    p = _add(
+        sub,
+        "publish",
+        cmd_publish,
+        "pack (if needed), verify and put a bundle into a store",
+        "Pack OUTDIR (or take a bundle file), read it back to verify every part, then put it into the\n"
+        "store under its cache key; readers never see a partial bundle. Prints key, sha256 and bytes as\n"
+        "JSON and writes the same to the termination log ($COMPILECACHE_TERMINATION_LOG, default\n"
+        "/dev/termination-log) when there is one.",
+        "  compilecache publish /out --store redis://cache:6379/0\n"
+        "  compilecache publish /tmp/demo.ccb --store file:///tmp/store",
+    )
+    p.add_argument("source", help="harness output directory or bundle file")
+    _store_arg(p)
+    p.add_argument("--level", type=int, default=3, help="zstd level when packing (default: %(default)s)")
+
+    p = _add(
+        sub,
+        "preload",
+        cmd_preload,
+        "fetch, verify and unpack bundles into a cache directory (no torch)",
+        "Resolve the bundle keys (--key, or --cache NS/NAME listed from the store and filtered by GPU and\n"
+        "versions), fetch each, verify its sha256, and unpack its cache directory into --target\n"
+        "atomically. Prints one JSON line: result hit|miss|error, keys, bytes, seconds, reason; also\n"
+        "written to the termination log when there is one. A missing bundle or an unreachable store\n"
+        "is a miss: exit status 0 unless --strict (then 1). Point TORCHINDUCTOR_CACHE_DIR at --target.",
+        "  compilecache preload --store file:///tmp/store --cache default/demo --target /tmp/inductor\n"
+        "  compilecache preload --store s3://bucket/cc --key cc1/ml/llama/... --target /cache --strict\n"
+        "  compilecache preload --store redis://cache:6379/0 --cache ml/llama --gpu NVIDIA-H100-80GB-HBM3 \\\n"
+        "      --torch 2.13.0 --target /cache",
+    )
+    _store_arg(p)
+    _selection_args(p)
+    p.add_argument("--target", required=True, help="the cache directory to fill (TORCHINDUCTOR_CACHE_DIR)")
+
+    p = _add(
+        sub,
+        "load",
+        cmd_load,
+        "feed bundles' Mega-Cache part to torch.compiler.load_cache_artifacts()",
+        "Like preload, but loads the portable Mega-Cache part through torch (which must be installed)\n"
+        "into the inductor cache directory: --target, else $TORCHINDUCTOR_CACHE_DIR, else torch's default.\n"
+        "On a CPU the Mega-Cache lacks the compiled C++ objects; preload carries them.",
+        "  compilecache load --store file:///tmp/store --cache default/demo --target /tmp/inductor",
+    )
+    _store_arg(p)
+    _selection_args(p)
+    p.add_argument("--target", help="inductor cache directory to load into")
+
+    p = _add(
+        sub,
+        "inspect",
+        cmd_inspect,
+        "print a bundle's header",
+        "Print the header of a bundle file (or, with --store, of a stored bundle given by its key) as\n"
+        "JSON: key, versions, job id, producer, compile result, parts with sizes and sha256.",
+        "  compilecache inspect /tmp/demo.ccb\n"
+        "  compilecache inspect /tmp/demo.ccb --verify\n"
+        "  compilecache inspect --store file:///tmp/store cc1/default/demo/...",
+    )
+    p.add_argument("bundle", help="bundle file, or a key with --store")
+    p.add_argument("--store", metavar="URL", help="read the bundle from this store")
+    p.add_argument("--verify", action="store_true", help="also read every part and check its sha256")
+
+    p = _add(
+        sub,
+        "ls",
+        cmd_ls,
+        "list the bundles in a store",
+        "List the bundles in a store with their key fields, size and age (one JSON object per line with\n--json).",
+        "  compilecache ls --store file:///tmp/store\n  compilecache ls --store s3://bucket/cc --cache ml/llama --json",
+    )
+    _store_arg(p)
+    p.add_argument("--cache", metavar="NS/NAME", help="only this cache's bundles")
+    p.add_argument("--prefix", help="only keys starting with this prefix")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+
+    p = _add(
+        sub,
+        "gc",
+        cmd_gc,
+        "delete old bundles",
+        "Delete bundles by age and/or keep the N newest per group. A group is one cache, model, option set\n"
+        "and GPU; its bundles differ by software versions. A bundle is deleted when it is older than\n"
+        "--older-than (if given) and not among the --keep newest of its group (if given).",
+        "  compilecache gc --store file:///tmp/store --older-than 7d --dry-run\n"
+        "  compilecache gc --store s3://bucket/cc --keep 2\n"
+        "  compilecache gc --store redis://cache:6379/0 --cache ml/llama --older-than 30d --keep 1",
+    )
+    _store_arg(p)
+    p.add_argument("--cache", metavar="NS/NAME", help="only this cache's bundles")
+    p.add_argument("--prefix", help="only keys starting with this prefix")
+    p.add_argument("--older-than", metavar="AGE", help="e.g. 7d, 12h, 30m")
+    p.add_argument("--keep", type=int, metavar="N", help="keep the N most recently published per group")
+    p.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+
+    p = _add(
+        sub,
+        "demo",
+        cmd_demo,
+        "warm a model on the CPU, then start warm in a fresh process (no cluster)",
+        "Compile a built-in model on the CPU with the harness and publish it to a file store (a temporary\n"
+        "one unless --store), then do what a pod does: preload the bundle into an empty cache directory\n"
+        "in a fresh process and compile the same model there. Prints cold vs warm first-call times,\n"
+        "torch's cache hit counters and the Prometheus metrics of the warm process.",
+        "  compilecache demo\n  compilecache demo --target transformer_block --store file:///tmp/store",
+    )
+    _store_arg(p)
+    p.add_argument(
+        "--target",
+        default="tiny_mlp",
+        choices=("tiny_mlp", "transformer_block", "small_convnet"),
+        help="built-in model (default: %(default)s)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the demo's working directory")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.log_format, args.verbose)
+    try:
+        return int(args.handler(args))
+    except KeyboardInterrupt:
+        return 130
+    except CommandError as exc:
+        return _fail(args, str(exc), exc.exit_code)
+    except Exception as exc:
+        return _fail(args, f"{type(exc).__name__}: {exc}" if not _is_expected(exc) else str(exc), 1)
+
+
+def _is_expected(exc: Exception) -> bool:
+    from cachelib.bundle import BundleError
+    from cachelib.keys import InvalidKey
+    from cachelib.publish import PackError
+    from cachelib.stores import StoreError
+    from cachelib.unpack import UnpackError
+
+    return isinstance(exc, BundleError | PackError | StoreError | UnpackError | InvalidKey)
+
+
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    if args.verbose:
+        traceback.print_exc()
+    if args.log_format == "json":
+        log.error(message)
+    else:
+        print(f"compilecache {args.command}: error: {message}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

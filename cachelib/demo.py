@@ -1,0 +1,216 @@
+"""``compilecache demo``: the whole flow on one machine's CPU, no cluster, no GPU.
+
+1. A warm-up job: the harness compiles a built-in model from scratch and the bundle is
+   published to a file store.
+2. A pod's init container: ``compilecache preload`` in a fresh process unpacks the bundle
+   into an empty cache directory.
+3. The pod's workload: a fresh process with ``TORCHINDUCTOR_CACHE_DIR`` pointing there
+   compiles the same model; torch's own counters say whether it hit, and the runtime
+   collector shows them as Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from cachelib.inventory import format_size
+
+NAMESPACE, NAME = "default", "demo"
+
+
+class DemoError(Exception):
+    """A step of the demo failed; the message says which and why."""
+
+
+# -- the pod's workload (runs in its own process) --------------------------------------------------
+def workload(target: str, cache_dir: Path, options: dict[str, Any], job_id: str) -> dict[str, Any]:
+    """Compile ``target`` against ``cache_dir`` as a pod would; timings, counters and metrics text."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    os.environ["TORCH_COMPILE_JOB_ID"] = job_id
+    from cachelib import harness, runtime
+
+    opts = harness.CompileOptions(
+        **{**options, "inductor_config": tuple((options.get("inductor_config") or {}).items())}
+    )
+    harness.apply_options(opts, job_id)
+    timings = harness.run_target(target, opts)
+    counters = harness.counters_snapshot()
+    return {
+        "targets": timings,
+        "first_call_seconds": round(sum(t["seconds"] for t in timings), 4),
+        "cache": harness.cache_summary(counters),
+        "metrics": runtime.metrics_text(),
+    }
+
+
+def workload_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cachelib.demo workload")
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--cache-dir", required=True, type=Path)
+    parser.add_argument("--options", required=True, help="compile options as JSON")
+    parser.add_argument("--job-id", required=True)
+    args = parser.parse_args(argv)
+    print(json.dumps(workload(args.target, args.cache_dir, json.loads(args.options), args.job_id)))
+    return 0
+
+
+# -- the demo ---------------------------------------------------------------------------------------
+def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise DemoError(f"{what} failed (exit status {proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+def _last_json(stdout: str, what: str) -> dict[str, Any]:
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            data: dict[str, Any] = json.loads(line)
+            return data
+    raise DemoError(f"{what} printed no JSON result")
+
+
+def warm_up(work: Path, target: str) -> dict[str, Any]:
+    from cachelib import harness
+
+    out = work / "warmup"
+    argv = [
+        sys.executable,
+        harness.__file__,
+        "--target",
+        target,
+        "--out",
+        str(out),
+        "--namespace",
+        NAMESPACE,
+        "--name",
+        NAME,
+    ]
+    _run(argv, "the warm-up harness")
+    result: dict[str, Any] = json.loads((out / harness.RESULT_FILE).read_text())
+    return result
+
+
+def preload_as_init_container(store: str, cache_dir: Path, work: Path) -> dict[str, Any]:
+    env = {**os.environ, "COMPILECACHE_TERMINATION_LOG": str(work / "termination-log")}
+    argv = [
+        sys.executable,
+        "-m",
+        "cachelib.cli",
+        "preload",
+        "--store",
+        store,
+        "--cache",
+        f"{NAMESPACE}/{NAME}",
+        "--target",
+        str(cache_dir),
+        "--strict",
+    ]
+    return _last_json(_run(argv, "compilecache preload", env), "compilecache preload")
+
+
+def run_workload(target: str, cache_dir: Path, warm: dict[str, Any]) -> dict[str, Any]:
+    argv = [
+        sys.executable,
+        "-m",
+        "cachelib.demo",
+        "workload",
+        "--target",
+        target,
+        "--cache-dir",
+        str(cache_dir),
+        "--options",
+        json.dumps(warm["options"]),
+        "--job-id",
+        warm["job_id"],
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    return _last_json(_run(argv, "the workload", env), "the workload")
+
+
+def run_demo(store: str | None = None, target: str = "tiny_mlp", keep: bool = False, out: TextIO | None = None) -> int:
+    """Run the three steps and print what happened; 0 when the warm start hit."""
+    from cachelib.publish import publish
+
+    out = out or sys.stdout
+    work = Path(tempfile.mkdtemp(prefix="compilecache-demo-"))
+    url = store or f"file://{work / 'store'}"
+
+    def say(text: str = "") -> None:
+        print(text, file=out, flush=True)
+
+    try:
+        say(f"compilecache demo: {target} on the CPU, store {url}")
+        say()
+        say(f"1/3 warm-up job: the harness compiles {target} from scratch (takes a while on a CPU)")
+        started = time.perf_counter()
+        warm = warm_up(work, target)
+        cold = sum(t["seconds"] for t in warm["targets"])
+        published = publish(work / "warmup", url)
+        say(
+            f"    versions                    torch {warm['versions']['torch']}, triton {warm['versions']['triton']}, "
+            f"python {warm['versions']['python']}"
+        )
+        say(f"    first call (cold compile)   {cold:.2f} s   (harness process {time.perf_counter() - started:.1f} s)")
+        say(f"    torch cache counters        {_counters(warm['cache'])}")
+        say(f"    published                   {published.key}")
+        say(f"                                {format_size(published.bytes)}, sha256 {published.sha256[:16]}…")
+        say()
+        cache_dir = work / "pod" / "inductor-cache"
+        cache_dir.mkdir(parents=True)
+        say("2/3 pod init container: compilecache preload into an empty cache directory (no torch)")
+        pre = preload_as_init_container(url, cache_dir, work)
+        say(
+            f"    result                      {pre['result']}: {format_size(pre['bytes'])} fetched, "
+            f"{pre['files']} files unpacked in {pre['seconds']:.2f} s"
+        )
+        say()
+        say("3/3 pod workload: a fresh process compiles the same model with TORCHINDUCTOR_CACHE_DIR set")
+        pod = run_workload(target, cache_dir, warm)
+        warm_seconds = pod["first_call_seconds"]
+        say(
+            f"    first call (warm start)     {warm_seconds:.2f} s   ({cold / max(warm_seconds, 1e-9):.1f}x faster "
+            "than cold)"
+        )
+        say(f"    torch cache counters        {_counters(pod['cache'])}")
+        say()
+        say("Prometheus metrics of the workload (cachelib.runtime):")
+        for line in pod["metrics"].splitlines():
+            if "compilecache_runtime" in line:
+                say(f"    {line}")
+        hit = pod["cache"]["fxgraph_hit"] > 0 and pod["cache"]["fxgraph_miss"] == 0
+        say()
+        say("warm start: every FX-graph lookup hit." if hit else "warm start MISSED: see the counters above.")
+        return 0 if hit else 1
+    except DemoError as exc:
+        print(f"compilecache demo: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if keep:
+            say(f"(working directory kept: {work})")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _counters(cache: dict[str, int]) -> str:
+    return (
+        f"fxgraph hit {cache['fxgraph_hit']} / miss {cache['fxgraph_miss']}, "
+        f"aotautograd hit {cache['aotautograd_hit']} / miss {cache['aotautograd_miss']}"
+    )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["workload"]:
+        sys.exit(workload_main(sys.argv[2:]))
+    sys.exit(run_demo())

@@ -1,0 +1,125 @@
+"""torch's compile-cache hits and misses of the running process, as Prometheus metrics.
+
+The preloader knows whether a bundle was unpacked; only the workload knows whether its
+compiles then hit. This collector reads ``torch._dynamo.utils.counters`` at scrape time
+(it never imports torch itself: before torch is loaded there is nothing to report)::
+
+    from cachelib import runtime
+    runtime.start_http_server(9400)      # or runtime.register() with your own registry
+
+Metrics:
+
+- ``compilecache_runtime_cache_events_total{cache, result}`` -- torch's cache lookups:
+  ``cache`` is ``fxgraph``, ``aotautograd``, ``generated_module``, ``async_compile`` or
+  ``dynamo``; ``result`` is ``hit``, ``miss``, ``bypass`` (not cacheable), ``guard_miss`` or
+  ``saved``.
+- ``compilecache_runtime_compiled_frames_total`` -- frames Dynamo compiled.
+- ``compilecache_runtime_graph_breaks_total`` -- graph breaks Dynamo met.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import start_http_server as _start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+CACHE_EVENTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("inductor", "fxgraph_cache_hit"): ("fxgraph", "hit"),
+    ("inductor", "fxgraph_cache_miss"): ("fxgraph", "miss"),
+    ("inductor", "fxgraph_cache_bypass"): ("fxgraph", "bypass"),
+    ("aot_autograd", "autograd_cache_hit"): ("aotautograd", "hit"),
+    ("aot_autograd", "autograd_cache_miss"): ("aotautograd", "miss"),
+    ("aot_autograd", "autograd_cache_bypass"): ("aotautograd", "bypass"),
+    ("aot_autograd", "autograd_cache_guard_miss"): ("aotautograd", "guard_miss"),
+    ("aot_autograd", "autograd_cache_saved"): ("aotautograd", "saved"),
+    ("inductor", "generated_module_cache_hit"): ("generated_module", "hit"),
+    ("inductor", "generated_module_cache_miss"): ("generated_module", "miss"),
+    ("inductor", "async_compile_cache_hit"): ("async_compile", "hit"),
+    ("inductor", "async_compile_cache_miss"): ("async_compile", "miss"),
+    ("dynamo_cache", "dynamo_cache_hit"): ("dynamo", "hit"),
+    ("dynamo_cache", "dynamo_cache_miss"): ("dynamo", "miss"),
+}
+"""torch counter (group, name) -> metric labels (cache, result). A fixed table keeps label values bounded."""
+
+PRIMARY = (("fxgraph", "hit"), ("fxgraph", "miss"), ("aotautograd", "hit"), ("aotautograd", "miss"))
+"""Always exported (as 0 until they happen), so that rates and ratios exist from the first scrape."""
+
+Counters = Mapping[str, Mapping[str, int]]
+
+
+def torch_counters() -> Counters:
+    """``torch._dynamo.utils.counters`` when torch's Dynamo is loaded, else nothing."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    return counters if counters is not None else {}
+
+
+def cache_events(counters: Counters) -> dict[tuple[str, str], int]:
+    """(cache, result) -> count, from a counters mapping (pure)."""
+    events = dict.fromkeys(PRIMARY, 0)
+    for (group, name), labels in CACHE_EVENTS.items():
+        value = counters.get(group, {}).get(name)
+        if value:
+            events[labels] = events.get(labels, 0) + int(value)
+    return events
+
+
+class TorchCompileCacheCollector(Collector):
+    """Reads torch's counters at every scrape; registers no state of its own."""
+
+    def __init__(self, source: Any = torch_counters) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        counters = self._source()
+        events = CounterMetricFamily(
+            "compilecache_runtime_cache_events",
+            "torch.compile cache lookups in this process, by cache and result.",
+            labels=["cache", "result"],
+        )
+        for (cache, result), value in sorted(cache_events(counters).items()):
+            events.add_metric([cache, result], value)
+        yield events
+        frames = counters.get("frames", {})
+        yield CounterMetricFamily(
+            "compilecache_runtime_compiled_frames",
+            "Frames torch.compile (Dynamo) compiled in this process.",
+            value=int(frames.get("ok", 0)),
+        )
+        breaks = counters.get("graph_break", {})
+        yield CounterMetricFamily(
+            "compilecache_runtime_graph_breaks",
+            "Graph breaks torch.compile (Dynamo) met in this process.",
+            value=sum(int(v) for v in breaks.values()),
+        )
+
+
+_registered: dict[int, TorchCompileCacheCollector] = {}
+
+
+def register(registry: CollectorRegistry = REGISTRY) -> TorchCompileCacheCollector:
+    """Register the collector with ``registry`` once; later calls return the same collector."""
+    if id(registry) not in _registered:
+        collector = TorchCompileCacheCollector()
+        registry.register(collector)
+        _registered[id(registry)] = collector
+    return _registered[id(registry)]
+
+
+def metrics_text(registry: CollectorRegistry | None = None) -> str:
+    """The Prometheus text exposition of the runtime metrics (a private registry by default)."""
+    if registry is None:
+        registry = CollectorRegistry()
+        registry.register(TorchCompileCacheCollector())
+    return generate_latest(registry).decode()
+
+
+def start_http_server(port: int, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> Any:
+    """Register the collector and serve ``/metrics`` on ``addr:port`` from a daemon thread."""
+    register(registry)
+    return _start_http_server(port, addr=addr, registry=registry)
