@@ -447,7 +447,7 @@ def warmup_conditions(
         text = f"warming {len(active)} of {len(variants)}: {text}"
         warming = cond.Condition(cond.WARMING, True, "WarmupInProgress", text)
 
-    degraded = cond.Condition(cond.DEGRADED, False, "AsExpected", "")
+    degraded = cond.Condition(cond.DEGRADED, False, "AsExpected", "no warm-up failed")
     if failed:
         reasons = {j.reason for _, j in failed}
         text = "; ".join(f"{v.gpu_label}: job {j.name} failed: {j.reason}: {j.message}" for v, j in failed)
@@ -504,7 +504,18 @@ def build_status(
         status["storage"] = mask_url(storage_url)
     elif "storage" in current:
         status["storage"] = current["storage"]
-    return status
+    compact: dict[str, Any] = without_empty_strings(status)
+    return compact
+
+
+def without_empty_strings(value: Any) -> Any:
+    """``value`` with every ``""`` field dropped. API servers up to 1.20 read an empty string in a
+    merge patch of a custom resource as null and reject it, so status never carries one."""
+    if isinstance(value, Mapping):
+        return {k: without_empty_strings(v) for k, v in value.items() if v != ""}
+    if isinstance(value, list):
+        return [without_empty_strings(v) for v in value]
+    return value
 
 
 def status_changed(current: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:

@@ -101,11 +101,11 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
     registry = kopf.OperatorRegistry()
     cc = (GROUP, VERSION, PLURAL)
 
-    @kopf.on.login(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
     def login_handler(**kwargs: Any) -> kopf.ConnectionInfo | None:
         return login(**kwargs)
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(id="configure", registry=registry)
     async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
@@ -125,7 +125,7 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
             raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
         _state(memo).api = KubeAPI(info)
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(id="close", registry=registry)
     async def close(memo: kopf.Memo, **_: Any) -> None:
         api = _state(memo).api
         if api is not None:
@@ -136,9 +136,9 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
         view = builders.cache_view(body, _state(memo).settings.defaults)
         return {(namespace or "", name): view}
 
-    @kopf.on.resume(*cc, registry=registry)
-    @kopf.on.create(*cc, registry=registry)
-    @kopf.on.update(*cc, field="spec", registry=registry)
+    @kopf.on.resume(*cc, id="reconcile", backoff=10, registry=registry)
+    @kopf.on.create(*cc, id="reconcile", backoff=10, registry=registry)
+    @kopf.on.update(*cc, id="reconcile", field="spec", backoff=10, registry=registry)
     async def reconcile_cache(namespace: str | None, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
         outcome = await controller.reconcile(_state(memo), namespace or "", name, emit=_emit)
         if outcome.invalid:
@@ -146,11 +146,12 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
         if outcome.problem and retry < intervals.problem_retries:
             raise kopf.TemporaryError(outcome.problem, delay=outcome.retry_after or 30.0)
 
-    @kopf.timer(*cc, interval=intervals.resync_seconds, initial_delay=intervals.resync_seconds, registry=registry)
+    @kopf.timer(*cc, id="resync", interval=intervals.resync_seconds, initial_delay=intervals.resync_seconds,
+                backoff=intervals.resync_seconds, registry=registry)
     async def resync(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
         await controller.reconcile(_state(memo), namespace or "", name, emit=_emit)
 
-    @kopf.on.event("batch", "v1", "jobs", labels={WARMUP_LABEL: kopf.PRESENT}, registry=registry)
+    @kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT}, registry=registry)
     async def job_event(
         type: str, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any
     ) -> None:
@@ -163,6 +164,8 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
 
     @kopf.on.delete(
         *cc,
+        id="delete-bundles",
+        backoff=10,
         when=lambda spec, **_: spec.get("deletionPolicy") == "Delete",
         retries=intervals.delete_retries,
         registry=registry,
@@ -177,13 +180,14 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
             return
         raise kopf.TemporaryError(outcome.message, delay=outcome.retry_after or 30.0)
 
-    @kopf.on.event(*cc, registry=registry)
+    @kopf.on.event(*cc, id="cache-events", registry=registry)
     async def cache_event(type: str, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
         if type == "DELETED":
             _state(memo).metrics.forget_cache(namespace or "", name)
 
     @kopf.on.event(
         "v1", "pods",
+        id="count-preloads",
         labels={CACHE_LABEL: kopf.PRESENT},
         annotations={COUNTED_ANNOTATION: kopf.ABSENT},
         registry=registry,

@@ -112,11 +112,24 @@ def parse_preload(message: str | None) -> PreloadResult:
         return PreloadResult(result="error", reason=f"unknown preload result {result!r}")
     return PreloadResult(
         result=str(result),
-        gpu=str(data.get("gpu") or ""),
+        gpu=str(data.get("gpu") or _keys_gpu(data.get("hits") or data.get("keys") or [])),
         bytes=_int(data.get("bytes")),
         seconds=_float(data.get("seconds")),
         reason=str(data.get("reason") or ""),
     )
+
+
+def _keys_gpu(keys: Sequence[Any]) -> str:
+    """The GPU slug the preloaded keys share (``mixed`` when they differ, ``""`` without keys)."""
+    gpus = set()
+    for key in keys:
+        try:
+            gpus.add(CacheKey.parse(str(key)).gpu)
+        except InvalidKey:
+            continue
+    if not gpus:
+        return ""
+    return gpus.pop() if len(gpus) == 1 else "mixed"
 
 
 # -- Jobs -----------------------------------------------------------------------------------------

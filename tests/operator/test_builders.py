@@ -329,3 +329,12 @@ def test_build_status_counts_bundles_and_masks_the_store_password() -> None:
                                  storage_url=None, now="2025-01-02T00:00:00Z")
     assert kept["bundles"] == status["bundles"] and kept["plannedGPUs"] == "cpu"
     assert builders.status_changed(status, kept)
+
+
+def test_status_never_carries_empty_strings() -> None:
+    bundles = [BundleRecord(variant="aaaaaaaaaa", key="k", created="", job_id="")]
+    status = builders.build_status({}, generation=1, conditions=builders.warmup_conditions(VARIANTS[:1], bundles, {}),
+                                   bundles=bundles, planned_gpus=[], storage_url=None, now="2025-01-01T00:00:00Z")
+    assert "plannedGPUs" not in status
+    assert "created" not in status["bundles"][0] and "jobId" not in status["bundles"][0]
+    assert all(c["message"] for c in status["conditions"])

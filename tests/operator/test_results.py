@@ -118,6 +118,10 @@ def test_preload_results() -> None:
     assert (hit.result, hit.gpu, hit.bytes, hit.seconds) == ("hit", "nvidia-l4", 100, 0.5)
     assert parse_preload('{"result": "miss", "reason": "no matching variant"}').reason == "no matching variant"
     assert parse_preload("garbage").result == "error"
+    from_keys = parse_preload(json.dumps({"result": "hit", "gpu": None, "keys": [KEY], "hits": [KEY]}))
+    assert from_keys.gpu == "nvidia-l4"
+    mixed = parse_preload(json.dumps({"result": "hit", "keys": [KEY, KEY.replace("nvidia-l4", "cpu")]}))
+    assert mixed.gpu == "mixed"
     assert parse_preload('{"result": "maybe"}').result == "error"
 
 

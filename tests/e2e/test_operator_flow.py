@@ -1,0 +1,187 @@
+"""The operator's main job on a real API server: warm up, publish, inject, preload, hit, count.
+
+A CompileCache for the built-in ``tiny_mlp`` target publishes its bundle to a real redis-server through a
+warm-up Job that the real Job controller runs and the node agent executes; then a labelled pod goes through
+the real admission chain to the operator's webhook, its preload init container fills the cache directory,
+and the app's first compile hits torch's FX-graph cache. The operator's /metrics counts that hit, a miss
+(a pod pinned to a GPU type that has no bundle) and a skipped pod (a cache that does not exist).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cachelib.stores import open_store
+from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
+from tests.infra.kube.cluster import LocalCluster
+from tests.infra.kube.rest import KubeClient
+from tests.infra.nodeagent import NodeAgent
+from tests.infra.wait import wait_for
+from tests.operator.e2e_support import (
+    OperatorProcess,
+    cache_path,
+    compile_cache,
+    condition,
+    install_crd,
+    jobs_of,
+    pod_terminated,
+    wait_condition,
+)
+from tests.servers import RedisServer, redis_server
+
+__all__ = ["operator", "redis_server"]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CACHE_LABEL = "compilecache.io/cache"
+WARM_UP_TIMEOUT = 420
+
+# The workload: compile tiny_mlp as the harness did (default options, the job id the webhook set) and
+# report torch's cache counters through the termination message.
+APP = """
+import json, os, pathlib
+from cachelib import harness
+options = harness.CompileOptions()
+harness.apply_options(options, os.environ["TORCH_COMPILE_JOB_ID"])
+harness.run_target("tiny_mlp", options)
+report = {"cache": harness.cache_summary(harness.counters_snapshot()),
+          "cache_dir": os.environ["TORCHINDUCTOR_CACHE_DIR"], "job_id": os.environ["TORCH_COMPILE_JOB_ID"]}
+pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="session")
+def crd(kube_client: KubeClient) -> None:
+    install_crd(kube_client)
+
+
+@pytest.fixture
+def operator(
+    kube_cluster: LocalCluster,
+    kube_client: KubeClient,
+    node_agent: NodeAgent,
+    kube_namespace: str,
+    crd: None,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(kube_cluster.kubeconfig, kube_namespace, tmp_path / "operator")
+    process.start(kube_client)
+    try:
+        yield process
+    finally:
+        process.stop()
+        process.delete_webhook_config(kube_client)
+        request.node.add_report_section("teardown", "operator log", process.log_tail())
+
+
+def labelled_pod(name: str, cache: str, command: list[str], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {CACHE_LABEL: cache}},
+        "spec": {"restartPolicy": "Never",
+                 "containers": [{"name": "app", "image": WORKLOAD_IMAGE, "command": command}], **spec},
+    }
+
+
+def terminated_message(pod: dict[str, Any], container: str, init: bool = False) -> dict[str, Any]:
+    statuses = pod["status"]["initContainerStatuses" if init else "containerStatuses"]
+    (entry,) = [s for s in statuses if s["name"] == container]
+    state = entry["state"]["terminated"]
+    assert state["exitCode"] == 0, state
+    return dict(json.loads(state["message"]))
+
+
+def test_warm_up_publish_inject_preload_hit_and_count(
+    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+) -> None:
+    ns = kube_namespace
+    store_url = redis_server.store_url()
+    kube_client.post(cache_path(ns), compile_cache("mlp", {
+        "image": WORKLOAD_IMAGE,
+        "model": {"target": "tiny_mlp"},
+        "storage": {"url": store_url},
+    }))
+
+    # CompileCache -> one warm-up Job -> bundle in Redis -> Ready=True with the bundle in status
+    cache = wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
+    status = cache["status"]
+    assert status["observedGeneration"] == 1 and status["bundleCount"] == 1
+    assert condition(cache, "Ready")["reason"] == "BundlesAvailable"
+    assert condition(cache, "Warming")["status"] == "False" and condition(cache, "Degraded")["status"] == "False"
+    (bundle,) = status["bundles"]
+    assert bundle["key"].startswith(f"cc1/{ns}/mlp/") and "/cpu/cpu/torch-" in bundle["key"]
+    assert bundle["gpu"] == "cpu" and bundle["torch"] and bundle["python"] and bundle["triton"] == "none"
+    assert len(bundle["digest"]) == 64 and bundle["bytes"] > 0 and bundle["compileSeconds"] > 0
+    assert bundle["generation"] == 1 and bundle["image"] == WORKLOAD_IMAGE and bundle["jobId"]
+    with open_store(store_url) as store:
+        stored = store.head(bundle["key"])
+    assert stored is not None and stored.size == bundle["bytes"]
+    (job,) = jobs_of(kube_client, ns, "mlp")
+    assert job["metadata"]["name"] == f"cc-mlp-{bundle['variant']}-g1"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == cache["metadata"]["uid"]
+    wait_for(lambda: operator.sample("compilecache_warmup_jobs_total", result="succeeded") == 1, 30,
+             "the succeeded warm-up Job in /metrics")
+    assert operator.sample("compilecache_bundles", namespace=ns, cache="mlp") == 1
+    assert operator.sample("compilecache_bundle_bytes", namespace=ns, cache="mlp", gpu="cpu") == bundle["bytes"]
+
+    # a labelled pod: the real API server calls the webhook, which puts the preload container first
+    created = kube_client.post(f"/api/v1/namespaces/{ns}/pods",
+                               labelled_pod("app", "mlp", ["python", "-c", APP]))
+    init = created["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["compilecache-preload"]
+    assert init[0]["command"][:4] == ["compilecache", "preload", "--store", store_url]
+    assert ["--key", bundle["key"]] == init[0]["command"][4:6]
+    app_env = {e["name"]: e.get("value") for e in created["spec"]["containers"][0]["env"]}
+    assert app_env["TORCHINDUCTOR_CACHE_DIR"] == "/var/cache/compilecache/inductor"
+    assert app_env["TORCH_COMPILE_JOB_ID"] == bundle["jobId"]
+    assert created["metadata"]["annotations"]["compilecache.io/injected"] == "mlp"
+
+    # the agent runs the preload, then the app: its first compile hits the FX graph cache
+    pod = wait_for(lambda: pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT, "the app pod to finish")
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    preload = terminated_message(pod, "compilecache-preload", init=True)
+    assert preload["result"] == "hit" and preload["bytes"] > 0, preload
+    report = terminated_message(pod, "app")
+    assert report["cache"]["fxgraph_hit"] >= 1 and report["cache"]["fxgraph_miss"] == 0, report
+    assert report["job_id"] == bundle["jobId"]
+
+    # a pod pinned to a GPU type without a bundle: injected, preloads nothing, counted as a miss
+    pinned = labelled_pod("pinned", "mlp", ["python", "-c", "pass"], nodeSelector={GPU_LABEL: GPU_PRODUCT})
+    created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", pinned)
+    gpu_slug = GPU_PRODUCT.lower()
+    assert created["spec"]["initContainers"][0]["command"][-2:] == ["--gpu", gpu_slug]
+    # a pod asking for a cache that does not exist: not injected, counted as skipped
+    created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", labelled_pod("stray", "nope", ["python", "-c", "pass"]))
+    assert "initContainers" not in created["spec"]
+    assert created["metadata"]["annotations"] == {"compilecache.io/skipped": "unknown-cache"}
+
+    for name in ("pinned", "stray"):
+        wait_for(lambda name=name: pod_terminated(kube_client, ns, name), 120, f"pod {name} to finish")
+    miss = terminated_message(kube_client.get(f"/api/v1/namespaces/{ns}/pods/pinned"), "compilecache-preload",
+                              init=True)
+    assert miss["result"] == "miss", miss
+
+    def counted() -> bool:
+        return (
+            operator.sample("compilecache_preloads_total", namespace=ns, cache="mlp", gpu="cpu", result="hit") == 1
+            and operator.sample("compilecache_preloads_total", cache="mlp", gpu=gpu_slug, result="miss") == 1
+            and operator.sample("compilecache_preloads_total", cache="nope", result="skipped") == 1
+        )
+
+    wait_for(counted, 30, "hit, miss and skipped in /metrics")
+    assert operator.sample("compilecache_preload_bytes_total", namespace=ns, cache="mlp") == preload["bytes"]
+    assert operator.sample("compilecache_preload_duration_seconds_count", cache="mlp", result="hit") == 1
+    pod = kube_client.get(f"/api/v1/namespaces/{ns}/pods/app")
+    assert pod["metadata"]["annotations"]["compilecache.io/preload-counted"] == "hit"
+    # counted once: later pod events do not count the same pods again
+    kube_client.merge_patch(f"/api/v1/namespaces/{ns}/pods/app", {"metadata": {"labels": {"touched": "yes"}}})
+    wait_for(lambda: "touched" in kube_client.get(f"/api/v1/namespaces/{ns}/pods/app")["metadata"]["labels"], 10,
+             "the label")
+    assert operator.sample("compilecache_preloads_total", namespace=ns, cache="mlp", result="hit") == 1

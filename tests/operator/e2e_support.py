@@ -1,0 +1,206 @@
+"""Running the operator against the local control plane, for the e2e tests in tests/e2e/test_operator_*.
+
+``OperatorProcess`` starts ``compilecache-operator`` as its own process (so a test can kill it hard and
+start it again), watching one namespace, with ``--webhook-config managed``: the operator serves the
+webhook on loopback and writes the MutatingWebhookConfiguration pointing the real API server at it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.infra.kube.cluster import free_port
+from tests.infra.kube.rest import KubeAPIError, KubeClient
+from tests.infra.wait import wait_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = REPO_ROOT / "crds" / "compilecache.io_compilecaches.yaml"
+CRD_NAME = "compilecaches.compilecache.io"
+CC_API = "/apis/compilecache.io/v1alpha1"
+PRELOADER_IMAGE = "ghcr.io/compilecache/preloader:e2e"
+
+
+def install_crd(client: KubeClient) -> None:
+    """Create or replace the canonical CRD and wait until it is established."""
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    try:
+        client.post(path, crd)
+    except KubeAPIError as error:
+        if error.status != 409:
+            raise
+        current = client.get(f"{path}/{CRD_NAME}")
+        crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        client.request("PUT", f"{path}/{CRD_NAME}", body=crd)
+
+    def established() -> bool:
+        conditions = client.get(f"{path}/{CRD_NAME}").get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_for(established, 30, "the CompileCache CRD to be established")
+
+
+class OperatorProcess:
+    """``compilecache-operator`` for one namespace, with its webhook, metrics and health on loopback."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, workdir: Path, *extra: str) -> None:
+        self.kubeconfig, self.namespace, self.workdir, self.extra = kubeconfig, namespace, workdir, extra
+        self.metrics_port = free_port()
+        self.health_port = free_port()
+        self.webhook_port = free_port()
+        self.webhook_config = f"{namespace}.compilecache.io"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"operator-{self.starts}.log"
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "compilecache_operator.main",
+            "--namespace", self.namespace,
+            "--webhook-config", "managed",
+            "--webhook-host", "127.0.0.1",
+            "--webhook-listen-address", "127.0.0.1",
+            "--webhook-port", str(self.webhook_port),
+            "--metrics-address", "127.0.0.1",
+            "--metrics-port", str(self.metrics_port),
+            "--health-address", "127.0.0.1",
+            "--health-port", str(self.health_port),
+            "--preloader-image", PRELOADER_IMAGE,
+            "--resync-seconds", "3",
+            "--retry-seconds", "2",
+            "--log-format", "json",
+            "--verbose",
+            *self.extra,
+        ]  # fmt: skip
+
+    def start(self, client: KubeClient, timeout: float = 60) -> None:
+        self.starts += 1
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILECACHE_")}
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                cwd=REPO_ROOT, start_new_session=True,
+            )
+        wait_for(lambda: self._alive() and self._healthy(), timeout, "the operator's liveness endpoint")
+        wait_for(lambda: self._alive() and self._webhook_configured(client), timeout,
+                 f"the managed webhook configuration {self.webhook_config}")
+
+    def _alive(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the operator exited with {self.process.returncode}:\n{self.log_tail()}")
+        return True
+
+    def _healthy(self) -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+
+    def _webhook_configured(self, client: KubeClient) -> bool:
+        path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{self.webhook_config}"
+        config = client.get(path)
+        urls = [w.get("clientConfig", {}).get("url", "") for w in config.get("webhooks") or []]
+        return any(f":{self.webhook_port}/" in url for url in urls)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def sample(self, name: str, **labels: str) -> float:
+        """The value of one sample of /metrics (0 when absent)."""
+        for line in self.metrics().splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            head, _, value = line.rpartition(" ")
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                return float(value)
+        return 0.0
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up of any kind, as a crashed or evicted operator."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, limit: int = 6000) -> str:
+        text = "\n".join(
+            f"--- {p.name} ---\n{p.read_text(errors='replace')}" for p in sorted(self.workdir.glob("operator-*.log"))
+        )
+        return text[-limit:]
+
+    def delete_webhook_config(self, client: KubeClient) -> None:
+        try:
+            client.delete(f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{self.webhook_config}")
+        except KubeAPIError as error:
+            if error.status != 404:
+                raise
+
+
+# -- CompileCache helpers -------------------------------------------------------------------------
+def cache_path(namespace: str, name: str = "") -> str:
+    base = f"{CC_API}/namespaces/{namespace}/compilecaches"
+    return f"{base}/{name}" if name else base
+
+
+def compile_cache(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "compilecache.io/v1alpha1", "kind": "CompileCache", "metadata": {"name": name},
+            "spec": spec}
+
+
+def condition(cache: dict[str, Any], type_: str) -> dict[str, Any]:
+    for cond in cache.get("status", {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return dict(cond)
+    return {}
+
+
+def wait_condition(
+    client: KubeClient, namespace: str, name: str, type_: str, status: str, timeout: float, reason: str | None = None
+) -> dict[str, Any]:
+    """Wait until the condition has ``status`` (and ``reason``); the whole CompileCache."""
+
+    def probe() -> dict[str, Any] | None:
+        cache = client.get(cache_path(namespace, name))
+        cond = condition(cache, type_)
+        if cond.get("status") == status and (reason is None or cond.get("reason") == reason):
+            return cache
+        return None
+
+    return wait_for(probe, timeout, f"{type_}={status}{f' ({reason})' if reason else ''} on {namespace}/{name}",
+                    interval=0.5)
+
+
+def jobs_of(client: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    selector = f"compilecache.io/warmup-for={name}"
+    found = client.get(f"/apis/batch/v1/namespaces/{namespace}/jobs", labelSelector=selector)
+    return list(found["items"])
+
+
+def pod_terminated(client: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
+    pod = client.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    return dict(pod) if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+
+def wait_deadline(seconds: float) -> float:
+    return time.monotonic() + seconds
