@@ -9,7 +9,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(probe: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
+def wait_for(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
     """Call ``probe`` until it returns something truthy and return that; raise TimeoutError naming ``what``.
 
     Exceptions raised by ``probe`` count as "not yet"; the last one is chained to the TimeoutError.

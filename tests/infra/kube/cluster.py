@@ -364,4 +364,4 @@ class LocalCluster:
         from kubernetes import config
 
         path = self.kubeconfig if user is None else self.write_kubeconfig(user, groups)
-        return config.new_client_from_config(config_file=str(path))
+        return config.new_client_from_config(config_file=str(path))  # type: ignore[no-untyped-call]

@@ -68,13 +68,18 @@ class KubeClient:
             self._headers["Authorization"] = f"Bearer {user['token']}"
         self._timeout = timeout
         self._pool = urllib3.PoolManager(ssl_context=ssl_context, maxsize=8, retries=False)
+        self._watches: set[urllib3.BaseHTTPResponse] = set()
 
     def close(self) -> None:
+        """Close the connections, ending any watch in progress (its iterator stops)."""
+        for response in list(self._watches):
+            self._watches.discard(response)
+            response.shutdown()
         self._pool.clear()
         self._scratch.cleanup()
 
     def _url(self, path: str, query: Mapping[str, Any] | None) -> str:
-        url = self.server + path
+        url: str = self.server + path
         if query:
             url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
         return url
@@ -128,6 +133,7 @@ class KubeClient:
             preload_content=False,
             timeout=urllib3.Timeout(connect=self._timeout, read=timeout_seconds + 15),
         )
+        self._watches.add(response)
         try:
             if response.status != 200:
                 raise KubeAPIError("WATCH", path, response.status, response.read().decode("utf-8", "replace"))
@@ -138,5 +144,11 @@ class KubeClient:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
                         yield json.loads(line)
+        except (urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError, OSError):
+            if response not in self._watches:
+                return
+            raise
         finally:
-            response.release_conn()
+            if response in self._watches:
+                self._watches.discard(response)
+                response.release_conn()
