@@ -1,0 +1,124 @@
+"""The operator's whole flow with nothing but the chart's RBAC.
+
+The chart is installed watching one namespace; the operator runs as a local process that authenticates as the
+chart's ServiceAccount (the control plane has no scheduler to start the Deployment's pod). The chart's own
+MutatingWebhookConfiguration is pointed at the operator on loopback (the only change: its clientConfig), the
+CompileCache names a Redis password Secret (read through the namespaced Secrets Role), and the flow runs: warm-up
+Job, bundle in Redis, Ready, labelled pod injected through the chart's webhook, preload hit, counted. Nothing in
+the operator's log may have been refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compilecache_operator.certs import self_signed
+
+from tests.chart.e2e_fixtures import (
+    MWC_API,
+    Release,
+    helm_bin,
+    helm_binaries,
+    helm_env,
+    install,
+    kubectl_bin,
+    release_namespace,
+)
+from tests.e2e.conftest import WORKLOAD_IMAGE
+from tests.infra.kube.cluster import LocalCluster
+from tests.infra.kube.rest import KubeClient
+from tests.infra.nodeagent import NodeAgent
+from tests.infra.wait import wait_for
+from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, pod_terminated, wait_condition
+from tests.servers import RedisServer, start_redis
+
+__all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "kubectl_bin", "release_namespace"]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.helm, pytest.mark.slow]
+
+WARM_UP_TIMEOUT = 420
+REDIS_PASSWORD = "s3cret-for-e2e"
+
+
+class ChartOperator(OperatorProcess):
+    """The operator with the chart's webhook wiring: an external configuration and a certificate directory."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, workdir: Path, webhook_config: str, cert_dir: Path) -> None:
+        super().__init__(kubeconfig, namespace, workdir)
+        self.webhook_config = webhook_config
+        self.cert_dir = cert_dir
+
+    def argv(self) -> list[str]:
+        argv = super().argv()
+        argv[argv.index("--webhook-config") + 1] = "external"
+        return [*argv, "--webhook-cert-dir", str(self.cert_dir)]
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    with start_redis(tmp_path / "redis", password=REDIS_PASSWORD) as server:
+        yield server
+
+
+def point_webhook_at(client: KubeClient, name: str, url: str, ca: bytes) -> dict[str, Any]:
+    """Replace the chart's webhook clientConfig (Service) by a URL; every other field stays as rendered."""
+    config = client.get(f"{MWC_API}/{name}")
+    (hook,) = config["webhooks"]
+    hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca).decode()}
+    return client.request("PUT", f"{MWC_API}/{name}", body=config)
+
+
+def test_operator_flow_under_the_charts_rbac(
+    kube_cluster: LocalCluster, kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str,
+    install: Callable[..., Release], password_redis: RedisServer, tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    ns = kube_namespace
+    release = install("--set", f"operator.watchNamespaces={{{ns}}}", "--set", f"rbac.secretNamespaces={{{ns}}}")
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store"},
+              "stringData": {"password": REDIS_PASSWORD}}
+    kube_client.post(f"/api/v1/namespaces/{ns}/secrets", secret)
+
+    cert_dir = tmp_path / "webhook-tls"
+    cert_dir.mkdir()
+    files = self_signed(["127.0.0.1"], cert_dir)
+    assert files.ca is not None
+    kubeconfig = kube_cluster.write_kubeconfig(
+        release.service_account, ("system:serviceaccounts", f"system:serviceaccounts:{release.namespace}"))
+    operator = ChartOperator(kubeconfig, ns, tmp_path / "operator", release.fullname, cert_dir)
+    hook = point_webhook_at(kube_client, release.fullname,
+                            f"https://127.0.0.1:{operator.webhook_port}/inject-pods", files.ca.read_bytes())
+    assert hook["webhooks"][0]["failurePolicy"] == "Ignore"
+
+    operator.start(kube_client)
+    try:
+        store_url = f"redis://{password_redis.host}:{password_redis.port}/0?prefix=t{uuid.uuid4().hex[:12]}"
+        kube_client.post(cache_path(ns), compile_cache("mlp", {
+            "image": WORKLOAD_IMAGE,
+            "model": {"target": "tiny_mlp"},
+            "storage": {"url": store_url, "secretRef": {"name": "store"}},
+        }))
+        cache = wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
+        (bundle,) = cache["status"]["bundles"]
+
+        app = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", "pass"]}
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "app", "labels": {"compilecache.io/cache": "mlp"}},
+               "spec": {"restartPolicy": "Never", "containers": [app]}}
+        created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", pod)
+        assert [c["name"] for c in created["spec"]["initContainers"]] == ["compilecache-preload"]
+        assert ["--key", bundle["key"]] == created["spec"]["initContainers"][0]["command"][4:6]
+
+        finished = wait_for(lambda: pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT, "the app pod to finish")
+        assert finished["status"]["phase"] == "Succeeded", finished["status"]
+        wait_for(lambda: operator.sample("compilecache_preloads_total", namespace=ns, cache="mlp", result="hit") == 1,
+                 30, "the hit in /metrics")
+        log = operator.log_tail(limit=10_000_000)
+        assert "Forbidden" not in log and "403" not in log, "the operator was refused something under the chart's RBAC"
+    finally:
+        operator.stop()
+        request.node.add_report_section("teardown", "operator log", operator.log_tail())
