@@ -32,10 +32,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import queue
 import re
 import shutil
 import struct
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -55,6 +57,8 @@ CACHEDIR_PART = "cachedir"
 MEGACACHE_PART = "megacache"
 CHUNK = 1024 * 1024
 DEFAULT_LEVEL = 3
+PREFETCH_DEPTH = 8
+"""Chunks (of CHUNK bytes) a prefetching reader may hold ahead of its consumer."""
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -411,18 +415,86 @@ class _StoredReader:
             )
 
 
-class PartStream:
-    """The uncompressed bytes of one part, read as a stream; :meth:`verify` checks sizes and digests."""
+class _PrefetchingStoredReader(_StoredReader):
+    """A :class:`_StoredReader` that fetches and hashes a few chunks ahead in a background thread,
+    so that the network or disk and sha256 work while the consumer decompresses and writes."""
 
-    def __init__(self, stream: BinaryIO, part: PartInfo) -> None:
+    def __init__(self, stream: BinaryIO, part: PartInfo, depth: int = PREFETCH_DEPTH) -> None:
+        super().__init__(stream, part)
+        self._queue: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._pending = b""
+        self._done = False
+        self._thread = threading.Thread(target=self._fetch, name=f"bundle-prefetch-{part.name}", daemon=True)
+        self._thread.start()
+
+    def _fetch(self) -> None:
+        try:
+            while not self._stop.is_set():
+                data = super().read(CHUNK)
+                self._put(data)
+                if not data:
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(exc)
+
+    def _put(self, item: bytes | BaseException) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._pending and not self._done:
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                self._done = True
+                raise item
+            self._pending = item
+            self._done = not item
+        if size < 0 or size >= len(self._pending):
+            data, self._pending = self._pending, b""
+        else:
+            data, self._pending = self._pending[:size], self._pending[size:]
+        return data
+
+    def drain(self) -> None:
+        while self.read(CHUNK):
+            pass
+        self._thread.join()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class PartStream:
+    """The uncompressed bytes of one part, read as a stream; :meth:`verify` checks sizes and digests.
+
+    ``verify_content=False`` skips the sha256 of the uncompressed bytes: they are a
+    deterministic function of the stored bytes, whose sha256 is always checked (and zstd
+    checks its own content checksum). ``prefetch`` reads and hashes the stored bytes in a
+    background thread.
+    """
+
+    def __init__(
+        self, stream: BinaryIO, part: PartInfo, *, verify_content: bool = True, prefetch: bool = False
+    ) -> None:
         self.part = part
-        self._stored = _StoredReader(stream, part)
+        self._stored = _PrefetchingStoredReader(stream, part) if prefetch else _StoredReader(stream, part)
         self._reader = zstandard.ZstdDecompressor().stream_reader(
             cast(IO[bytes], self._stored), read_size=CHUNK, closefd=False
         )
-        self._hash = hashlib.sha256()
+        self._hash = hashlib.sha256() if verify_content else None
         self.count = 0
         self.verified = False
+
+    def close(self) -> None:
+        """Stop any background fetch (the stream is not closed: it belongs to the caller)."""
+        if isinstance(self._stored, _PrefetchingStoredReader):
+            self._stored.close()
 
     def read(self, size: int = -1) -> bytes:
         try:
@@ -434,7 +506,8 @@ class PartStream:
             raise CorruptPart(
                 f"part {self.part.name!r}: decompresses to more than its header field 'size' {self.part.size}"
             )
-        self._hash.update(data)
+        if self._hash is not None:
+            self._hash.update(data)
         return data
 
     def readable(self) -> bool:
@@ -449,7 +522,7 @@ class PartStream:
             raise CorruptPart(
                 f"part {self.part.name!r}: decompressed {self.count} bytes, header field 'size' says {self.part.size}"
             )
-        if self._hash.hexdigest() != self.part.sha256:
+        if self._hash is not None and self._hash.hexdigest() != self.part.sha256:
             raise DigestMismatch(
                 f"part {self.part.name!r}: uncompressed bytes have sha256 {self._hash.hexdigest()}, "
                 f"header field 'sha256' says {self.part.sha256}"
@@ -466,11 +539,11 @@ class BundleReader:
         self._next = 0
 
     @contextmanager
-    def open_part(self, name: str) -> Iterator[PartStream]:
+    def open_part(self, name: str, *, verify_content: bool = True, prefetch: bool = False) -> Iterator[PartStream]:
         """The uncompressed stream of part ``name``, verified when the block ends without error.
 
         Parts before it are skipped (their stored digests still checked); parts must be
-        opened in file order.
+        opened in file order. ``verify_content`` and ``prefetch``: see :class:`PartStream`.
         """
         index = self.header.parts.index(self.header.part(name))
         if index < self._next:
@@ -478,10 +551,13 @@ class BundleReader:
         for skipped in self.header.parts[self._next : index]:
             _StoredReader(self.stream, skipped).check()
         self._next = index + 1
-        part = PartStream(self.stream, self.header.parts[index])
-        yield part
-        if not part.verified:
-            part.verify()
+        part = PartStream(self.stream, self.header.parts[index], verify_content=verify_content, prefetch=prefetch)
+        try:
+            yield part
+            if not part.verified:
+                part.verify()
+        finally:
+            part.close()
 
     def read_part(self, name: str, limit: int | None = None) -> bytes:
         """The whole verified part in memory (for small parts such as the Mega-Cache)."""

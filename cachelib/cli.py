@@ -324,8 +324,13 @@ def _selection_args(parser: argparse.ArgumentParser) -> None:
         help="only this GPU's bundles, e.g. NVIDIA-H100-80GB-HBM3 or cpu "
         "(default: $COMPILECACHE_GPU, else every variant)",
     )
-    for field in ("torch", "triton", "cuda", "py"):
-        parser.add_argument(f"--{field}", metavar="V", help=f"only bundles built with this {field} version")
+    for field, what in (
+        ("torch", "this torch version (2.13.0 also matches 2.13.0+cu128)"),
+        ("triton", "this triton version"),
+        ("cuda", "this CUDA version ('none': CPU builds)"),
+        ("py", "this Python version (major.minor, e.g. 3.11)"),
+    ):
+        parser.add_argument(f"--{field}", metavar="V", help=f"only bundles built with {what}")
     parser.add_argument("--strict", action="store_true", help="exit 1 unless every bundle was a hit")
     parser.add_argument(
         "--max-bytes",
@@ -360,9 +365,9 @@ def _compile_args(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="compilecache",
-        description="Warm starts for torch.compile. Compile a model once (warmup), publish the compiled "
-        "caches as a bundle to a store (a directory, Redis or S3), and preload that bundle before a "
-        "process starts so that its torch.compile hits instead of compiling again.",
+        description="Warm starts for torch.compile. Compile a model once (warmup), publish the compiled\n"
+        "caches as a bundle to a store (a directory, Redis or S3), and preload that bundle before a\n"
+        "process starts, so that its torch.compile finds everything cached instead of compiling again.",
         epilog="Start with `compilecache demo`: it does all of that on this machine's CPU in about a minute.\n\n"
         "examples:\n"
         "  compilecache demo\n"
@@ -432,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
         "versions), fetch each, verify its sha256, and unpack its cache directory into --target\n"
         "atomically. Prints one JSON line: result hit|miss|error, keys, bytes, seconds, reason; also\n"
         "written to the termination log when there is one. A missing bundle or an unreachable store\n"
-        "is a miss: exit status 0 unless --strict (then 1). Point TORCHINDUCTOR_CACHE_DIR at --target.",
+        "is a miss, a bad bundle an error: either way exit status 0 (the pod starts, compiling as\n"
+        "usual) unless --strict (then 1). Point TORCHINDUCTOR_CACHE_DIR at --target.",
         "  compilecache preload --store file:///tmp/store --cache default/demo --target /tmp/inductor\n"
         "  compilecache preload --store s3://bucket/cc --key cc1/ml/llama/... --target /cache --strict\n"
         "  compilecache preload --store redis://cache:6379/0 --cache ml/llama --gpu NVIDIA-H100-80GB-HBM3 \\\n"

@@ -229,7 +229,7 @@ def _fetch_cachedir(
                 f"of {budget.remaining} bytes (--max-bytes)"
             )
         limits = Limits(max_member_bytes=budget.remaining, max_total_bytes=budget.remaining)
-        with reader.open_part(CACHEDIR_PART) as stream:
+        with reader.open_part(CACHEDIR_PART, verify_content=False, prefetch=True) as stream:
             stats = unpack_tar_verified(stream, stream.verify, target, limits)  # type: ignore[arg-type]
         result.bytes += counted.count
     budget.remaining -= stats.bytes

@@ -140,7 +140,7 @@ def extract_tar(stream: IO[bytes], root: Path, limits: Limits) -> UnpackStats:
     links: set[str] = set()
     seen: set[str] = set()
     try:
-        with tarfile.open(fileobj=stream, mode="r|", errorlevel=2) as tar:
+        with tarfile.open(fileobj=stream, mode="r|", errorlevel=2, bufsize=CHUNK) as tar:
             for member in tar:
                 stats.members += 1
                 if stats.members > limits.max_members:
