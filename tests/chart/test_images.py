@@ -208,6 +208,37 @@ print(zstandard.backend)
     assert proc.returncode == 0 and proc.stdout.strip() == "cext", proc.stderr
 
 
+@pytest.mark.skipif(shutil.which("strip") is None, reason="binutils' strip is not installed")
+def test_stripped_native_extensions_of_the_operator_image_still_work(tmp_path: Path) -> None:
+    """The operator image's compiled dependencies (Kopf's aiohttp stack, cryptography, PyYAML) after strip."""
+    slim = load(IMAGES / "slim.py")
+    packages = ["aiohttp", "yarl", "multidict", "frozenlist", "propcache", "yaml", "cryptography", "aiosignal",
+                "attr", "aiohappyeyeballs", "idna", "typing_extensions.py"]
+    for name in [*packages, *(p.name for p in SITE_PACKAGES.glob("_cffi_backend*.so"))]:
+        source = SITE_PACKAGES / name
+        if source.is_dir():
+            shutil.copytree(source, tmp_path / name)
+        elif source.is_file():
+            shutil.copy2(source, tmp_path / name)
+    assert list(tmp_path.rglob("*.so"))
+    slim.slim(tmp_path, strip=True)
+    probe = f"""
+import aiohttp, cryptography, multidict, yarl, yaml
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+assert all(m.__file__.startswith({str(tmp_path)!r}) for m in (aiohttp, cryptography, multidict, yarl, yaml))
+assert yaml.__with_libyaml__
+key = ec.generate_private_key(ec.SECP256R1())
+key.public_key().verify(key.sign(b"x", ec.ECDSA(hashes.SHA256())), b"x", ec.ECDSA(hashes.SHA256()))
+assert yaml.load("a: [1, 2]", Loader=yaml.CSafeLoader) == {{"a": [1, 2]}}
+assert str(yarl.URL("https://h/p").with_path("/q")) == "https://h/q"
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
 def test_slim_refuses_an_unexpected_botocore_layout(tmp_path: Path) -> None:
     slim = load(IMAGES / "slim.py")
     (tmp_path / "botocore" / "data" / "ec2").mkdir(parents=True)
