@@ -61,6 +61,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from tests.infra import podspec
+from tests.infra.kube.cluster import die_with_parent
 from tests.infra.kube.rest import KubeAPIError, KubeClient
 
 JSON = dict[str, Any]
@@ -317,8 +318,8 @@ class PodRunner(threading.Thread):
         run.ever_started = True
         try:
             run.process = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdout=run.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                die_with_parent(argv), cwd=cwd, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
             )
         except OSError as error:
             run.log_file.write(f"failed to start {argv!r}: {error}\n".encode())

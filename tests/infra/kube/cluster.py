@@ -96,6 +96,13 @@ def free_port() -> int:
         return port
 
 
+def die_with_parent(args: list[str]) -> list[str]:
+    """Prefix ``args`` so that the process is killed when the thread that started it ends (a killed test run
+    leaves no servers behind). Uses util-linux ``setpriv --pdeathsig`` where available."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *args] if setpriv else args
+
+
 def kubeconfig_document(server: str, ca: Path, client: KeyPair, user: str) -> dict[str, Any]:
     """A kubeconfig with one cluster, one client-certificate user and one current context."""
     return {
@@ -186,7 +193,8 @@ class ManagedProcess:
         self.name, self.args, self.log_path = name, args, log_path
         self._log: IO[bytes] = log_path.open("wb")
         self.process = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            die_with_parent(args), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
     def check_alive(self) -> None:
@@ -213,7 +221,9 @@ class ManagedProcess:
 class LocalCluster:
     """etcd + kube-apiserver + kube-controller-manager on loopback, with TLS, RBAC and admission webhooks.
 
-    Use as a context manager (or call start/stop). Attributes once started: ``server`` (https URL),
+    The processes die with the thread that starts the cluster (see ``die_with_parent``): start it from a
+    thread that outlives it, such as pytest's main thread. Use as a context manager (or call start/stop).
+    Attributes once started: ``server`` (https URL),
     ``kubeconfig`` (admin, group system:masters), ``ca_path``, ``workdir`` (certificates, data and logs).
     """
 
