@@ -139,6 +139,7 @@ def extract_tar(stream: IO[bytes], root: Path, limits: Limits) -> UnpackStats:
     stats = UnpackStats()
     links: set[str] = set()
     seen: set[str] = set()
+    made: set[Path] = {root}
     try:
         with tarfile.open(fileobj=stream, mode="r|", errorlevel=2, bufsize=CHUNK) as tar:
             for member in tar:
@@ -160,7 +161,7 @@ def extract_tar(stream: IO[bytes], root: Path, limits: Limits) -> UnpackStats:
                         )
                     source = tar.extractfile(member)
                     assert source is not None
-                    _write_file(root / path, source, member)
+                    _write_file(root / path, source, member, made)
                     stats.files += 1
                 elif member.isdir():
                     (root / path).mkdir(parents=True, exist_ok=True)
@@ -184,8 +185,10 @@ def _refuse_through_links(name: str, path: str, links: set[str]) -> None:
             raise UnsafeMember(f"member {name!r}: lies below the symlink {prefix!r}")
 
 
-def _write_file(dest: Path, source: IO[bytes], member: tarfile.TarInfo) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
+def _write_file(dest: Path, source: IO[bytes], member: tarfile.TarInfo, made: set[Path]) -> None:
+    if dest.parent not in made:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        made.add(dest.parent)
     with open(dest, "xb") as out:
         remaining = member.size
         while remaining:

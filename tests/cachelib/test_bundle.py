@@ -82,11 +82,11 @@ def join(header: dict[str, Any], body: bytes, version: int = 1) -> bytes:
     return PREAMBLE.pack(MAGIC, version, len(encoded)) + encoded + body
 
 
-def read_all(data: bytes) -> dict[str, bytes]:
+def read_all(data: bytes, prefetch: bool = False) -> dict[str, bytes]:
     reader = BundleReader(OneWay(data))  # type: ignore[arg-type]
     parts = {}
     for part in reader.header.parts:
-        with reader.open_part(part.name) as stream:
+        with reader.open_part(part.name, prefetch=prefetch) as stream:
             parts[part.name] = stream.read()
     return parts
 
@@ -274,3 +274,36 @@ def test_errors_are_distinct_classes() -> None:
     classes = {BadMagic, UnsupportedVersion, TruncatedBundle, CorruptHeader, CorruptPart, DigestMismatch}
     for cls in classes:
         assert not any(issubclass(cls, other) for other in classes - {cls})
+
+
+# -- the preloader's fast path: background fetch, stored digest only ------------------------------
+def test_prefetching_reader_round_trips_and_reports_the_same_errors() -> None:
+    assert read_all(build(), prefetch=True) == read_all(build())
+    data = build()
+    header, body = split(data)
+    with pytest.raises(TruncatedBundle, match=CACHEDIR_PART):
+        read_all(data[: len(data) - len(body) + header["parts"][0]["stored_size"] // 2], prefetch=True)
+    header["parts"][0]["stored_sha256"] = "0" * 64
+    with pytest.raises(DigestMismatch, match="stored_sha256"):
+        read_all(join(header, body), prefetch=True)
+
+
+def test_content_digest_can_be_left_to_the_stored_digest() -> None:
+    header, body = split(build())
+    header["parts"][0]["sha256"] = "0" * 64
+    reader = BundleReader(OneWay(join(header, body)))  # type: ignore[arg-type]
+    with reader.open_part(CACHEDIR_PART, verify_content=False, prefetch=True) as part:
+        assert part.read() == CACHEDIR_BYTES
+    with pytest.raises(DigestMismatch, match="'sha256'"):
+        read_all(join(header, body))
+
+
+def test_consumer_stopping_early_stops_the_prefetch_thread() -> None:
+    import threading
+
+    big = os.urandom(24 * 1024 * 1024)
+    reader = BundleReader(OneWay(build(cachedir=big)))  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="consumer gave up"), reader.open_part(CACHEDIR_PART, prefetch=True) as part:
+        part.read(1024)
+        raise RuntimeError("consumer gave up")
+    assert not [t for t in threading.enumerate() if t.name.startswith("bundle-prefetch-")]

@@ -212,3 +212,22 @@ def test_plan_gc_pure() -> None:
     )
     assert plan_gc(entries, now, older_than=10 * DAY, keep=None) == []
     assert len(plan_gc(entries, now, older_than=0, keep=0)) == 4
+
+
+@pytest.mark.slow
+def test_warmup_runs_the_harness_and_publishes(tmp_path: Path) -> None:
+    """`compilecache warmup` end to end with a --command (no compile, so it stays quick)."""
+    store = f"file://{tmp_path / 'store'}"
+    script = "import os, pathlib; (pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR']) / 'entry').write_text('x')"
+    proc = run_cli("warmup", "--command", f'python -c "{script}"', "--name", "cmd", "--store", store,
+                   "--out", str(tmp_path / "out"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    published = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert published["result"] == "published" and published["key"].startswith("cc1/default/cmd/")
+    assert (tmp_path / "out" / "result.json").exists()
+    with open_store(store) as opened:
+        assert [i.key for i in opened.list("")] == [published["key"]]
+    failing = run_cli("warmup", "--target", "no_such_mod:f", "--name", "bad", "--store", store)
+    assert failing.returncode == 3
+    assert "cannot import target 'no_such_mod:f'" in failing.stderr
+    assert "the warm-up harness failed (exit status 3)" in failing.stderr.strip().splitlines()[-1]

@@ -221,3 +221,29 @@ def test_preloader_never_imports_torch(store: str, tmp_path: Path) -> None:
 def test_cached_keys_parse(store: str) -> None:
     with open_store(store) as opened:
         assert sorted(CacheKey.parse(i.key) for i in opened.list("cc1/")) == sorted([H100, A100, OLD_TORCH, CPU])
+
+
+def test_unsafe_member_in_a_stored_bundle_is_an_error_naming_it(tmp_path: Path) -> None:
+    """A bundle whose tar escapes the target (with plenty of data after it): refused, nothing written."""
+    import tarfile
+
+    from cachelib.bundle import MEGACACHE_PART, write_bundle_file
+
+    def evil_tar(sink: object) -> None:
+        with tarfile.open(fileobj=sink, mode="w|") as tar:  # type: ignore[call-overload]
+            for name, size in (("../escaped", 10), ("big", 16 * 1024 * 1024)):
+                info = tarfile.TarInfo(name)
+                info.size = size
+                tar.addfile(info, io.BytesIO(os.urandom(size)))
+
+    parts = [(CACHEDIR_PART, evil_tar), (MEGACACHE_PART, lambda s: None)]
+    write_bundle_file(tmp_path / "evil.ccb", key=H100, parts=parts, versions={}, created="now", producer="test",
+                      job_id="", result={})  # fmt: skip
+    url = f"file://{tmp_path / 'store'}"
+    publish(tmp_path / "evil.ccb", url)
+    target = tmp_path / "cache"
+    target.mkdir()
+    result = preload(url, [str(H100)], target)
+    assert result.result == "error"
+    assert result.reason == "UnsafeMember: member '../escaped': '..' escapes the target"
+    assert list(target.iterdir()) == [] and not (tmp_path / "escaped").exists()
