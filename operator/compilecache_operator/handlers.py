@@ -4,7 +4,10 @@
 command line asks for:
 
 - CompileCache create/update(spec)/resume: reconcile once; a Job event or the timer does the rest;
-- a timer per CompileCache: reconcile again (GPU discovery, a Secret created later, a deleted Job);
+- a resync loop: reconcile every CompileCache again now and then (GPU discovery, a Secret created
+  later, a deleted Job). It is a task of its own rather than a Kopf timer, because Kopf puts a
+  finalizer on every object that has a timer, and a finalizer belongs only on caches whose
+  bundles must be deleted;
 - warm-up Job events: reconcile the owner as soon as a Job finishes;
 - CompileCache deletion with ``deletionPolicy: Delete``: delete its bundles (the only finalizer);
 - opted-in pod events: count each pod's preload result once;
@@ -13,6 +16,8 @@ command line asks for:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections import OrderedDict
@@ -123,10 +128,17 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
         info = login(settings=settings)
         if info is None:
             raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
-        _state(memo).api = KubeAPI(info)
+        state = _state(memo)
+        state.api = KubeAPI(info)
+        memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
 
     @kopf.on.cleanup(id="close", registry=registry)
     async def close(memo: kopf.Memo, **_: Any) -> None:
+        resync: asyncio.Task[None] | None = memo.get("resync")
+        if resync is not None:
+            resync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await resync
         api = _state(memo).api
         if api is not None:
             await api.close()
@@ -145,11 +157,6 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
             raise kopf.PermanentError(outcome.invalid)
         if outcome.problem and retry < intervals.problem_retries:
             raise kopf.TemporaryError(outcome.problem, delay=outcome.retry_after or 30.0)
-
-    @kopf.timer(*cc, id="resync", interval=intervals.resync_seconds, initial_delay=intervals.resync_seconds,
-                backoff=intervals.resync_seconds, registry=registry)
-    async def resync(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-        await controller.reconcile(_state(memo), namespace or "", name, emit=_emit)
 
     @kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT}, registry=registry)
     async def job_event(
@@ -239,3 +246,23 @@ async def count_preload(
             await state.api.annotate_pod(namespace, name, {COUNTED_ANNOTATION: outcome.result})
         except Exception as exc:  # counted in memory; only a restart before the retry could recount
             logger.warning("could not mark pod %s/%s as counted: %s", namespace, name, exc)
+
+
+async def resync_loop(state: controller.State, interval: float) -> None:
+    """Reconcile every CompileCache in scope every ``interval`` seconds; errors are logged, never fatal."""
+    while True:
+        await asyncio.sleep(interval)
+        api = state.api
+        if api is None:
+            continue
+        try:
+            caches = await api.list_caches(state.settings.namespaces)
+        except Exception as exc:
+            logger.warning("resync: listing CompileCaches failed: %s", exc)
+            continue
+        for cache in caches:
+            meta = cache.get("metadata") or {}
+            try:
+                await controller.reconcile(state, str(meta.get("namespace")), str(meta.get("name")), emit=_emit)
+            except Exception as exc:
+                logger.warning("resync of %s/%s failed: %s", meta.get("namespace"), meta.get("name"), exc)

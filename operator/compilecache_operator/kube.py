@@ -12,7 +12,7 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -143,6 +143,16 @@ class KubeAPI:
     def cache_path(namespace: str, name: str = "") -> str:
         base = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
         return f"{base}/{quote(name)}" if name else base
+
+    async def list_caches(self, namespaces: Sequence[str] = ()) -> list[JSON]:
+        """Every CompileCache in ``namespaces`` (all namespaces when empty)."""
+        if not namespaces:
+            found = await self.request("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")
+            return list(found.get("items") or [])
+        items: list[JSON] = []
+        for namespace in namespaces:
+            items += (await self.request("GET", self.cache_path(namespace))).get("items") or []
+        return items
 
     async def get_cache(self, namespace: str, name: str) -> JSON | None:
         return await self.get(self.cache_path(namespace, name))

@@ -10,31 +10,28 @@ and the app's first compile hits torch's FX-graph cache. The operator's /metrics
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cachelib.stores import open_store
 from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
-from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.rest import KubeClient
-from tests.infra.nodeagent import NodeAgent
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     OperatorProcess,
     cache_path,
     compile_cache,
     condition,
-    install_crd,
+    crd,
     jobs_of,
+    operator,
     pod_terminated,
     wait_condition,
 )
 from tests.servers import RedisServer, redis_server
 
-__all__ = ["operator", "redis_server"]
+__all__ = ["crd", "operator", "redis_server"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -53,31 +50,6 @@ report = {"cache": harness.cache_summary(harness.counters_snapshot()),
           "cache_dir": os.environ["TORCHINDUCTOR_CACHE_DIR"], "job_id": os.environ["TORCH_COMPILE_JOB_ID"]}
 pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(json.dumps(report))
 """
-
-
-@pytest.fixture(scope="session")
-def crd(kube_client: KubeClient) -> None:
-    install_crd(kube_client)
-
-
-@pytest.fixture
-def operator(
-    kube_cluster: LocalCluster,
-    kube_client: KubeClient,
-    node_agent: NodeAgent,
-    kube_namespace: str,
-    crd: None,
-    tmp_path: Path,
-    request: pytest.FixtureRequest,
-) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(kube_cluster.kubeconfig, kube_namespace, tmp_path / "operator")
-    process.start(kube_client)
-    try:
-        yield process
-    finally:
-        process.stop()
-        process.delete_webhook_config(kube_client)
-        request.node.add_report_section("teardown", "operator log", process.log_tail())
 
 
 def labelled_pod(name: str, cache: str, command: list[str], **spec: Any) -> dict[str, Any]:

@@ -13,13 +13,16 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from tests.infra.kube.cluster import free_port
+from tests.infra.kube.cluster import LocalCluster, free_port
 from tests.infra.kube.rest import KubeAPIError, KubeClient
+from tests.infra.nodeagent import NodeAgent
 from tests.infra.wait import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -204,3 +207,30 @@ def pod_terminated(client: KubeClient, namespace: str, name: str) -> dict[str, A
 
 def wait_deadline(seconds: float) -> float:
     return time.monotonic() + seconds
+
+
+# -- fixtures (imported by the e2e modules) ------------------------------------------------------
+@pytest.fixture(scope="session")
+def crd(kube_client: KubeClient) -> None:
+    install_crd(kube_client)
+
+
+@pytest.fixture
+def operator(
+    kube_cluster: LocalCluster,
+    kube_client: KubeClient,
+    node_agent: NodeAgent,
+    kube_namespace: str,
+    crd: None,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[OperatorProcess]:
+    """The operator for the test's namespace, stopped afterwards; its log goes into the test report."""
+    process = OperatorProcess(kube_cluster.kubeconfig, kube_namespace, tmp_path / "operator")
+    process.start(kube_client)
+    try:
+        yield process
+    finally:
+        process.stop()
+        process.delete_webhook_config(kube_client)
+        request.node.add_report_section("teardown", "operator log", process.log_tail())
