@@ -157,3 +157,28 @@ def test_warm_up_publish_inject_preload_hit_and_count(
     wait_for(lambda: "touched" in kube_client.get(f"/api/v1/namespaces/{ns}/pods/app")["metadata"]["labels"], 10,
              "the label")
     assert operator.sample("compilecache_preloads_total", namespace=ns, cache="mlp", result="hit") == 1
+
+
+def test_gpu_discovery_plans_the_node_gpu_type(
+    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+) -> None:
+    """``gpuDiscovery.auto`` finds the node's GPU product; the warm-up pod selects it and asks for one GPU.
+
+    The node here has the GPU label and an nvidia.com/gpu capacity but no GPU, so the bundle's key says
+    cpu while status records the planned product.
+    """
+    ns = kube_namespace
+    kube_client.post(cache_path(ns), compile_cache("auto", {
+        "image": WORKLOAD_IMAGE,
+        "model": {"command": "python -c pass"},
+        "gpuDiscovery": {"auto": True},
+        "storage": {"url": redis_server.store_url()},
+    }))
+    cache = wait_condition(kube_client, ns, "auto", "Ready", "True", 240)
+    assert cache["status"]["plannedGPUs"] == GPU_PRODUCT
+    (bundle,) = cache["status"]["bundles"]
+    assert bundle["gpu"] == GPU_PRODUCT
+    (job,) = jobs_of(kube_client, ns, "auto")
+    pod_spec = job["spec"]["template"]["spec"]
+    assert pod_spec["nodeSelector"] == {GPU_LABEL: GPU_PRODUCT}
+    assert pod_spec["initContainers"][1]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
