@@ -55,6 +55,7 @@ class PublishResult:
     compile_seconds: float | None
     parts: dict[str, int]
     seconds: float
+    versions: dict[str, str]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +69,7 @@ class PublishResult:
             "compile_seconds": self.compile_seconds,
             "parts": self.parts,
             "seconds": round(self.seconds, 3),
+            "versions": self.versions,
         }
 
 
@@ -207,6 +209,7 @@ def publish(
         compile_seconds=float(seconds) if isinstance(seconds, int | float) else None,
         parts={p.name: p.size for p in header.parts},
         seconds=time.perf_counter() - started,
+        versions=dict(header.versions),
     )
 
 

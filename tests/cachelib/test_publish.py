@@ -86,6 +86,8 @@ def test_publish_puts_the_bundle_under_its_key(tmp_path: Path) -> None:
     assert hashlib.sha256(data).hexdigest() == published.sha256
     payload = published.to_dict()
     assert payload["result"] == "published" and payload["compile_seconds"] == 1.5
+    assert payload["versions"]["torch"] == key.torch and payload["job_id"] == "compilecache-team-a.llama"
+    assert len(json.dumps(payload)) < 3 * 1024
     assert set(payload["parts"]) == {CACHEDIR_PART, MEGACACHE_PART}
     assert not list(tmp_path.glob("compilecache-publish-*"))
 
