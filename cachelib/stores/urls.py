@@ -28,13 +28,15 @@ GiB = 1024 * MiB
 REDIS_DEFAULT_PORT = 6379
 REDIS_DEFAULT_PREFIX = "compilecache"
 # Chunk size for Redis values. Redis caps a string at 512 MiB, so values are split anyway;
-# the size trades per-command overhead (small chunks) against memory held per in-flight
-# chunk and latency to the first byte (large chunks). Measured on a 2-core machine against
-# a loopback redis-server (`python bench/preload.py --redis-chunk-sweep`, figures in
-# docs/benchmarks.md): get throughput rises steeply up to 1 MiB and is flat from 2 to
-# 16 MiB, put is flat from 1 MiB on, while a 64 MiB chunk is slower on both. 4 MiB sits in
-# the middle of the plateau and bounds a reader's memory to (2 x workers) x 4 MiB = 32 MiB.
-REDIS_DEFAULT_CHUNK = 4 * MiB
+# the size trades per-command overhead (small chunks) against the client's cost of parsing
+# one big reply and the memory held per chunk in flight. Measured on a 2-core machine with a
+# loopback redis-server (`python bench/preload.py --redis-chunk-sweep ...`, figures in
+# docs/benchmarks.md, "Redis chunk size"): with redis-py's own reply parser (the default
+# install) get throughput peaks at 1 MiB and falls by a third at 4 MiB and by three quarters
+# from 8 MiB on (each reply is copied through a growing buffer); with hiredis 1 to 4 MiB
+# are within the noise of each other; put is flat from 1 MiB on. 1 MiB it is: it also bounds
+# a reader's chunks in flight to (2 x workers) x 1 MiB = 8 MiB.
+REDIS_DEFAULT_CHUNK = 1 * MiB
 REDIS_MIN_CHUNK = 1 * KiB
 REDIS_MAX_CHUNK = 512 * MiB
 REDIS_DEFAULT_WORKERS = 4
