@@ -497,7 +497,10 @@ SECTION_TEMPLATE = f"""{SECTION}
 How fast a pod's init container can fetch, verify (sha256) and unpack a bundle, per store,
 next to what the machine allows: the store's raw read rate, sha256 and zstd decompression.
 The goal is a preload at 0.7 or more of the slowest of those limits, with a peak memory
-that stays bounded, well under the bundle size. Figures from `bench/preload.py`.
+that stays bounded, well under the bundle size. Figures from `bench/preload.py`, on a
+shared 2-CPU virtual machine whose throughput drifted by up to 2-3x from one minute to
+the next. The rows of a table were measured minutes apart, so read their ratios with that
+in mind; the chunk-size sweep interleaves its configurations round by round for this reason.
 
 <!-- preload-bench: begin -->
 <!-- preload-bench: end -->

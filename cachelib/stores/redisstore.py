@@ -13,6 +13,9 @@ gives the previous version's chunks a grace period before they expire. A reader 
 the manifest once and then only chunks of that upload id: it finishes with the version
 it started on, or, when that version's chunks are gone (grace period over, expired),
 fails with :class:`ObjectChanged`. Two versions are never spliced.
+
+The scripts touch chunk keys they derive themselves, so the store needs a standalone Redis
+(or a managed one without cluster mode); Redis Cluster is not supported.
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ REDIS_DEFAULT_PREFIX = "compilecache"
 # one big reply and the memory held per chunk in flight. Measured on a 2-core machine with a
 # loopback redis-server (`python bench/preload.py --redis-chunk-sweep ...`, figures in
 # docs/benchmarks.md, "Redis chunk size"): with redis-py's own reply parser (the default
-# install) get throughput peaks at 1 MiB and falls by a third at 4 MiB and by three quarters
-# from 8 MiB on (each reply is copied through a growing buffer); with hiredis 1 to 4 MiB
-# are within the noise of each other; put is flat from 1 MiB on. 1 MiB it is: it also bounds
-# a reader's chunks in flight to (2 x workers) x 1 MiB = 8 MiB.
+# install) get throughput peaks at 1 MiB, is 12-26 % lower at 4 MiB and 47-69 % lower at
+# 8 MiB (each reply is copied through a growing buffer); with hiredis 1 to 4 MiB lead by
+# turns; put is flat from 1 to 4 MiB. 1 MiB it is: it also bounds a reader's chunks in
+# flight to (2 x workers) x 1 MiB = 8 MiB.
 REDIS_DEFAULT_CHUNK = 1 * MiB
 REDIS_MIN_CHUNK = 1 * KiB
 REDIS_MAX_CHUNK = 512 * MiB
