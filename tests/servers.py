@@ -247,7 +247,12 @@ def fresh_store_url(kind: str, request: pytest.FixtureRequest, **options: str) -
     raise ValueError(f"unknown store kind {kind!r}; expected one of {STORE_KINDS}")
 
 
-@pytest.fixture(params=STORE_KINDS)
+def store_params() -> list[object]:
+    """The store kinds as fixture parameters; those that start a server are marked ``slow``."""
+    return [kind if kind == "file" else pytest.param(kind, marks=pytest.mark.slow) for kind in STORE_KINDS]
+
+
+@pytest.fixture(params=store_params())
 def store_url(request: pytest.FixtureRequest) -> str:
     """A fresh, empty store URL: ``file://``, ``redis://`` and ``s3://`` in turn."""
     return fresh_store_url(str(request.param), request)

@@ -23,7 +23,7 @@ from cachelib.stores import (
     Store,
     open_store,
 )
-from tests.servers import STORE_KINDS, fresh_store_url
+from tests.servers import fresh_store_url, store_params
 
 SMALL_PIECES = {"file": {}, "redis": {"chunk": "64K"}, "s3": {"part": "5M", "range": "256K"}}
 BIG = 6 * 1024 * 1024 + 123
@@ -44,7 +44,7 @@ KEY = str(
 )
 
 
-@pytest.fixture(params=STORE_KINDS)
+@pytest.fixture(params=store_params())
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

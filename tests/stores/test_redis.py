@@ -14,6 +14,8 @@ from cachelib.stores import ObjectChanged, StoreUnavailable, open_store
 from cachelib.stores.redisstore import PENDING_SECONDS, RedisStore
 from tests.servers import RedisServer, start_redis
 
+pytestmark = pytest.mark.slow  # starts a server
+
 SIZE = 300_000  # 5 chunks of 64 KiB
 
 

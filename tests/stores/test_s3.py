@@ -15,6 +15,8 @@ from cachelib.stores.s3store import S3Store, plan_part_size
 from cachelib.stores.urls import MiB
 from tests.servers import S3Server
 
+pytestmark = pytest.mark.slow  # starts a server
+
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
