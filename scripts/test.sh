@@ -6,7 +6,9 @@
 source "$(dirname "$0")/_env.sh"
 cd "$ROOT"
 
-apt_install redis-server etcd-server ca-certificates
+# redis-server: the Redis store tests; etcd-server: the local control plane; prometheus: promtool checks
+# the chart's alert rules; binutils: strip, for the image-slimming tests.
+apt_install redis-server etcd-server prometheus binutils ca-certificates
 ensure_venv "test"
 
 log "kube-apiserver and kube-controller-manager (built once, then cached)"
