@@ -22,7 +22,6 @@ from compilecache_operator.results import (
     publish_message,
 )
 from compilecache_operator.spec import SecretKey, StorageSpec
-from compilecache_operator.storeops import url_with_credentials
 from compilecache_operator.webhook import fill_namespace
 
 KEY = "cc1/team-a/mlp/0123456789abcdef/fedcba9876543210/nvidia-l4/sm89/torch-2.13.0/triton-3.6.0/cuda-12.8/py-3.11.7"
@@ -204,9 +203,6 @@ def test_secret_problems_name_the_field() -> None:
     assert no_key is not None and no_key.reason == "SecretKeyMissing" and "'password'" in no_key.message
     assert controller.secret_problem(storage, {"password": b"pw"}, "team-a") is None
     assert controller.secret_credentials(storage, {"password": b"pw"}) == {"COMPILECACHE_REDIS_PASSWORD": "pw"}
-    assert url_with_credentials("redis://r:6379/0", {"COMPILECACHE_REDIS_PASSWORD": "p@ss/w"}) == \
-        "redis://:p%40ss%2Fw@r:6379/0"
-    assert url_with_credentials("s3://bucket/x", {"COMPILECACHE_REDIS_PASSWORD": "p"}) == "s3://bucket/x"
 
 
 # -- command line and webhook plumbing -------------------------------------------------------------
