@@ -49,10 +49,12 @@ from cachelib.keys import gpu_slug
 from cachelib.stores.urls import mask_url
 
 HARNESS_FILE = f"{HARNESS_DIR}/harness.py"
-# Copies cachelib's harness module out of the preloader image without importing it (it needs torch).
+# Copies cachelib's harness module, and the built-in targets it loads from beside itself, out of the
+# preloader image without importing them (they need torch).
 COPY_HARNESS = (
-    "import importlib.util, shutil, sys; "
-    "shutil.copyfile(importlib.util.find_spec('cachelib.harness').origin, sys.argv[1])"
+    "import importlib.util, os, shutil, sys; "
+    "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
+    "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) for m in ('harness', 'targets')]"
 )
 DEFAULT_PRELOAD_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 

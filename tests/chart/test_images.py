@@ -138,11 +138,13 @@ def test_images_run_console_scripts_the_project_declares() -> None:
     assert "compilecache" in scripts
 
 
-def test_preloader_ships_the_harness_at_its_fixed_path() -> None:
+def test_preloader_ships_the_harness_and_its_targets_at_their_fixed_paths() -> None:
     text = DOCKERFILES["preloader"].read_text()
-    assert "install -D -m 0644 cachelib/harness.py /opt/compilecache/harness.py" in text
-    assert "COPY --from=build --chmod=0644 /opt/compilecache/harness.py /opt/compilecache/harness.py" in text
-    assert (REPO_ROOT / "cachelib" / "harness.py").is_file()
+    for module in ("harness", "targets"):
+        assert f"install -D -m 0644 cachelib/{module}.py /opt/compilecache/{module}.py" in text
+        assert (REPO_ROOT / "cachelib" / f"{module}.py").is_file()
+    assert ("COPY --from=build --chmod=0644 /opt/compilecache/harness.py /opt/compilecache/targets.py "
+            "/opt/compilecache/") in text
 
 
 def test_slim_rules() -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -338,3 +341,11 @@ def test_status_never_carries_empty_strings() -> None:
     assert "plannedGPUs" not in status
     assert "created" not in status["bundles"][0] and "jobId" not in status["bundles"][0]
     assert all(c["message"] for c in status["conditions"])
+
+
+def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
+    """The copy command of the ``harness`` init container, run for real: harness.py and targets.py
+    land side by side, so that short target names work in an image without cachelib."""
+    subprocess.run([sys.executable, "-c", builders.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["harness.py", "targets.py"]
+    assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()
