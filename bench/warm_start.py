@@ -1,0 +1,836 @@
+"""Warm-start benchmark: the first compiled call of a fresh process, cold and warm, every way.
+
+For each reference model (bench/models.py) and compile mode, every row runs in its own
+fresh Python process, one after another on one device:
+
+  eager       first eager call (the floor)
+  cold        torch.compile, empty TORCHINDUCTOR_CACHE_DIR
+  hot         same cache dir again (a node that compiled the model itself)
+  preloaded   compilecache: the warm-up harness compiles and publishes a bundle to Redis;
+              `compilecache preload` fetches, verifies and unpacks it into an empty dir
+              (its own process, timed); then compile against that dir
+  megacache   torch.compiler.load_cache_artifacts() of the cold run's Mega-Cache, then compile
+  remote      PyTorch's own Redis remote caches (FX graph, AOTAutograd, autotune), empty local
+              dir, warmed beforehand by another process
+  precompiled torch.compile(step, fullgraph=True).aot_compile(...) saved by one process,
+              torch.compiler.load_compiled_function() in a fresh one with an empty cache dir
+
+Each process reports its torch cache counters: a warm row with any miss is reported as a
+miss. Warm-up processes that are not themselves measured (the harness, the remote-cache
+warm-up, the ahead-of-time save) run in parallel between the timed phases.
+
+    python bench/warm_start.py --device cuda --out out/warm-start
+    python bench/warm_start.py --device cpu --tiny --out /tmp/ws   # a check without a GPU
+    python bench/warm_start.py render out/a/results.json out/b/results.json > table.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODELS = ("gpt2", "resnet50", "llama1b", "gpt2_train")
+AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
+REMOTE_ENV = {
+    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
+    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
+    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "1",
+}
+# The `compilecache` console script, without needing the package installed.
+CLI = ("-c", "import sys; from cachelib.cli import main; sys.exit(main())")
+ROWS = ("eager", "cold", "hot", "preloaded", "megacache", "remote", "precompiled")
+# Rows whose cache lookups must all hit.
+WARM_ROWS = ("hot", "preloaded", "megacache", "remote")
+
+# =======================================================================================
+# Child: one measured process. Imports torch only here, so the parent stays light.
+
+
+def child_main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="warm_start.py child")
+    p.add_argument("row", choices=["eager", "compile", "aot-save", "aot-load", "breakdown"])
+    p.add_argument("--model", required=True)
+    p.add_argument("--mode", default="default")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--result", required=True, type=Path)
+    p.add_argument("--megacache-save", type=Path)
+    p.add_argument("--megacache-load", type=Path)
+    p.add_argument("--aot", type=Path, help="ahead-of-time compiled function file (save or load)")
+    p.add_argument("--profile", type=Path, help="breakdown: also write cProfile statistics here")
+    args = p.parse_args(argv)
+    started = time.perf_counter()
+    import torch
+
+    from bench import models
+
+    record: dict[str, Any] = {"row": args.row, "model": args.model, "mode": args.mode, "pid": os.getpid()}
+    record["import_torch_s"] = time.perf_counter() - started
+    try:
+        workload = models.get(args.model)
+        t = time.perf_counter()
+        _model, step_args = workload.make(args.device, args.tiny)
+        _sync(torch, args.device)
+        record["build_s"] = time.perf_counter() - t
+        record.update(_run_row(torch, args, workload, step_args))
+        record["ok"] = True
+    except Exception as exc:  # reported, never hidden: the row shows the error
+        import traceback
+
+        record["ok"] = False
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["traceback"] = traceback.format_exc()[-4000:]
+    record["counters"] = _counters(torch)
+    record["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if args.device == "cuda" and torch.cuda.is_available():
+        record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    args.result.write_text(json.dumps(record, indent=1, default=str))
+    # Leave at once: everything measured is written, and an orderly exit waits on inductor's
+    # compile-worker pool (10-20 s on a 16-core machine) that no row's figures include.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if record["ok"] else 1)
+
+
+def _sync(torch: Any, device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _call(torch: Any, fn: Any, step_args: tuple[Any, ...], backward: bool, device: str) -> tuple[float, Any]:
+    """Seconds of one call, synchronised: inference under ``no_grad`` (as the harness runs it),
+    a training step as forward plus ``backward``."""
+    t = time.perf_counter()
+    if backward:
+        out = fn(*step_args)
+        out.backward()
+    else:
+        with torch.no_grad():
+            out = fn(*step_args)
+    _sync(torch, device)
+    return time.perf_counter() - t, out.detach()
+
+
+def _relative_error(torch: Any, got: Any, want: Any) -> float:
+    got, want = got.float(), want.float()
+    return float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want).clamp_min(1e-12))
+
+
+def _run_row(torch: Any, args: argparse.Namespace, workload: Any, step_args: tuple[Any, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.row == "eager":
+        out["first_call_s"], _ = _call(torch, workload.step, step_args, workload.backward, args.device)
+        out["second_call_s"], _ = _call(torch, workload.step, step_args, workload.backward, args.device)
+        return out
+    # Creating the first torch.compile wrapper imports Dynamo and Inductor: a fixed cost of
+    # every compiled process, timed on its own (wrap_s) before anything else, in every row.
+    t = time.perf_counter()
+    compiled = torch.compile(workload.step, **_compile_options(args.mode))
+    out["wrap_s"] = time.perf_counter() - t
+    if args.row in ("aot-save", "aot-load"):
+        return out | _run_aot(torch, args, workload, step_args)
+    if args.megacache_load is not None:
+        t = time.perf_counter()
+        info = torch.compiler.load_cache_artifacts(args.megacache_load.read_bytes())
+        out["load_s"] = time.perf_counter() - t
+        out["megacache_loaded"] = _cache_info(info)
+    if args.row == "breakdown":
+        return out | _run_breakdown(torch, args, workload, compiled, step_args)
+    out["first_call_s"], got = _call(torch, compiled, step_args, workload.backward, args.device)
+    out["second_call_s"], _ = _call(torch, compiled, step_args, workload.backward, args.device)
+    out["rel_error_vs_eager"] = _relative_error(torch, got, _eager_reference(torch, workload, step_args))
+    if args.megacache_save is not None:
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:
+            raise RuntimeError("save_cache_artifacts() returned nothing: no artifacts were recorded")
+        args.megacache_save.write_bytes(saved[0])
+        out["megacache_bytes"] = len(saved[0])
+        out["megacache_saved"] = _cache_info(saved[1])
+    return out
+
+
+def _compile_options(mode: str) -> dict[str, Any]:
+    return {} if mode == "default" else {"mode": mode}
+
+
+def _eager_reference(torch: Any, workload: Any, step_args: tuple[Any, ...]) -> Any:
+    with torch.no_grad():
+        return workload.step(*step_args).detach()
+
+
+def _cache_info(info: Any) -> dict[str, int]:
+    if info is None:
+        return {}
+    return {name: len(value) for name, value in vars(info).items() if isinstance(value, list)}
+
+
+def _run_aot(torch: Any, args: argparse.Namespace, workload: Any, step_args: tuple[Any, ...]) -> dict[str, Any]:
+    from bench import precompile
+
+    out: dict[str, Any] = {}
+    if args.row == "aot-save":
+        t = time.perf_counter()
+        with contextlib.nullcontext() if workload.backward else torch.no_grad():
+            out["artifact_bytes"] = precompile.save(workload.step, step_args, args.aot, **_compile_options(args.mode))
+        out["compile_and_save_s"] = time.perf_counter() - t
+        return out
+    with _profiled(args.profile):
+        t = time.perf_counter()
+        fn = precompile.load(args.aot)
+        out["load_s"] = time.perf_counter() - t
+        out["first_call_s"], got = _call(torch, fn, step_args, workload.backward, args.device)
+    out["second_call_s"], _ = _call(torch, fn, step_args, workload.backward, args.device)
+    out["rel_error_vs_eager"] = _relative_error(torch, got, _eager_reference(torch, workload, step_args))
+    return out
+
+
+@contextlib.contextmanager
+def _profiled(path: Path | None) -> Iterator[None]:
+    """cProfile the block into ``path`` (nothing when ``path`` is None)."""
+    if path is None:
+        yield
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        profiler.dump_stats(str(path))
+
+
+def _run_breakdown(
+    torch: Any, args: argparse.Namespace, workload: Any, compiled: Any, step_args: tuple[Any, ...]
+) -> dict[str, Any]:
+    """Where a warm first call spends its time: torch's own compile timers, optionally cProfile."""
+    from torch._dynamo import utils as dynamo_utils
+
+    with _profiled(args.profile):
+        first, _ = _call(torch, compiled, step_args, workload.backward, args.device)
+    second, _ = _call(torch, compiled, step_args, workload.backward, args.device)
+    phases = {name: sum(times) for name, times in dynamo_utils.compilation_time_metrics.items()}
+    metrics = [
+        {k: v for k, v in vars(m).items() if isinstance(v, int | float | bool) and v is not None}
+        for m in dynamo_utils.get_compilation_metrics()
+    ]
+    return {
+        "first_call_s": first,
+        "second_call_s": second,
+        "phases_s": phases,
+        "compilation_metrics": metrics,
+    }
+
+
+def _counters(torch: Any) -> dict[str, dict[str, int]]:
+    """torch's cache and graph counters of this process (empty when dynamo never loaded)."""
+    if "torch._dynamo" not in sys.modules:
+        return {}
+    from torch._dynamo.utils import counters
+
+    wanted = ("inductor", "aot_autograd", "stats")
+    return {section: dict(counters[section]) for section in wanted if counters.get(section)}
+
+
+# =======================================================================================
+# Parent: plan, run the processes, collect, render.
+
+
+@dataclass(frozen=True)
+class Config:
+    """One model under one compile mode."""
+
+    model: str
+    mode: str = "default"
+
+    @property
+    def label(self) -> str:
+        return self.model if self.mode == "default" else f"{self.model} [{self.mode}]"
+
+    @property
+    def slug(self) -> str:
+        """A name usable as a directory and as a CompileCache name."""
+        name = self.model if self.mode == "default" else f"{self.model}-{self.mode}"
+        return name.replace("_", "-")
+
+
+@dataclass
+class Bench:
+    device: str
+    tiny: bool
+    work: Path
+    store_url: str
+    redis: tuple[str, int] | None
+    jobs: int
+    selected: frozenset[str] = frozenset(ROWS)
+    python: str = sys.executable
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    # -- processes -------------------------------------------------------------------
+    def env(self, cache_dir: Path | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_CACHE"))}
+        env.pop("TORCH_COMPILE_JOB_ID", None)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.tiny:
+            env["WARM_START_TINY"] = "1"
+        if cache_dir is not None:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+        if self.redis is not None:
+            env["TORCHINDUCTOR_REDIS_HOST"], env["TORCHINDUCTOR_REDIS_PORT"] = self.redis[0], str(self.redis[1])
+        env.update(extra or {})
+        return env
+
+    def child(
+        self,
+        cfg: Config,
+        row: str,
+        name: str,
+        cache_dir: Path | None,
+        *extra_args: str,
+        env: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        result = self.work / cfg.slug / f"{name}.json"
+        result.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [self.python, str(Path(__file__).resolve()), "child", row, "--model", cfg.model, "--mode", cfg.mode]
+        cmd += ["--device", self.device, "--result", str(result), *extra_args]
+        if self.tiny:
+            cmd.append("--tiny")
+        t = time.perf_counter()
+        proc = run_isolated(cmd, self.env(cache_dir, env))
+        wall = time.perf_counter() - t
+        record: dict[str, Any] = json.loads(result.read_text()) if result.exists() else {"ok": False}
+        record.update(config=cfg.label, model=cfg.model, mode=cfg.mode, name=name, process_wall_s=wall)
+        if proc.returncode != 0:
+            record["ok"] = False
+            record.setdefault("error", f"exit {proc.returncode}")
+            record["stderr_tail"] = proc.stderr[-3000:]
+        _log(f"{cfg.label:40s} {name:14s} {_brief(record)}")
+        return record
+
+    def tool(self, cfg: Config, name: str, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+        """Run a compilecache command (harness, publish, preload) and time the whole process."""
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+        wall = time.perf_counter() - t
+        record: dict[str, Any] = {
+            "config": cfg.label,
+            "model": cfg.model,
+            "mode": cfg.mode,
+            "name": name,
+            "process_wall_s": wall,
+            "ok": proc.returncode == 0,
+            "command": " ".join(cmd),
+        }
+        last = _last_json_line(proc.stdout)
+        if last is not None:
+            record["output"] = last
+        if proc.returncode != 0:
+            record["error"] = f"exit {proc.returncode}"
+            record["stderr_tail"] = proc.stderr[-3000:]
+        _log(f"{cfg.label:40s} {name:14s} {'ok' if record['ok'] else record['error']} wall {wall:.2f}s")
+        return record
+
+    # -- the flow for one config ---------------------------------------------------------
+    def dirs(self, cfg: Config, name: str) -> Path:
+        return self.work / cfg.slug / name
+
+    def timed_cold(self, cfg: Config) -> None:
+        if "eager" in self.selected:
+            self.rows.append(self.child(cfg, "eager", "eager", self.dirs(cfg, "eager-cache")))
+        if self.selected & {"cold", "hot", "megacache"}:
+            mega = self.work / cfg.slug / "megacache.bin"
+            local = self.dirs(cfg, "local")
+            self.rows.append(self.child(cfg, "compile", "cold", local, "--megacache-save", str(mega)))
+
+    def warmups(self, cfg: Config, precompile: bool) -> list[tuple[str, Any]]:
+        """(name, thunk) pairs of the unmeasured warm-up processes of one config."""
+        todo: list[tuple[str, Any]] = []
+        if self.selected & {"preloaded", "precompiled"}:
+            todo.append(("harness+publish", lambda: self.harness_publish(cfg)))
+        if self.redis is not None and "remote" in self.selected:
+            todo.append(
+                (
+                    "remote-warmup",
+                    lambda: [self.child(cfg, "compile", "remote-warmup", self.dirs(cfg, "r1"), env=REMOTE_ENV)],
+                )
+            )
+        if precompile:
+            aot = str(self.work / cfg.slug / "precompiled.bin")
+            todo.append(
+                ("aot-save", lambda: [self.child(cfg, "aot-save", "aot-save", self.dirs(cfg, "s"), "--aot", aot)])
+            )
+        return todo
+
+    def harness_publish(self, cfg: Config) -> list[dict[str, Any]]:
+        out = self.dirs(cfg, "harness-out")
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [self.python, str(REPO / "cachelib" / "harness.py"), "--target", f"bench.models:{cfg.model}_target"]
+        cmd += ["--out", str(out), "--namespace", "bench", "--name", cfg.slug]
+        if cfg.mode != "default":
+            cmd += ["--mode", cfg.mode]
+        if _models().get(cfg.model).backward:
+            cmd.append("--backward")
+        records = [self.tool(cfg, "harness", cmd, self.env(None))]
+        if records[0]["ok"]:
+            publish = [self.python, *CLI, "publish", str(out), "--store", self.store_url]
+            records.append(self.tool(cfg, "publish", publish, self.env(None)))
+        return records
+
+    def timed_warm(self, cfg: Config, precompile: bool) -> None:
+        if "hot" in self.selected:
+            self.rows.append(self.child(cfg, "compile", "hot", self.dirs(cfg, "local")))
+        if self.selected & {"preloaded", "precompiled"}:
+            self.rows.extend(self.preload_then_compile(cfg, compile_after="preloaded" in self.selected))
+        mega = self.work / cfg.slug / "megacache.bin"
+        if mega.exists() and "megacache" in self.selected:
+            self.rows.append(
+                self.child(cfg, "compile", "megacache", self.dirs(cfg, "m"), "--megacache-load", str(mega))
+            )
+        if self.redis is not None and "remote" in self.selected:
+            self.rows.append(self.child(cfg, "compile", "remote", self.dirs(cfg, "r2"), env=REMOTE_ENV))
+        aot = self.work / cfg.slug / "precompiled.bin"
+        if precompile and aot.exists():
+            self.rows.append(self.child(cfg, "aot-load", "precompiled", self.dirs(cfg, "l"), "--aot", str(aot)))
+            # The third part next to the bundle's cache dir: autotuning results and kernels are there.
+            beside = self.dirs(cfg, "l2")
+            shutil.rmtree(beside, ignore_errors=True)
+            if self.dirs(cfg, "preloaded").is_dir():
+                shutil.copytree(self.dirs(cfg, "preloaded"), beside)
+                self.rows.append(self.child(cfg, "aot-load", "precompiled+cachedir", beside, "--aot", str(aot)))
+
+    def preload_then_compile(self, cfg: Config, compile_after: bool = True) -> list[dict[str, Any]]:
+        target = self.dirs(cfg, "preloaded")
+        shutil.rmtree(target, ignore_errors=True)
+        termination = self.work / cfg.slug / "termination-log"
+        cmd = [self.python, *CLI, "preload", "--store", self.store_url]
+        key = self._harness_result(cfg).get("key_string")
+        cmd += ["--key", str(key)] if key else ["--cache", f"bench/{cfg.slug}"]
+        cmd += ["--target", str(target), "--strict"]
+        env = self.env(None, {"COMPILECACHE_TERMINATION_LOG": str(termination)})
+        preload = self.tool(cfg, "preload", cmd, env)
+        if not preload["ok"] or not compile_after:
+            return [preload]
+        job_id = self._harness_result(cfg).get("job_id")
+        extra = {"TORCH_COMPILE_JOB_ID": str(job_id)} if job_id else None
+        return [preload, self.child(cfg, "compile", "preloaded", target, env=extra)]
+
+    def _harness_result(self, cfg: Config) -> dict[str, Any]:
+        """The warm-up harness's result.json (key, job id, counters), empty when it did not run."""
+        result = self.dirs(cfg, "harness-out") / "result.json"
+        return json.loads(result.read_text()) if result.exists() else {}
+
+    def breakdown(self, cfg: Config) -> None:
+        """The hot first call again, once with torch's timers and once under cProfile."""
+        warm = self.dirs(cfg, "local")
+        if not warm.is_dir():  # no cold row in this run: a copy of the preloaded bundle
+            warm = self.dirs(cfg, "breakdown-cache")
+            shutil.rmtree(warm, ignore_errors=True)
+            shutil.copytree(self.dirs(cfg, "preloaded"), warm)
+        self.rows.append(self.child(cfg, "breakdown", "breakdown", warm))
+        prof = self.work / cfg.slug / "breakdown.pstats"
+        self.rows.append(self.child(cfg, "breakdown", "breakdown-cprofile", warm, "--profile", str(prof)))
+        if prof.exists():
+            self.rows[-1]["profile_buckets_s"] = profile_buckets(prof)
+            self.rows[-1]["profile_top"] = profile_top(prof)
+        aot = self.work / cfg.slug / "precompiled.bin"
+        if aot.exists():
+            prof = self.work / cfg.slug / "precompiled.pstats"
+            name = "precompiled-cprofile"
+            self.rows.append(
+                self.child(cfg, "aot-load", name, self.dirs(cfg, "l3"), "--aot", str(aot), "--profile", str(prof))
+            )
+            if prof.exists():
+                self.rows[-1]["profile_buckets_s"] = profile_buckets(prof)
+                self.rows[-1]["profile_top"] = profile_top(prof, limit=60)
+
+
+def run_isolated(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a measured child in its own session; once it exits, kill what it left behind.
+
+    A child leaves with os._exit() as soon as its figures are written; inductor's compile
+    workers it started are still importing torch then, and would steal the CPU from the
+    next measured process. Killing the child's process group ends them.
+    """
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = proc.communicate()
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def run_parallel(todo: list[tuple[str, Any]], jobs: int) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for result in pool.map(lambda item: item[1](), todo):
+            records.extend(result)
+    return records
+
+
+# -- cProfile of the warm first call, bucketed by what the time is for -----------------
+# (bucket, file suffix, function name). The first matching entry's cumulative time counts;
+# nested buckets are reported as they are (cumulative), not subtracted.
+PROFILE_BUCKETS = (
+    ("dynamo: whole frame compile (_compile)", "_dynamo/convert_frame.py", "_compile"),
+    ("dynamo: InstructionTranslator.run (tracing + backend call)", "_dynamo/symbolic_convert.py", "run"),
+    ("dynamo: guard building (CheckFunctionManager)", "_dynamo/guards.py", "__init__"),
+    ("backend: call_user_compiler", "_dynamo/output_graph.py", "call_user_compiler"),
+    ("aot_autograd: cache load", "_aot_autograd/autograd_cache.py", "try_load"),
+    ("inductor: FX graph cache lookup", "_inductor/codecache.py", "_lookup_graph"),
+    ("inductor: load output code (PyCodeCache.load_by_key_path)", "_inductor/codecache.py", "load_by_key_path"),
+    ("triton: kernel load (CachingAutotuner.precompile)", "_inductor/runtime/triton_heuristics.py", "precompile"),
+    ("triton: static launcher load", "_inductor/runtime/static_cuda_launcher.py", "load_kernel"),
+    ("triton: bundle read (TritonBundler.read_and_emit)", "_inductor/triton_bundler.py", "read_and_emit"),
+    ("async compile pool start", "_inductor/async_compile.py", "warm_pool"),
+)
+
+
+def profile_buckets(path: Path) -> dict[str, float]:
+    import pstats
+
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    buckets: dict[str, float] = {}
+    for label, suffix, func in PROFILE_BUCKETS:
+        total = sum(v[3] for (file, _, name), v in stats.items() if file.endswith(suffix) and name == func)
+        buckets[label] = round(total, 4)
+    tracing = buckets[PROFILE_BUCKETS[1][0]] - buckets[PROFILE_BUCKETS[3][0]]
+    buckets["dynamo: tracing alone (run - call_user_compiler)"] = round(tracing, 4)
+    return buckets
+
+
+def profile_top(path: Path, limit: int = 40) -> list[dict[str, Any]]:
+    import pstats
+
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    rows = sorted(stats.items(), key=lambda kv: kv[1][3], reverse=True)[:limit]
+    return [
+        {"function": f"{_short(file)}:{line}:{name}", "cumulative_s": round(v[3], 4), "calls": v[1]}
+        for (file, line, name), v in rows
+    ]
+
+
+def _short(file: str) -> str:
+    marker = "site-packages/"
+    return file.split(marker, 1)[1] if marker in file else file
+
+
+# -- redis-server ------------------------------------------------------------------------
+@contextlib.contextmanager
+def redis_server(binary: str | None, work: Path) -> Iterator[tuple[str, int] | None]:
+    """A throwaway redis-server on a free loopback port, or None when no binary is found."""
+    path = binary or shutil.which("redis-server")
+    if path is None:
+        yield None
+        return
+    port = _free_port()
+    log = work / "redis.log"
+    cmd = [path, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    cmd += ["--dir", str(work), "--protected-mode", "no"]
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_port(port, proc, log)
+        yield ("127.0.0.1", port)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"redis-server did not listen on port {port} within 10 s")
+
+
+# -- environment facts -------------------------------------------------------------------
+def environment(python: str) -> dict[str, Any]:
+    probe = (
+        "import json, torch, platform; t = None\n"
+        "try:\n import triton; t = triton.__version__\nexcept ImportError: pass\n"
+        "cuda = torch.cuda.is_available()\n"
+        "print(json.dumps({'torch': torch.__version__, 'triton': t, 'cuda': torch.version.cuda,"
+        " 'python': platform.python_version(), 'gpu': torch.cuda.get_device_name() if cuda else None,"
+        " 'capability': '.'.join(map(str, torch.cuda.get_device_capability())) if cuda else None}))"
+    )
+    facts: dict[str, Any] = json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout)
+    facts["host"] = {"machine": platform.machine(), "cpus": os.cpu_count(), "kernel": platform.release()}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        q = subprocess.run(
+            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
+        facts["nvidia_smi"] = q.stdout.strip()
+    return facts
+
+
+# -- summary -----------------------------------------------------------------------------
+def cache_verdict(record: dict[str, Any]) -> str:
+    """'hit' when every cache lookup hit, 'miss (N)' otherwise; '' when the row has no lookups."""
+    c = record.get("counters", {})
+    ind, aot = c.get("inductor", {}), c.get("aot_autograd", {})
+    hits = ind.get("fxgraph_cache_hit", 0) + aot.get("autograd_cache_hit", 0)
+    misses = ind.get("fxgraph_cache_miss", 0) + aot.get("autograd_cache_miss", 0)
+    if misses:
+        return f"MISS ({misses} miss, {hits} hit)"
+    return "hit" if hits else "no lookups"
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per config with the figures the goals are read against."""
+    configs: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        configs.setdefault(r["config"], {})[r["name"]] = r
+    out = []
+    for label, by in configs.items():
+        s: dict[str, Any] = {"config": label}
+        for name in ("eager", "cold", "hot", "preloaded", "megacache", "remote", "precompiled", "precompiled+cachedir"):
+            r = by.get(name)
+            if r is None:
+                continue
+            if not r.get("ok"):
+                s[name] = {"error": r.get("error", "failed")}
+                continue
+            s[name] = {"first_call_s": r.get("first_call_s"), "cache": cache_verdict(r)}
+            if "load_s" in r:
+                s[name]["load_s"] = r["load_s"]
+        pre = by.get("preload")
+        if pre is not None:
+            s["preload"] = {"wall_s": pre["process_wall_s"], "ok": pre["ok"], "output": pre.get("output")}
+        s["goals"] = goals(s)
+        out.append(s)
+    return out
+
+
+def _first(s: dict[str, Any], name: str) -> float | None:
+    v = s.get(name)
+    return v.get("first_call_s") if isinstance(v, dict) else None
+
+
+def preloaded_total(s: dict[str, Any]) -> float | None:
+    first, pre = _first(s, "preloaded"), s.get("preload")
+    if first is None or not pre or not pre.get("ok"):
+        return None
+    return float(pre["wall_s"]) + first
+
+
+def goals(s: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    total, hot, remote = preloaded_total(s), _first(s, "hot"), _first(s, "remote")
+    eager = _first(s, "eager")
+
+    def hit(name: str) -> bool:
+        return isinstance(s.get(name), dict) and s[name].get("cache") == "hit"
+
+    if total is not None and hot is not None:
+        out["preloaded <= 1.1 x hot"] = {"met": total <= 1.1 * hot and hit("preloaded"), "ratio": total / hot}
+    if total is not None and remote is not None:
+        out["preloaded <= remote"] = {"met": total <= remote and hit("preloaded"), "ratio": total / remote}
+    preload = s["preload"]["wall_s"] if s.get("preload", {}).get("ok") else None
+    for name, before in (("precompiled", 0.0), ("precompiled+cachedir", preload)):
+        pre = s.get(name)
+        if not eager or not isinstance(pre, dict) or pre.get("first_call_s") is None or before is None:
+            continue
+        first = pre["first_call_s"]
+        with_load = before + pre.get("load_s", 0.0) + first
+        out[f"{name} <= 3 x eager"] = {
+            "met": with_load <= 3 * eager,
+            "ratio_first_call": first / eager,
+            "ratio_load_plus_first_call": with_load / eager,
+        }
+    return out
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| model | eager | cold | local hot (3) | preload | preloaded 1st call | (4) = preload + 1st | "
+        "Mega-Cache load + 1st | PyTorch remote (6) | precompiled: load + 1st | precompiled + cachedir: load + 1st |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        for s in res["summary"]:
+            pre = s.get("preload")
+            total = preloaded_total(s)
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        s["config"],
+                        _cell(s, "eager", verdict=False),
+                        _cell(s, "cold", verdict=False),
+                        _cell(s, "hot"),
+                        f"{pre['wall_s']:.2f}" if pre and pre.get("ok") else ("failed" if pre else "—"),
+                        _cell(s, "preloaded"),
+                        f"**{total:.2f}**" if total is not None else "—",
+                        _cell(s, "megacache", with_load=True),
+                        _cell(s, "remote"),
+                        _cell(s, "precompiled", with_load=True, verdict=False),
+                        _cell(s, "precompiled+cachedir", with_load=True, verdict=False),
+                    ]
+                )
+                + " |"
+            )
+    lines += ["", "| model | goal | met | ratio |", "|---|---|---|---|"]
+    for res in results:
+        for s in res["summary"]:
+            for goal, g in s["goals"].items():
+                ratio = g.get("ratio", g.get("ratio_load_plus_first_call"))
+                extra = f" (1st call alone {g['ratio_first_call']:.2f})" if "ratio_first_call" in g else ""
+                lines.append(f"| {s['config']} | {goal} | {'yes' if g['met'] else 'NO'} | {ratio:.2f}{extra} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(s: dict[str, Any], name: str, with_load: bool = False, verdict: bool = True) -> str:
+    v = s.get(name)
+    if v is None:
+        return "—"
+    if "error" in v:
+        return f"error: {v['error'][:60]}"
+    first = v["first_call_s"]
+    text = f"{v['load_s']:.2f} + {first:.2f}" if with_load and "load_s" in v else f"{first:.2f}"
+    if verdict and v.get("cache") != "hit":
+        text += f" ({v.get('cache')})"
+    return text
+
+
+# -- helpers -----------------------------------------------------------------------------
+def _models() -> Any:
+    sys.path.insert(0, str(REPO))
+    from bench import models
+
+    return models
+
+
+def _last_json_line(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.strip().splitlines()):
+        with contextlib.suppress(ValueError):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def _brief(r: dict[str, Any]) -> str:
+    if not r.get("ok"):
+        return f"FAILED {r.get('error', '')[:200]}"
+    parts = [f"{k}={r[k]:.2f}s" for k in ("load_s", "first_call_s", "compile_and_save_s") if k in r]
+    parts.append(cache_verdict(r))
+    parts.append(f"wall {r['process_wall_s']:.1f}s")
+    return " ".join(parts)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--tiny", action="store_true", help="small models (a CPU check of the whole flow)")
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated, from bench/models.py")
+    p.add_argument("--autotune-model", default="gpt2", help=f"model also run under mode={AUTOTUNE_MODE!r} ('' = none)")
+    p.add_argument("--precompile", default="all", help="models that get the precompiled row: 'all', 'none' or a list")
+    p.add_argument("--breakdown", default="gpt2", help="model whose warm first call is broken down ('' = none)")
+    p.add_argument("--redis-server", help="redis-server binary (default: from PATH); none found = file store")
+    p.add_argument("--rows", default=",".join(ROWS), help="rows to measure (default: all)")
+    p.add_argument("--jobs", type=int, default=4, help="parallel unmeasured warm-up processes")
+    p.add_argument("--out", type=Path, required=True, help="directory for results.json, results.md and work files")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "child":
+        return child_main(argv[1:])
+    if argv and argv[0] == "render":
+        results = [json.loads(Path(p).read_text()) for p in argv[1:]]
+        for res in results:
+            res["summary"] = summarise(res["rows"])
+        print(render(results), end="")
+        return 0
+    args = parse_args(argv)
+    configs = [Config(m) for m in args.models.split(",") if m]
+    if args.autotune_model:
+        configs.append(Config(args.autotune_model, AUTOTUNE_MODE))
+    for cfg in configs:
+        _models().get(cfg.model)
+    precompiled = {c.model for c in configs} if args.precompile == "all" else set(args.precompile.split(","))
+    selected = frozenset(r for r in args.rows.split(",") if r)
+    if not selected <= set(ROWS):
+        raise SystemExit(f"--rows: unknown {', '.join(sorted(selected - set(ROWS)))}; choose from {', '.join(ROWS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.out / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    started = time.time()
+    result: dict[str, Any] = {
+        "command": " ".join(["python", "bench/warm_start.py", *argv]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+    }
+    with redis_server(args.redis_server, work) as redis:
+        store = f"redis://{redis[0]}:{redis[1]}/0" if redis else f"file://{(work / 'store').resolve()}"
+        bench = Bench(args.device, args.tiny, work.resolve(), store, redis, args.jobs, selected)
+        result["environment"] = environment(bench.python)
+        result["store"] = "redis (redis-server on the same machine)" if redis else "file (no redis-server found)"
+        _log(f"environment: {json.dumps(result['environment'])}; store {store}")
+        with_aot = {c: "precompiled" in selected and c.mode == "default" and c.model in precompiled for c in configs}
+        for cfg in configs:
+            bench.timed_cold(cfg)
+        todo = [item for cfg in configs for item in bench.warmups(cfg, with_aot[cfg])]
+        write_results(args.out, result, bench.rows, started)
+        result["warmups"] = run_parallel(todo, args.jobs)
+        write_results(args.out, result, bench.rows, started)
+        for cfg in configs:
+            bench.timed_warm(cfg, with_aot[cfg])
+            if cfg == Config(args.breakdown):
+                bench.breakdown(cfg)
+            write_results(args.out, result, bench.rows, started)  # partial results survive a time limit
+    print(write_results(args.out, result, bench.rows, started))
+    return 0
+
+
+def write_results(out: Path, result: dict[str, Any], rows: list[dict[str, Any]], started: float) -> str:
+    """Write results.json and results.md (the table); return the table."""
+    result.update(rows=rows, summary=summarise(rows), seconds=time.time() - started)
+    (out / "results.json").write_text(json.dumps(result, indent=1, default=str))
+    table = render([result])
+    (out / "results.md").write_text(table)
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())
