@@ -14,9 +14,12 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachelib import __version__
+
+if TYPE_CHECKING:
+    from cachelib.preload import PreloadResult
 
 STORE_ENV = "COMPILECACHE_STORE"
 log = logging.getLogger("compilecache")
@@ -144,30 +147,22 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 
 def cmd_preload(args: argparse.Namespace) -> int:
-    from cachelib.preload import preload, write_termination_message
+    from cachelib.preload import preload
 
-    result = preload(
-        store_url(args),
-        args.key or (),
-        args.target,
-        cache=args.cache,
-        gpu=args.gpu,
-        versions=versions_of(args),
-        max_bytes=args.max_bytes,
-        progress=True,
-    )
-    payload = result.to_dict()
-    print_json(payload)
-    write_termination_message(payload)
-    if result.result != "hit":
-        log.warning("preload %s: %s", result.result, result.reason)
-    return result.exit_code(args.strict)
+    return _fetch_and_report("preload", preload, args)
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    from cachelib.preload import load, write_termination_message
+    from cachelib.preload import load
 
-    result = load(
+    return _fetch_and_report("load", load, args)
+
+
+def _fetch_and_report(mode: str, fetch: Callable[..., PreloadResult], args: argparse.Namespace) -> int:
+    """Run ``preload`` or ``load`` with the shared arguments; print and record the one-line result."""
+    from cachelib.preload import write_termination_message
+
+    result = fetch(
         store_url(args),
         args.key or (),
         args.target,
@@ -181,7 +176,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     print_json(payload)
     write_termination_message(payload)
     if result.result != "hit":
-        log.warning("load %s: %s", result.result, result.reason)
+        log.warning("%s %s: %s", mode, result.result, result.reason)
     return result.exit_code(args.strict)
 
 
