@@ -230,7 +230,7 @@ def _fetch_cachedir(
             )
         limits = Limits(max_member_bytes=budget.remaining, max_total_bytes=budget.remaining)
         with reader.open_part(CACHEDIR_PART, verify_content=False, prefetch=True) as stream:
-            stats = unpack_tar_verified(stream, stream.verify, target, limits)  # type: ignore[arg-type]
+            stats = unpack_tar_verified(stream, stream.verify, target, limits)
         result.bytes += counted.count
     budget.remaining -= stats.bytes
     result.unpacked_bytes += stats.bytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -196,3 +197,135 @@ def test_modes_are_sane(tmp_path: Path) -> None:
     unpack(make_tar((info, data)), tmp_path / "cache")
     mode = os.stat(tmp_path / "cache/run.so").st_mode & 0o7777
     assert mode == 0o755
+
+
+# -- the tar reader: damaged and unusual archives ------------------------------------------------------
+def test_truncated_member_data_is_a_corrupt_archive(target: Path) -> None:
+    data = make_tar(file("first", b"1"), file("big", b"b" * 5000))
+    cut = data.index(b"b" * 5000) + 100  # inside big's data
+    before = snapshot(target)
+    with pytest.raises(CorruptArchive, match=r"'big'.*ends inside its data"):
+        unpack(data[:cut], target)
+    assert_untouched(target, before)
+
+
+def test_truncated_header_is_a_corrupt_archive(target: Path) -> None:
+    data = make_tar(file("first", b"1"), file("second", b"2"))
+    before = snapshot(target)
+    with pytest.raises(CorruptArchive, match=r"ends inside a header"):
+        unpack(data[: 2 * 512 + 100], target)  # the header and data of "first", then part of a header
+    assert_untouched(target, before)
+
+
+def test_bad_header_checksum_is_a_corrupt_archive(target: Path) -> None:
+    data = bytearray(make_tar(file("ok", b"1"), file("second", b"2")))
+    second = data.index(b"second")
+    data[second] ^= 0x20  # flip a bit of the name: the checksum no longer matches
+    before = snapshot(target)
+    with pytest.raises(CorruptArchive, match=r"bad checksum"):
+        unpack(bytes(data), target)
+    assert_untouched(target, before)
+
+
+def test_empty_stream_is_a_corrupt_archive(target: Path) -> None:
+    with pytest.raises(CorruptArchive, match=r"empty"):
+        unpack(b"", target)
+
+
+def test_archive_without_end_blocks_is_read_to_its_last_member(tmp_path: Path) -> None:
+    data = make_tar(file("a", b"x" * 700))
+    unpack(data[: 512 * 3], tmp_path / "cache")  # the header, then the data padded to whole blocks
+    assert (tmp_path / "cache/a").read_bytes() == b"x" * 700
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_long_names_in_each_tar_format(fmt: int, tmp_path: Path) -> None:
+    deep = "/".join(["directory-with-a-long-name"] * 5) + "/file.py"  # over 100 bytes
+    ustar = fmt == tarfile.USTAR_FORMAT  # ustar splits long names into prefix and name; links stay short
+    link_name, link_target = (
+        ("links/short", "../directory-with-a-long-name") if ustar else ("links/" + "l" * 120, "../" + deep)
+    )
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        info, data = file(deep, b"source")
+        tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo(link_name)
+        link.type = tarfile.SYMTYPE
+        link.linkname = link_target
+        tar.addfile(link)
+    unpack(out.getvalue(), tmp_path / "cache")
+    assert (tmp_path / "cache" / deep).read_bytes() == b"source"
+    assert os.readlink(tmp_path / "cache" / link_name) == link_target
+
+
+def test_pax_global_header_applies_to_the_members_after_it(tmp_path: Path) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"mtime": "1000.5"}) as tar:
+        info, data = file("a", b"1")
+        tar.addfile(info, io.BytesIO(data))
+    unpack(out.getvalue(), tmp_path / "cache")
+    assert os.stat(tmp_path / "cache/a").st_mtime == 1000.5
+
+
+def test_pax_path_cannot_smuggle_an_unsafe_name(target: Path) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info, data = file("harmless", b"x")
+        info.pax_headers = {"path": "../evil"}
+        tar.addfile(info, io.BytesIO(data))
+    before = snapshot(target)
+    with pytest.raises(UnsafeMember, match=re.escape("'../evil'")):
+        unpack(out.getvalue(), target)
+    assert_untouched(target, before)
+
+
+def test_sparse_and_unknown_member_types_are_refused(target: Path) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info, data = file("sparse", b"x")
+        info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0"}
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(UnsafeMember, match=r"'sparse'.*sparse"):
+        unpack(out.getvalue(), target)
+    with pytest.raises(UnsafeMember, match=r"'contig'.*unsupported member type b'V'"):
+        unpack(make_tar(special("contig", b"V")), target)
+
+
+def test_oversized_extended_header_is_refused(target: Path) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info, data = file("a", b"1")
+        info.pax_headers = {"comment": "c" * 70_000}
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(CorruptArchive, match=r"extended header.*over"):
+        unpack(out.getvalue(), target)
+
+
+def test_malformed_pax_record_is_a_corrupt_archive(target: Path) -> None:
+    data = bytearray(make_tar(file("n" * 120, b"1")))  # the long name needs a pax record
+    record = data.index(b" path=")
+    data[record - 3 : record] = b"999"  # a record length past the header's end
+    block = data[:512]
+    block[148:156] = b" " * 8
+    data[148:156] = b"%06o\x00 " % sum(block)
+    with pytest.raises(CorruptArchive, match=r"pax header.*malformed"):
+        unpack(bytes(data), target)
+
+
+def test_base256_sizes_are_read(tmp_path: Path) -> None:
+    """GNU tar writes numbers that do not fit the octal field in base-256; the reader decodes them."""
+    from cachelib.unpack import parse_header
+
+    block = bytearray(make_tar(file("a", b"1"))[1024:1536])  # the ustar header after the pax one
+    block[124:136] = b"\x80" + (5).to_bytes(11, "big")
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\x00 " % sum(block)
+    assert parse_header(bytes(block), 0).size == 5
+
+
+def test_large_members_cross_the_reader_buffer(tmp_path: Path) -> None:
+    """Members larger than the reader's buffer, and headers that straddle two buffer fills."""
+    members = [file(f"m{i}", os.urandom(n)) for i, n in enumerate([3 * 1024 * 1024 + 7, 1, 511, 512, 513, 2 * 1024**2])]
+    unpack(make_tar(*members), tmp_path / "cache")
+    for info, data in members:
+        assert (tmp_path / "cache" / info.name).read_bytes() == data
