@@ -14,10 +14,15 @@ fresh Python process, one after another on one device:
               dir, warmed beforehand by another process
   precompiled torch.compile(step, fullgraph=True).aot_compile(...) saved by one process,
               torch.compiler.load_compiled_function() in a fresh one with an empty cache dir
+              ("precompiled"), and again beside a copy of the preloaded cache dir
+              ("precompiled+cachedir")
 
+"1st call" figures start after the first torch.compile wrapper exists: creating it imports
+Dynamo and Inductor, a fixed cost of every compiled process, reported on its own (wrap_s).
 Each process reports its torch cache counters: a warm row with any miss is reported as a
 miss. Warm-up processes that are not themselves measured (the harness, the remote-cache
-warm-up, the ahead-of-time save) run in parallel between the timed phases.
+warm-up, the ahead-of-time save) run in parallel between the timed phases. `--rows` picks a
+subset of the rows; `--breakdown MODEL` adds the profiled warm first call of one model.
 
     python bench/warm_start.py --device cuda --out out/warm-start
     python bench/warm_start.py --device cpu --tiny --out /tmp/ws   # a check without a GPU
