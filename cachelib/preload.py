@@ -249,6 +249,28 @@ def _run(
     versions: Mapping[str, str | None] | None,
     max_bytes: int,
     progress: bool,
+    env: Mapping[str, str] | None,
+    strict: bool,
+) -> PreloadResult:
+    """The fetch loop shared by ``preload`` and ``load``; with ``strict`` a non-hit raises."""
+    result = _fetch_all(mode, store_url, keys, target, cache=cache, gpu=gpu, versions=versions,
+                        max_bytes=max_bytes, progress=progress, env=os.environ if env is None else env)
+    if strict and result.result != HIT:
+        raise PreloadFailed(result)
+    return result
+
+
+def _fetch_all(
+    mode: str,
+    store_url: str | Store,
+    keys: Sequence[str],
+    target: Path | None,
+    *,
+    cache: str | None,
+    gpu: str | None,
+    versions: Mapping[str, str | None] | None,
+    max_bytes: int,
+    progress: bool,
     env: Mapping[str, str],
 ) -> PreloadResult:
     started = time.perf_counter()
@@ -305,7 +327,7 @@ def preload(
     either, every matching variant is unpacked. ``max_bytes`` caps the unpacked total.
     With ``strict`` a non-hit raises :class:`PreloadFailed` (carrying the result).
     """
-    result = _run(
+    return _run(
         "preload",
         store_url,
         keys,
@@ -315,11 +337,9 @@ def preload(
         versions=versions,
         max_bytes=max_bytes,
         progress=progress,
-        env=os.environ if env is None else env,
+        env=env,
+        strict=strict,
     )
-    if strict and result.result != HIT:
-        raise PreloadFailed(result)
-    return result
 
 
 # -- load (Mega-Cache) -------------------------------------------------------------------------------
@@ -368,7 +388,7 @@ def load(
     env: Mapping[str, str] | None = None,
 ) -> PreloadResult:
     """Fetch each resolved bundle's ``megacache`` part, verify it, and load it into torch."""
-    result = _run(
+    return _run(
         "load",
         store_url,
         keys,
@@ -378,8 +398,6 @@ def load(
         versions=versions,
         max_bytes=max_bytes,
         progress=progress,
-        env=os.environ if env is None else env,
+        env=env,
+        strict=strict,
     )
-    if strict and result.result != HIT:
-        raise PreloadFailed(result)
-    return result
