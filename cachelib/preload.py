@@ -253,26 +253,7 @@ def _run(
     strict: bool,
 ) -> PreloadResult:
     """The fetch loop shared by ``preload`` and ``load``; with ``strict`` a non-hit raises."""
-    result = _fetch_all(mode, store_url, keys, target, cache=cache, gpu=gpu, versions=versions,
-                        max_bytes=max_bytes, progress=progress, env=os.environ if env is None else env)
-    if strict and result.result != HIT:
-        raise PreloadFailed(result)
-    return result
-
-
-def _fetch_all(
-    mode: str,
-    store_url: str | Store,
-    keys: Sequence[str],
-    target: Path | None,
-    *,
-    cache: str | None,
-    gpu: str | None,
-    versions: Mapping[str, str | None] | None,
-    max_bytes: int,
-    progress: bool,
-    env: Mapping[str, str],
-) -> PreloadResult:
+    env = os.environ if env is None else env
     started = time.perf_counter()
     result = PreloadResult(MISS, gpu=choose_gpu(gpu, env), target=str(target) if target else None, mode=mode)
     store: Store | None = None
@@ -304,6 +285,8 @@ def _fetch_all(
         if isinstance(store_url, str) and store is not None:
             store.close()
     result.seconds = time.perf_counter() - started
+    if strict and result.result != HIT:
+        raise PreloadFailed(result)
     return result
 
 
