@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachelib import __version__
+from cachelib.handoff import DONE_FILE_NAME
 
 if TYPE_CHECKING:
     from cachelib.preload import PreloadResult
@@ -147,18 +148,50 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 
 def cmd_preload(args: argparse.Namespace) -> int:
+    from cachelib.handoff import write_done
     from cachelib.preload import preload
 
-    return _fetch_and_report("preload", preload, args)
+    if args.sidecar and args.strict:
+        raise CommandError(
+            "--strict cannot be combined with --sidecar: a sidecar runs beside the workload and cannot hold "
+            "its start (preload as an init container for that)",
+            2,
+        )
+    done = args.done_file or (str(Path(args.target) / DONE_FILE_NAME) if args.sidecar else None)
+    try:
+        result = _fetch_and_report("preload", preload, args)
+    except BaseException as exc:  # the workload waiting on the done file must not wait in vain
+        if done:
+            write_done(done, {"result": "error", "reason": f"{type(exc).__name__}: {exc}"})
+        raise
+    if done:
+        write_done(done, result.to_dict())
+    if args.sidecar:
+        hold_until_terminated()
+        return 0
+    return result.exit_code(args.strict)
+
+
+def hold_until_terminated() -> None:
+    """Stay running until SIGTERM or SIGINT: a Kubernetes native sidecar that exits is restarted,
+    and at the pod's end it is sent SIGTERM (then it exits with status 0)."""
+    import gc
+    import signal
+
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    gc.collect()
+    log.info("preload done; waiting for the pod to end (SIGTERM)")
+    signal.sigwait(stop)
 
 
 def cmd_load(args: argparse.Namespace) -> int:
     from cachelib.preload import load
 
-    return _fetch_and_report("load", load, args)
+    return _fetch_and_report("load", load, args).exit_code(args.strict)
 
 
-def _fetch_and_report(mode: str, fetch: Callable[..., PreloadResult], args: argparse.Namespace) -> int:
+def _fetch_and_report(mode: str, fetch: Callable[..., PreloadResult], args: argparse.Namespace) -> PreloadResult:
     """Run ``preload`` or ``load`` with the shared arguments; print and record the one-line result."""
     from cachelib.preload import write_termination_message
 
@@ -177,7 +210,7 @@ def _fetch_and_report(mode: str, fetch: Callable[..., PreloadResult], args: argp
     write_termination_message(payload)
     if result.result != "hit":
         log.warning("%s %s: %s", mode, result.result, result.reason)
-    return result.exit_code(args.strict)
+    return result
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -433,15 +466,30 @@ def build_parser() -> argparse.ArgumentParser:
         "atomically. Prints one JSON line: result hit|miss|error, keys, bytes, seconds, reason; also\n"
         "written to the termination log when there is one. A missing bundle or an unreachable store\n"
         "is a miss, a bad bundle an error: either way exit status 0 (the pod starts, compiling as\n"
-        "usual) unless --strict (then 1). Point TORCHINDUCTOR_CACHE_DIR at --target.",
+        "usual) unless --strict (then 1). Point TORCHINDUCTOR_CACHE_DIR at --target. With --sidecar it\n"
+        "runs beside the workload instead of before it: the workload waits for the done file just\n"
+        "before its first compiled call (cachelib.handoff.wait_for_preload), after importing torch.",
         "  compilecache preload --store file:///tmp/store --cache default/demo --target /tmp/inductor\n"
         "  compilecache preload --store s3://bucket/cc --key cc1/ml/llama/... --target /cache --strict\n"
         "  compilecache preload --store redis://cache:6379/0 --cache ml/llama --gpu NVIDIA-H100-80GB-HBM3 \\\n"
-        "      --torch 2.13.0 --target /cache",
+        "      --torch 2.13.0 --target /cache\n"
+        "  compilecache preload --store redis://cache:6379/0 --cache ml/llama --target /cache --sidecar",
     )
     _store_arg(p)
     _selection_args(p)
     p.add_argument("--target", required=True, help="the cache directory to fill (TORCHINDUCTOR_CACHE_DIR)")
+    p.add_argument(
+        "--done-file",
+        metavar="PATH",
+        help="when finished, write the JSON result here (atomically) for a workload waiting in "
+        f"cachelib.handoff.wait_for_preload() (default with --sidecar: TARGET/{DONE_FILE_NAME})",
+    )
+    p.add_argument(
+        "--sidecar",
+        action="store_true",
+        help="run as a Kubernetes native sidecar beside the workload: write the done file, then stay "
+        "running until SIGTERM (exit status 0 whatever the result)",
+    )
 
     p = _add(
         sub,

@@ -15,6 +15,9 @@ Metrics:
   ``saved``.
 - ``compilecache_runtime_compiled_frames_total`` -- frames Dynamo compiled.
 - ``compilecache_runtime_graph_breaks_total`` -- graph breaks Dynamo met.
+- ``compilecache_runtime_preload_wait_seconds{result}`` -- how long
+  :func:`cachelib.handoff.wait_for_preload` waited for a preload running beside the workload,
+  labelled with the preload's result (hit, miss, error, timeout); absent until it was called.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client import start_http_server as _start_http_server
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 CACHE_EVENTS: dict[tuple[str, str], tuple[str, str]] = {
@@ -59,6 +62,12 @@ def torch_counters() -> Counters:
     return counters if counters is not None else {}
 
 
+def last_preload_wait() -> Any:
+    """The last wait for a preload in this process (a :class:`cachelib.handoff.Waited`), if any."""
+    handoff = sys.modules.get("cachelib.handoff")
+    return getattr(handoff, "last_wait", None)
+
+
 def cache_events(counters: Counters) -> dict[tuple[str, str], int]:
     """(cache, result) -> count, from a counters mapping (pure)."""
     events = dict.fromkeys(PRIMARY, 0)
@@ -72,10 +81,11 @@ def cache_events(counters: Counters) -> dict[tuple[str, str], int]:
 class TorchCompileCacheCollector(Collector):
     """Reads torch's counters at every scrape; registers no state of its own."""
 
-    def __init__(self, source: Any = torch_counters) -> None:
+    def __init__(self, source: Any = torch_counters, waited: Any = None) -> None:
         self._source = source
+        self._waited = waited or last_preload_wait
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         counters = self._source()
         events = CounterMetricFamily(
             "compilecache_runtime_cache_events",
@@ -97,6 +107,15 @@ class TorchCompileCacheCollector(Collector):
             "Graph breaks torch.compile (Dynamo) met in this process.",
             value=sum(int(v) for v in breaks.values()),
         )
+        waited = self._waited()
+        if waited is not None:
+            wait = GaugeMetricFamily(
+                "compilecache_runtime_preload_wait_seconds",
+                "Seconds the workload waited for the preload running beside it, by the preload's result.",
+                labels=["result"],
+            )
+            wait.add_metric([waited.result], waited.seconds)
+            yield wait
 
 
 _registered: dict[int, TorchCompileCacheCollector] = {}

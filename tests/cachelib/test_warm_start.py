@@ -4,6 +4,8 @@ into an empty directory and compiles the same model with the same options HITS, 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from cachelib import harness
+from cachelib.handoff import DONE_FILE_ENV, DONE_FILE_NAME
 from tests.cachelib.conftest import WARM_NAME, WARM_NAMESPACE, WARM_TARGET, Warmed
-from tests.cachelib.helpers import last_json, run_cli, tree
+from tests.cachelib.helpers import ROOT, last_json, run_cli, tree
 
 pytestmark = pytest.mark.slow
 
@@ -74,3 +77,51 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert 'compilecache_runtime_cache_events_total{cache="fxgraph",result="hit"} 1.0' in warm_section
     assert 'compilecache_runtime_cache_events_total{cache="fxgraph",result="miss"} 0.0' in warm_section
     print(out)  # the figures, for the record (-s shows them)
+
+
+WAITING_WORKLOAD = """
+import json, sys
+import torch  # the import a sidecar preload runs beside
+from cachelib.handoff import wait_for_preload
+waited = wait_for_preload(timeout=120)
+print(json.dumps({"waited": waited, "torch_imported_first": "torch" in sys.modules}), flush=True)
+from cachelib import harness
+sys.exit(harness.main(sys.argv[1:]))
+"""
+
+
+def test_sidecar_preload_beside_the_workload_hits(warmed: Warmed, tmp_path: Path) -> None:
+    """The sidecar mode on real compiles: the preloader and the workload start together; the
+    workload imports torch, waits on the done file, then compiles and hits."""
+    store = f"file://{tmp_path / 'store'}"
+    assert run_cli("publish", str(warmed.out), "--store", store).returncode == 0
+    cache_dir = tmp_path / "pod-cache"
+    cache_dir.mkdir()
+    done = cache_dir / DONE_FILE_NAME
+    env = {**os.environ, DONE_FILE_ENV: str(done), "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
+           "COMPILECACHE_TERMINATION_LOG": ""}  # fmt: skip
+    out = tmp_path / "pod-out"
+    workload = subprocess.Popen(
+        [sys.executable, "-c", WAITING_WORKLOAD, "--target", WARM_TARGET, "--out", str(out),
+         "--namespace", WARM_NAMESPACE, "--name", WARM_NAME, "--cache-dir", str(cache_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    sidecar = subprocess.Popen(
+        [sys.executable, "-m", "cachelib.cli", "preload", "--store", store, "--key", warmed.key,
+         "--target", str(cache_dir), "--sidecar"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        stdout, stderr = workload.communicate(timeout=600)
+        assert workload.returncode == 0, stderr[-3000:]
+        assert sidecar.poll() is None, "the sidecar left before the pod ended"
+    finally:
+        sidecar.send_signal(signal.SIGTERM)
+        side_out, side_err = sidecar.communicate(timeout=60)
+    assert sidecar.returncode == 0, side_err
+    waited = json.loads(stdout.splitlines()[0])
+    assert waited["waited"]["result"] == "hit" and waited["torch_imported_first"]
+    assert last_json(side_out)["result"] == "hit"
+    counters = json.loads((out / "result.json").read_text())["cache"]
+    assert counters["fxgraph_hit"] > 0 and counters["fxgraph_miss"] == 0, counters
+    assert counters["aotautograd_hit"] > 0 and counters["aotautograd_miss"] == 0, counters
