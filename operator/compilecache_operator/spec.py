@@ -27,6 +27,9 @@ DELETION_POLICIES = ("Keep", "Delete")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+INIT_CONTAINER = "InitContainer"
+SIDECAR = "Sidecar"
+PRELOAD_MODES = (INIT_CONTAINER, SIDECAR)
 
 _TARGET = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:)?[A-Za-z_][A-Za-z0-9_]*$")
 _BACKEND = re.compile(r"^[A-Za-z0-9_.:-]+$")
@@ -175,6 +178,8 @@ class RemoteCacheSpec:
 
 @dataclass(frozen=True)
 class PreloadSpec:
+    mode: str = INIT_CONTAINER
+    """``InitContainer``: the preload runs before the workload; ``Sidecar``: beside it (Kubernetes 1.29+)."""
     strict: bool = False
     max_bytes: int | None = None
     node_cache_path: str | None = None
@@ -479,8 +484,17 @@ def _parse_preload(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) 
         errors.add(f"{path}.nodeCache.hostPath", f"{host_path!r} must be an absolute path without '..'")
     max_bytes = _integer(raw, "maxBytes", path, errors, -1, low=0) if "maxBytes" in raw else None
     resources = _parse_resources(raw.get("resources"), f"{path}.resources", errors)
+    mode = _enum(raw, "mode", path, errors, PRELOAD_MODES, INIT_CONTAINER) or INIT_CONTAINER
+    strict = _boolean(raw, "strict", path, errors, False)
+    if mode == SIDECAR and strict:
+        errors.add(
+            f"{path}.strict",
+            f"must be false with {path}.mode {SIDECAR}: a sidecar runs beside the workload and cannot hold the "
+            f"pod's start (set {path}.mode {INIT_CONTAINER} for a strict preload)",
+        )
     return PreloadSpec(
-        strict=_boolean(raw, "strict", path, errors, False),
+        mode=mode,
+        strict=strict,
         max_bytes=max_bytes,
         node_cache_path=host_path or defaults.node_cache_path,
         resources=resources,

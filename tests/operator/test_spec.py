@@ -34,6 +34,7 @@ def test_minimal_spec_gets_the_documented_defaults() -> None:
     assert spec.warmup.gpus_per_job == 1 and spec.warmup.gpu_resource_name == "nvidia.com/gpu"
     assert spec.keep_generations == 2 and spec.deletion_policy == "Keep"
     assert spec.remote_cache is None and not spec.preload.strict and spec.preload.node_cache_path is None
+    assert spec.preload.mode == "InitContainer"
     assert spec.storage.secret_name is None and spec.storage.secret_keys == ()
 
 
@@ -100,12 +101,24 @@ def test_full_spec_parses() -> None:
         ({"remoteCache": {"port": 6379}}, "spec.remoteCache.host", "required"),
         ({"preload": {"nodeCache": {"hostPath": "relative/dir"}}}, "spec.preload.nodeCache.hostPath", "absolute"),
         ({"preload": {"strict": "yes"}}, "spec.preload.strict", "true or false"),
+        ({"preload": {"mode": "sidecar"}}, "spec.preload.mode", "not one of InitContainer, Sidecar"),
     ],
 )
 def test_invalid_specs_name_the_field(overrides: dict[str, Any], path: str, fragment: str) -> None:
     errors = errors_of(raw_spec(**overrides))
     assert path in errors, errors
     assert fragment in errors[path]
+
+
+def test_sidecar_mode_parses_and_refuses_strict() -> None:
+    assert parsed(preload={"mode": "Sidecar"}).preload.mode == "Sidecar"
+    assert parsed(preload={"mode": "Sidecar", "strict": False}).preload.mode == "Sidecar"
+    errors = errors_of(raw_spec(preload={"mode": "Sidecar", "strict": True}))
+    assert list(errors) == ["spec.preload.strict"]
+    assert errors["spec.preload.strict"].startswith("must be false with spec.preload.mode Sidecar: a sidecar runs "
+                                                    "beside the workload and cannot hold the pod's start")
+    with pytest.raises(InvalidSpec, match=r"spec\.preload\.strict: .* \(set spec\.preload\.mode InitContainer"):
+        parse_spec(raw_spec(preload={"mode": "Sidecar", "strict": True}))
 
 
 def test_every_problem_is_reported_at_once() -> None:
@@ -210,6 +223,7 @@ def test_crd_accepts_what_the_operator_accepts() -> None:
                          "tolerations": [{"key": "k", "operator": "Equal", "value": "v"}]},
                  retention={"keepGenerations": 3}, deletionPolicy="Delete",
                  remoteCache={"host": "r", "port": 6380}, preload={"strict": True, "nodeCache": {"hostPath": "/x"}}),
+        raw_spec(preload={"mode": "Sidecar", "maxBytes": 1 << 30}),
     ]
     for spec in samples:
         parse_spec(spec)
@@ -228,6 +242,7 @@ def test_crd_accepts_what_the_operator_accepts() -> None:
         {"warmup": {"backoffLimit": -1}},
         {"retention": {"keepGenerations": 0}},
         {"preload": {"nodeCache": {}}},
+        {"preload": {"mode": "sidecar"}},
     ],
 )
 def test_crd_rejects_what_the_operator_rejects(overrides: dict[str, Any]) -> None:
@@ -252,6 +267,8 @@ def test_crd_defaults_match_the_parser() -> None:
     assert props["retention"]["properties"]["keepGenerations"]["default"] == spec.keep_generations
     assert props["deletionPolicy"]["default"] == spec.deletion_policy
     assert spec.remote_cache is not None and remote["port"]["default"] == spec.remote_cache.port
+    assert props["preload"]["properties"]["mode"]["default"] == spec.preload.mode
+    assert props["preload"]["properties"]["strict"]["default"] == spec.preload.strict
 
 
 def test_parse_does_not_modify_its_input() -> None:
