@@ -15,9 +15,15 @@ from compilecache_operator.names import (
     API_VERSION,
     CACHE_MOUNT,
     CACHE_VOLUME,
+    DONE_FILE,
+    DONE_FILE_ENV,
+    DONE_FILE_NAME,
     EXCLUDED_NAMESPACES,
     GENERATION_LABEL,
     GPU_ANNOTATION,
+    HANDOFF_DIR,
+    HANDOFF_DONE_FILE,
+    HANDOFF_VOLUME,
     HARNESS_DIR,
     HARNESS_VOLUME,
     INDUCTOR_DIR,
@@ -26,6 +32,8 @@ from compilecache_operator.names import (
     KIND,
     OUT_DIR,
     PRELOAD_CONTAINER,
+    PRELOAD_MODE_ANNOTATION,
+    PRELOAD_MODE_REASON_ANNOTATION,
     SKIPPED_ANNOTATION,
     VARIANT_LABEL,
     WARMUP_LABEL,
@@ -34,7 +42,10 @@ from compilecache_operator.names import (
 )
 from compilecache_operator.plan import CPU, BundleRecord, Variant, bundles_from_status, plan_id, variant_id
 from compilecache_operator.results import COMPILE_CONTAINER, HARNESS_CONTAINER, PUBLISH_CONTAINER, JobState
+from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.spec import (
+    INIT_CONTAINER,
+    SIDECAR,
     CacheSpec,
     Defaults,
     InvalidSpec,
@@ -286,7 +297,44 @@ def select_keys(pod: Mapping[str, Any], view: CacheView) -> list[str]:
     return sorted({b.key for b in chosen})
 
 
-def preload_command(view: CacheView, keys: Sequence[str], gpu: str | None) -> list[str]:
+@dataclass(frozen=True)
+class PreloadMode:
+    """How an injected pod's preload runs, and why not as its cache asks when it cannot."""
+
+    mode: str
+    fallback_reason: str | None = None
+
+    @property
+    def sidecar(self) -> bool:
+        return self.mode == SIDECAR
+
+    def annotations(self) -> dict[str, str]:
+        out = {PRELOAD_MODE_ANNOTATION: self.mode}
+        if self.fallback_reason:
+            out[PRELOAD_MODE_REASON_ANNOTATION] = self.fallback_reason
+        return out
+
+
+def preload_mode(preload: PreloadSpec, sidecars: SidecarSupport) -> PreloadMode:
+    """``Sidecar`` where the cache asks for it and the cluster has native sidecars, else ``InitContainer``
+    (with the reason when the cache asked for a sidecar)."""
+    if preload.mode != SIDECAR:
+        return PreloadMode(INIT_CONTAINER)
+    if sidecars.available:
+        return PreloadMode(SIDECAR)
+    return PreloadMode(INIT_CONTAINER, sidecars.fallback_reason)
+
+
+def uses_handoff_volume(preload: PreloadSpec, mode: PreloadMode) -> bool:
+    """A sidecar preloading into a node cache writes its done file into a per-pod emptyDir: the node's
+    directory outlives the pod and holds an earlier pod's done file, which the workload would take
+    for this pod's. Before the workload starts (an init container) the new file is always in place."""
+    return mode.sidecar and bool(preload.node_cache_path)
+
+
+def preload_command(
+    view: CacheView, keys: Sequence[str], gpu: str | None, *, done_file: str, sidecar: bool
+) -> list[str]:
     assert view.spec is not None
     preload = view.spec.preload
     command = ["compilecache", "preload", "--store", view.spec.storage.url]
@@ -295,10 +343,12 @@ def preload_command(view: CacheView, keys: Sequence[str], gpu: str | None) -> li
             command += ["--key", key]
     else:
         command += ["--cache", f"{view.namespace}/{view.name}"]
-    command += ["--target", INDUCTOR_DIR]
+    command += ["--target", INDUCTOR_DIR, "--done-file", done_file]
+    if sidecar:
+        command.append("--sidecar")
     if gpu:
         command += ["--gpu", gpu_slug(gpu)]
-    if preload.strict:
+    if preload.strict and not sidecar:
         command.append("--strict")
     if preload.max_bytes is not None:
         command += ["--max-bytes", str(preload.max_bytes)]
@@ -322,10 +372,13 @@ def build_pod_patch(
     *,
     preloader_image: str,
     excluded_namespaces: frozenset[str] = EXCLUDED_NAMESPACES,
+    sidecars: SidecarSupport = NOT_DETECTED,
 ) -> PodPatch:
-    """What the webhook adds to an opted-in pod: the cache volume, the preload init container
-    first in line, and the cache directory (plus job id and remote-cache settings) in every app
-    container. Idempotent: a pod that already has the preload container gets nothing."""
+    """What the webhook adds to an opted-in pod: the cache volume, the preload container first
+    in line (an init container, or a native sidecar where the cache asks for one and ``sidecars``
+    says the cluster has them), and in every app container the cache directory, the done file's
+    path (plus job id and remote-cache settings). Idempotent: a pod that already has the preload
+    container gets nothing."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     if meta.get("namespace") in excluded_namespaces:
@@ -340,14 +393,19 @@ def build_pod_patch(
 
     gpu = pinned_gpu(pod, view.spec.gpu_discovery.label_key)
     keys = select_keys(pod, view)
-    preload = _preload_container(view, keys, gpu, preloader_image)
+    mode = preload_mode(view.spec.preload, sidecars)
+    handoff = uses_handoff_volume(view.spec.preload, mode)
+    preload = _preload_container(view, keys, gpu, preloader_image, mode=mode, handoff=handoff)
     volumes = list(spec.get("volumes") or [])
     if not any(v.get("name") == CACHE_VOLUME for v in volumes):
         volumes.append(cache_volume(view))
+    if handoff and not any(v.get("name") == HANDOFF_VOLUME for v in volumes):
+        volumes.append({"name": HANDOFF_VOLUME, "emptyDir": {}})
     containers = [
-        _with_cache(c, job_id=view.job_id, remote=view.spec.remote_cache) for c in spec.get("containers") or []
+        _with_cache(c, job_id=view.job_id, remote=view.spec.remote_cache, handoff=handoff)
+        for c in spec.get("containers") or []
     ]
-    annotations = {INJECTED_ANNOTATION: view.name}
+    annotations = {INJECTED_ANNOTATION: view.name, **mode.annotations()}
     if gpu:
         annotations[GPU_ANNOTATION] = gpu
     return PodPatch(
@@ -373,26 +431,53 @@ def apply_pod_patch(pod: Mapping[str, Any], patch: PodPatch) -> dict[str, Any]:
     return out
 
 
-def _preload_container(view: CacheView, keys: Sequence[str], gpu: str | None, image: str) -> dict[str, Any]:
+def _preload_container(
+    view: CacheView, keys: Sequence[str], gpu: str | None, image: str, *, mode: PreloadMode, handoff: bool
+) -> dict[str, Any]:
     assert view.spec is not None
     preload: PreloadSpec = view.spec.preload
+    done_file = HANDOFF_DONE_FILE if handoff else DONE_FILE
+    mounts = [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}]
+    if handoff:
+        mounts.append({"name": HANDOFF_VOLUME, "mountPath": HANDOFF_DIR})
     container: dict[str, Any] = {
         "name": PRELOAD_CONTAINER,
         "image": image,
-        "command": preload_command(view, keys, gpu),
-        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}],
+        "command": preload_command(view, keys, gpu, done_file=done_file, sidecar=mode.sidecar),
+        "volumeMounts": mounts,
         "resources": _resources_dict(preload.resources) or copy.deepcopy(DEFAULT_PRELOAD_RESOURCES),
         "terminationMessagePolicy": "File",
     }
+    if mode.sidecar:
+        container["restartPolicy"] = "Always"  # a native sidecar: the app starts once it has started
     env = storage_env(view.spec.storage)
     if env:
         container["env"] = env
     return container
 
 
-def _with_cache(container: Mapping[str, Any], *, job_id: str, remote: RemoteCacheSpec | None) -> dict[str, Any]:
+def done_file_seen_by(mounts: Sequence[Mapping[str, Any]]) -> str | None:
+    """The done file's path as a container with ``mounts`` sees it: in the inductor directory of
+    the cache volume, mounted whole or (``subPath: inductor``) at the container's own
+    ``TORCHINDUCTOR_CACHE_DIR``; None when the container does not see that directory."""
+    for mount in mounts:
+        if mount.get("name") != CACHE_VOLUME:
+            continue
+        base = str(mount.get("mountPath") or "").rstrip("/")
+        sub = str(mount.get("subPath") or "").strip("/")
+        if not sub:
+            return f"{base}/{INDUCTOR_SUBDIR}/{DONE_FILE_NAME}"
+        if sub == INDUCTOR_SUBDIR:
+            return f"{base}/{DONE_FILE_NAME}"
+    return None
+
+
+def _with_cache(
+    container: Mapping[str, Any], *, job_id: str, remote: RemoteCacheSpec | None, handoff: bool
+) -> dict[str, Any]:
     """One app container with the cache directory mounted and the environment set, keeping
-    whatever it already sets; a ``TORCHINDUCTOR_CACHE_DIR`` of its own decides where the cache is mounted."""
+    whatever it already sets; a ``TORCHINDUCTOR_CACHE_DIR`` of its own decides where the cache is
+    mounted, and so where the container finds the done file (``COMPILECACHE_PRELOAD_DONE``)."""
     out = copy.deepcopy(dict(container))
     env = list(out.get("env") or [])
     names = {e.get("name") for e in env}
@@ -404,7 +489,12 @@ def _with_cache(container: Mapping[str, Any], *, job_id: str, remote: RemoteCach
             mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT})
         elif existing.get("value") and not any(m.get("mountPath") == existing["value"] for m in mounts):
             mounts.append({"name": CACHE_VOLUME, "mountPath": existing["value"], "subPath": INDUCTOR_SUBDIR})
+    if handoff and not any(m.get("name") == HANDOFF_VOLUME for m in mounts):
+        mounts.append({"name": HANDOFF_VOLUME, "mountPath": HANDOFF_DIR})
     extra = {"TORCH_COMPILE_JOB_ID": job_id} if job_id else {}
+    done_file = HANDOFF_DONE_FILE if handoff else done_file_seen_by(mounts)
+    if done_file is not None:
+        extra[DONE_FILE_ENV] = done_file
     if remote is not None:
         extra.update(remote.env())
     env += [{"name": k, "value": v} for k, v in extra.items() if k not in names]

@@ -35,6 +35,7 @@ from compilecache_operator.plan import (
     planned_gpu_types,
 )
 from compilecache_operator.results import JobState, ResultError, bundle_from_publish, observe_job, publish_message
+from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec, StorageSpec, parse_spec
 
 from cachelib.keys import cache_prefix
@@ -54,6 +55,8 @@ class Settings:
     namespaces: tuple[str, ...] = ()
     """The namespaces watched; empty for all."""
     operator_namespace: str | None = None
+    native_sidecars: str = "auto"
+    """``--native-sidecars``: auto (ask the API server's version), on or off."""
 
     def in_scope(self, namespace: str) -> bool:
         return not self.namespaces or namespace in self.namespaces
@@ -67,12 +70,16 @@ class Settings:
 
 @dataclass
 class State:
-    """What the handlers share: settings, metrics, the API client, per-cache locks."""
+    """What the handlers share: settings, metrics, the API client, per-cache locks, native-sidecar support."""
 
     settings: Settings
     metrics: Metrics
     api: KubeAPI | None = None
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    sidecars: SidecarSupport = NOT_DETECTED
+    """Whether pods may get the preload as a native sidecar (decided at start-up)."""
+    fallbacks_logged: set[tuple[str, str]] = field(default_factory=set)
+    """Caches whose Sidecar request was turned into an init container, already said in the log."""
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self.locks.setdefault((namespace, name), asyncio.Lock())

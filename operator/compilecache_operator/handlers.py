@@ -10,7 +10,8 @@ command line asks for:
   bundles must be deleted;
 - warm-up Job events: reconcile the owner as soon as a Job finishes;
 - CompileCache deletion with ``deletionPolicy: Delete``: delete its bundles (the only finalizer);
-- opted-in pod events: count each pod's preload result once;
+- opted-in pod events: count each pod's preload result once (a sidecar's when the pod ends, at
+  the latest from the DELETED event);
 - the pod mutating webhook (:mod:`compilecache_operator.webhook`).
 """
 
@@ -43,6 +44,7 @@ from compilecache_operator.names import (
     WEBHOOK_ID,
 )
 from compilecache_operator.results import job_condition, preload_outcome
+from compilecache_operator.sidecars import detect_native_sidecars
 from compilecache_operator.webhook import inject_pods
 
 from cachelib.keys import gpu_slug
@@ -130,6 +132,9 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
             raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
         state = _state(memo)
         state.api = KubeAPI(info)
+        state.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
+        logger.info("native sidecars %s: %s", "available" if state.sidecars.available else "not available",
+                    state.sidecars.basis)
         memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
 
     @kopf.on.cleanup(id="close", registry=registry)
@@ -229,9 +234,12 @@ async def count_preload(
     name: str,
     uid: str,
 ) -> None:
-    """Count one opted-in pod's preload result once, then mark the pod as counted."""
-    if event_type == "DELETED":
-        return
+    """Count one opted-in pod's preload result once, then mark the pod as counted.
+
+    An init container has terminated long before its pod ends; a native sidecar terminates only
+    when the pod ends, and that status may first be seen in the DELETED event. It counts there
+    too, without the annotation (no pod is left to carry it; ``counted`` keeps the count single).
+    """
     outcome = preload_outcome(body, gpu_annotation=GPU_ANNOTATION)
     if outcome is None or not counted.add(uid):
         return
@@ -241,7 +249,7 @@ async def count_preload(
         namespace, cache, gpu=gpu, result=outcome.result,
         seconds=outcome.seconds if outcome.result != "skipped" else None, size=outcome.bytes,
     )
-    if state.api is not None:
+    if state.api is not None and event_type != "DELETED":
         try:
             await state.api.annotate_pod(namespace, name, {COUNTED_ANNOTATION: outcome.result})
         except Exception as exc:  # counted in memory; only a restart before the retry could recount

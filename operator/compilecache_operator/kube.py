@@ -138,6 +138,10 @@ class KubeAPI:
                 return None
             raise
 
+    async def server_version(self) -> JSON:
+        """The API server's ``/version`` (``major``, ``minor``, ``gitVersion``, ...)."""
+        return await self.request("GET", "/version")
+
     # -- CompileCaches -----------------------------------------------------------------------------
     @staticmethod
     def cache_path(namespace: str, name: str = "") -> str:

@@ -22,6 +22,7 @@ from compilecache_operator.builders import JobSettings
 from compilecache_operator.controller import Settings, State
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import GROUP
+from compilecache_operator.sidecars import SWITCH_VALUES
 from compilecache_operator.spec import DEFAULT_GPU_LABEL_KEY, Defaults
 from compilecache_operator.webhook import PodWebhookServer
 from prometheus_client import start_http_server
@@ -105,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-cache-path", default=_env("NODE_CACHE_PATH"),
                    help="default hostPath directory for pod caches when a spec does not set preload.nodeCache "
                         "(default: an emptyDir per pod)")
+    p.add_argument("--native-sidecars", default=_env("NATIVE_SIDECARS") or "auto", metavar="{auto,on,off}",
+                   help="run the preload of caches with spec.preload.mode Sidecar as a native sidecar: auto when the "
+                        "API server is 1.29 or newer; on for a 1.28 cluster with the SidecarContainers gate, or one "
+                        "whose version misleads; off never (default auto)")
     p.add_argument("--default-storage-url", default=_env("DEFAULT_STORAGE_URL"),
                    help="store URL for CompileCaches without spec.storage")
     p.add_argument("--default-storage-secret", default=_env("DEFAULT_STORAGE_SECRET"),
@@ -136,6 +141,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         port = getattr(args, port_name)
         if not 0 <= port <= 65535:
             parser.error(f"--{port_name.replace('_', '-')}: {port} is not a port number")
+    if args.native_sidecars not in SWITCH_VALUES:
+        parser.error(f"--native-sidecars: {args.native_sidecars!r} is not one of {', '.join(SWITCH_VALUES)}")
     if args.webhook_config == "external" and args.webhook_cert_dir is None:
         logging.getLogger(__name__).warning(
             "--webhook-config external without --webhook-cert-dir: the self-signed certificate is not known "
@@ -157,6 +164,7 @@ def settings_from(options: Options) -> Settings:
         retry_seconds=a.retry_seconds,
         namespaces=options.namespaces,
         operator_namespace=a.operator_namespace,
+        native_sidecars=a.native_sidecars,
     )
 
 

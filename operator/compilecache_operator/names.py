@@ -26,6 +26,10 @@ GPU_ANNOTATION = f"{GROUP}/gpu"
 """Set by users on a pod to name the GPU product whose bundle to preload."""
 RECORDED_ANNOTATION = f"{GROUP}/recorded"
 """On a warm-up Job once its result is counted in the metrics."""
+PRELOAD_MODE_ANNOTATION = f"{GROUP}/preload-mode"
+"""On an injected pod: how its preload runs, ``InitContainer`` or ``Sidecar``."""
+PRELOAD_MODE_REASON_ANNOTATION = f"{GROUP}/preload-mode-reason"
+"""On an injected pod whose cache asks for ``Sidecar`` but got ``InitContainer``: why."""
 
 WEBHOOK_ID = "inject-pods"
 """Kopf's handler id of the pod-mutating webhook: the webhook server serves it at ``/inject-pods``."""
@@ -35,6 +39,18 @@ CACHE_MOUNT = "/var/cache/compilecache"
 INDUCTOR_SUBDIR = "inductor"
 INDUCTOR_DIR = f"{CACHE_MOUNT}/{INDUCTOR_SUBDIR}"
 PRELOAD_CONTAINER = "compilecache-preload"
+
+# The hand-off between the preloader and the workload. Source: cachelib.handoff.DONE_FILE_ENV and
+# cachelib.handoff.DONE_FILE_NAME, copied as plain strings (tests/operator checks that they agree).
+DONE_FILE_ENV = "COMPILECACHE_PRELOAD_DONE"
+DONE_FILE_NAME = ".compilecache-preload.json"
+DONE_FILE = f"{INDUCTOR_DIR}/{DONE_FILE_NAME}"
+"""Where the preloader writes its result in the cache volume, as the preload container sees it."""
+HANDOFF_VOLUME = "compilecache-handoff"
+HANDOFF_DIR = "/run/compilecache"
+HANDOFF_DONE_FILE = f"{HANDOFF_DIR}/{DONE_FILE_NAME}"
+"""The done file of a sidecar preload into a node cache: a per-pod emptyDir, because the node's
+cache directory outlives the pod and holds the done file of an earlier one."""
 
 HARNESS_VOLUME = "harness"
 HARNESS_DIR = "/opt/compilecache-harness"

@@ -5,18 +5,24 @@ selects only pods with the opt-in label and fails open
 (``failurePolicy: Ignore``). The handler computes the patch with
 :func:`builders.build_pod_patch` from the operator's in-memory index of CompileCaches, so
 admission never waits on the API server. A pod it does not inject gets an annotation saying
-why; the metrics handler counts it as ``skipped``.
+why; the metrics handler counts it as ``skipped``. Whether the preload may run as a native
+sidecar was decided once at start-up (:mod:`compilecache_operator.sidecars`); a cache that asks
+for one on a cluster without them is said once in the log, and each of its pods carries the
+reason in an annotation.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import kopf
 from compilecache_operator import builders
 from compilecache_operator.controller import State
-from compilecache_operator.names import CACHE_LABEL
+from compilecache_operator.names import CACHE_LABEL, PRELOAD_MODE_REASON_ANNOTATION
+
+log = logging.getLogger(__name__)
 
 
 class PodWebhookServer(kopf.WebhookServer):
@@ -53,7 +59,7 @@ async def inject_pods(
     caches: kopf.Index[tuple[str, str], builders.CacheView] | None = None,
     **_: Any,
 ) -> None:
-    """Add the preload init container, the cache volume and the cache environment."""
+    """Add the preload container, the cache volume and the cache environment."""
     state: State = memo["state"]
     namespace = str(body.metadata.namespace or "")
     if not state.settings.in_scope(namespace):
@@ -65,9 +71,15 @@ async def inject_pods(
         view,
         preloader_image=state.settings.jobs.preloader_image,
         excluded_namespaces=state.settings.excluded_namespaces,
+        sidecars=state.sidecars,
     )
     if result.skipped:
         logger.info(f"pod not injected ({result.skipped}) for CompileCache {namespace}/{cache}")
+    fallback = result.annotations.get(PRELOAD_MODE_REASON_ANNOTATION)
+    if fallback and (namespace, cache) not in state.fallbacks_logged:
+        state.fallbacks_logged.add((namespace, cache))
+        log.warning("CompileCache %s/%s asks for preload.mode Sidecar; its pods get an init container: %s",
+                    namespace, cache, fallback)
     spec: dict[str, Any] = {}
     if result.init_containers is not None:
         spec["initContainers"] = result.init_containers

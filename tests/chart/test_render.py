@@ -51,6 +51,17 @@ def test_lint_rejects_values_outside_the_schema(helm_bin: Path) -> None:
     assert "failurePolicy" in proc.stdout + proc.stderr
 
 
+def test_native_sidecars_value_reaches_the_operator(helm_bin: Path, tmp_path: Path) -> None:
+    """The switch in any spelling YAML gives it (a bare on/off is a boolean), and nothing else."""
+    values = tmp_path / "values.yaml"
+    for text, flag in (("on", "on"), ("'off'", "off"), ("false", "off"), ("auto", "auto")):
+        values.write_text(f"nativeSidecars: {text}\n")
+        assert f"--native-sidecars={flag}" in operator_container(template(helm_bin, values))["args"]
+    proc = helm(helm_bin, "lint", str(CHART_DIR), "--set", "nativeSidecars=sometimes", check=False)
+    assert proc.returncode != 0
+    assert "nativeSidecars" in proc.stdout + proc.stderr
+
+
 def test_bad_digest_is_refused_with_its_value(helm_bin: Path) -> None:
     # The schema refuses it first; the template's own check names the value too (when schema checks are skipped).
     proc = helm(helm_bin, "template", "cc", str(CHART_DIR), "--skip-schema-validation",
@@ -291,6 +302,7 @@ def test_operator_accepts_the_rendered_command_line(renderings: dict[str, list[M
     values = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in container["args"] if "=" in a}
     assert settings.jobs.preloader_image == values["--preloader-image"]
     assert settings.defaults.gpu_label_key == values["--gpu-label-key"]
+    assert settings.native_sidecars == values["--native-sidecars"] == "auto"
     assert options.args.metrics_port == next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
     assert options.args.health_port == next(p["containerPort"] for p in container["ports"] if p["name"] == "health")
     if of_kind(rendered, "MutatingWebhookConfiguration"):

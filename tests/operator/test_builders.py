@@ -11,13 +11,24 @@ from typing import Any
 import pytest
 from compilecache_operator import builders
 from compilecache_operator.conditions import merge_conditions
-from compilecache_operator.names import CACHE_LABEL, INJECTED_ANNOTATION, PRELOAD_CONTAINER, SKIPPED_ANNOTATION
+from compilecache_operator.names import (
+    CACHE_LABEL,
+    INJECTED_ANNOTATION,
+    PRELOAD_CONTAINER,
+    PRELOAD_MODE_ANNOTATION,
+    PRELOAD_MODE_REASON_ANNOTATION,
+    SKIPPED_ANNOTATION,
+)
 from compilecache_operator.plan import BundleRecord, Variant, plan_variants
 from compilecache_operator.results import JobState
+from compilecache_operator.sidecars import SidecarSupport
 from compilecache_operator.spec import Defaults, parse_spec
 
 from tests.operator.samples import owner, parsed, raw_spec
 
+DONE = "/var/cache/compilecache/inductor/.compilecache-preload.json"
+WITH_SIDECARS = SidecarSupport(True, "the API server is v1.30.1")
+WITHOUT_SIDECARS = SidecarSupport(False, "the API server is v1.20.2")
 SETTINGS = builders.JobSettings(preloader_image="ghcr.io/compilecache/preloader:1", image_pull_secrets=("regcred",))
 KEY = "cc1/team-a/mlp/0123456789abcdef/fedcba9876543210/{gpu}/{cap}/torch-2.13.0/triton-none/cuda-none/py-3.11.7"
 
@@ -129,8 +140,13 @@ def pod(**spec: Any) -> dict[str, Any]:
     return {"metadata": {"name": "p", "namespace": "team-a", "labels": {CACHE_LABEL: "mlp"}}, "spec": base}
 
 
-def inject(p: dict[str, Any], v: builders.CacheView | None) -> builders.PodPatch:
-    return builders.build_pod_patch(p, v, preloader_image="ghcr.io/compilecache/preloader:1")
+def inject(p: dict[str, Any], v: builders.CacheView | None,
+           sidecars: SidecarSupport = WITH_SIDECARS) -> builders.PodPatch:
+    return builders.build_pod_patch(p, v, preloader_image="ghcr.io/compilecache/preloader:1", sidecars=sidecars)
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
 
 
 def test_pod_gets_volume_preload_first_and_cache_env() -> None:
@@ -143,15 +159,17 @@ def test_pod_gets_volume_preload_first_and_cache_env() -> None:
     preload = init[0]
     key = KEY.format(gpu="cpu", cap="cpu")
     assert preload["command"] == ["compilecache", "preload", "--store", "redis://redis:6379/0", "--key", key,
-                                  "--target", "/var/cache/compilecache/inductor"]
+                                  "--target", "/var/cache/compilecache/inductor", "--done-file", DONE]
+    assert "restartPolicy" not in preload, "an init container: the app starts after it"
     assert preload["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/var/cache/compilecache"}]
     assert preload["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "creds", "key": "password"}
     assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {}}]
     app = out["spec"]["containers"][0]
     assert {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/var/cache/compilecache/inductor"} in app["env"]
     assert {"name": "TORCH_COMPILE_JOB_ID", "value": "cc-job"} in app["env"]
+    assert {"name": "COMPILECACHE_PRELOAD_DONE", "value": DONE} in app["env"]
     assert app["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/var/cache/compilecache"}]
-    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp"}
+    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp", PRELOAD_MODE_ANNOTATION: "InitContainer"}
 
 
 def test_injection_is_idempotent() -> None:
@@ -173,9 +191,102 @@ def test_existing_cache_dir_is_respected_and_mounted_there() -> None:
     app, sidecar = out["spec"]["containers"]
     assert app["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/data/inductor",
                                     "subPath": "inductor"}]
-    env = {e["name"]: e.get("value") for e in app["env"]}
+    env = env_of(app)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/data/inductor" and env["TORCH_COMPILE_JOB_ID"] == "mine"
+    assert env["COMPILECACHE_PRELOAD_DONE"] == "/data/inductor/.compilecache-preload.json"
     assert sidecar["volumeMounts"] == [], "a cache dir from elsewhere cannot be known: nothing is mounted"
+    assert "COMPILECACHE_PRELOAD_DONE" not in env_of(sidecar), "it cannot see the done file: no wait for it"
+
+
+def test_sidecar_mode_with_native_sidecars() -> None:
+    p = pod(initContainers=[{"name": "setup", "image": "busybox"}],
+            containers=[{"name": "app", "image": "registry.example/workload:1"},
+                        {"name": "own", "image": "img", "env": [{"name": "TORCHINDUCTOR_CACHE_DIR",
+                                                                  "value": "/data/inductor/"}]}])
+    out = builders.apply_pod_patch(p, inject(p, view(preload={"mode": "Sidecar", "maxBytes": 10})))
+    preload, setup = out["spec"]["initContainers"]
+    assert preload["name"] == PRELOAD_CONTAINER and setup["name"] == "setup", "the sidecar starts first"
+    assert preload["restartPolicy"] == "Always"
+    command = preload["command"]
+    assert command[command.index("--done-file") + 1] == DONE and "--sidecar" in command
+    assert "--strict" not in command and command[-2:] == ["--max-bytes", "10"]
+    app, own = out["spec"]["containers"]
+    assert env_of(app)["COMPILECACHE_PRELOAD_DONE"] == DONE
+    assert env_of(own)["COMPILECACHE_PRELOAD_DONE"] == "/data/inductor/.compilecache-preload.json"
+    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp", PRELOAD_MODE_ANNOTATION: "Sidecar"}
+    assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {}}]
+    again = inject(out, view(preload={"mode": "Sidecar"}))
+    assert again.skipped == "already-injected" and not again.changes
+
+
+def test_the_sidecar_command_is_one_the_preloader_accepts() -> None:
+    """The flags the webhook writes, read by the preloader's own command line (cachelib.cli)."""
+    from cachelib.cli import build_parser
+
+    for mode, sidecars in (("Sidecar", WITH_SIDECARS), ("Sidecar", WITHOUT_SIDECARS), ("InitContainer", WITH_SIDECARS)):
+        out = builders.apply_pod_patch(pod(), inject(pod(), view(preload={"mode": mode}), sidecars))
+        args = build_parser().parse_args(out["spec"]["initContainers"][0]["command"][1:])
+        assert args.done_file == DONE and args.target == "/var/cache/compilecache/inductor"
+        assert args.sidecar is (mode == "Sidecar" and sidecars.available)
+
+
+def test_sidecar_mode_without_native_sidecars_falls_back_to_an_init_container() -> None:
+    out = builders.apply_pod_patch(pod(), inject(pod(), view(preload={"mode": "Sidecar"}), WITHOUT_SIDECARS))
+    (preload,) = out["spec"]["initContainers"]
+    assert "restartPolicy" not in preload, "an API server without native sidecars must never see the field"
+    assert "--sidecar" not in preload["command"] and "--done-file" in preload["command"]
+    assert env_of(out["spec"]["containers"][0])["COMPILECACHE_PRELOAD_DONE"] == DONE
+    assert out["metadata"]["annotations"] == {
+        INJECTED_ANNOTATION: "mlp",
+        PRELOAD_MODE_ANNOTATION: "InitContainer",
+        PRELOAD_MODE_REASON_ANNOTATION: "Sidecar needs Kubernetes 1.29+ native sidecars; the API server is v1.20.2",
+    }
+    plain = builders.apply_pod_patch(pod(), inject(pod(), view(), WITHOUT_SIDECARS))
+    assert PRELOAD_MODE_REASON_ANNOTATION not in plain["metadata"]["annotations"], "nothing asked for a sidecar"
+
+
+def test_a_sidecar_into_a_node_cache_hands_off_through_a_pod_volume() -> None:
+    """The node's cache directory keeps an earlier pod's done file: a sidecar (which the app does not
+    wait for) writes this pod's into an emptyDir of its own. An init container needs none."""
+    handoff = "/run/compilecache/.compilecache-preload.json"
+    v = view(preload={"mode": "Sidecar", "nodeCache": {"hostPath": "/var/cache/cc"}})
+    out = builders.apply_pod_patch(pod(), inject(pod(), v))
+    assert out["spec"]["volumes"][1] == {"name": "compilecache-handoff", "emptyDir": {}}
+    preload, app = out["spec"]["initContainers"][0], out["spec"]["containers"][0]
+    command = preload["command"]
+    assert command[command.index("--done-file") + 1] == handoff
+    handoff_mount = {"name": "compilecache-handoff", "mountPath": "/run/compilecache"}
+    assert handoff_mount in preload["volumeMounts"] and handoff_mount in app["volumeMounts"]
+    assert env_of(app)["COMPILECACHE_PRELOAD_DONE"] == handoff
+    fallback = builders.apply_pod_patch(pod(), inject(pod(), v, WITHOUT_SIDECARS))
+    assert len(fallback["spec"]["volumes"]) == 1
+    assert env_of(fallback["spec"]["containers"][0])["COMPILECACHE_PRELOAD_DONE"] == DONE
+
+
+@pytest.mark.parametrize(
+    ("mounts", "done"),
+    [
+        ([{"name": "compilecache-cache", "mountPath": "/var/cache/compilecache"}], DONE),
+        ([{"name": "compilecache-cache", "mountPath": "/data/inductor", "subPath": "inductor"}],
+         "/data/inductor/.compilecache-preload.json"),
+        ([{"name": "compilecache-cache", "mountPath": "/cache/", "subPath": "inductor/"}],
+         "/cache/.compilecache-preload.json"),
+        ([{"name": "compilecache-cache", "mountPath": "/x", "subPath": "other"}], None),
+        ([{"name": "data", "mountPath": "/var/cache/compilecache"}], None),
+        ([], None),
+    ],
+)
+def test_done_file_as_a_container_sees_it(mounts: list[dict[str, str]], done: str | None) -> None:
+    assert builders.done_file_seen_by(mounts) == done
+
+
+def test_a_done_file_variable_of_the_container_is_kept() -> None:
+    p = pod(containers=[{"name": "app", "image": "img", "env": [{"name": "COMPILECACHE_PRELOAD_DONE",
+                                                                  "value": "/elsewhere/done.json"}]}])
+    out = builders.apply_pod_patch(p, inject(p, view(preload={"mode": "Sidecar"})))
+    env = out["spec"]["containers"][0]["env"]
+    assert [e for e in env if e["name"] == "COMPILECACHE_PRELOAD_DONE"] == [
+        {"name": "COMPILECACHE_PRELOAD_DONE", "value": "/elsewhere/done.json"}]
 
 
 def test_not_ready_and_unknown_caches_are_skipped_with_a_reason() -> None:
