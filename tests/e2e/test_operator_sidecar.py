@@ -1,0 +1,114 @@
+"""``spec.preload.mode: Sidecar`` on a real API server that has no native sidecars (1.20).
+
+The operator reads the API server's version at start-up; the webhook then gives the cache's pods the
+preload as an init container (an API server of 1.20 drops ``restartPolicy`` from init containers, so a
+sidecar-shaped preload would never end), annotates why, and still sets the done file: the app's
+``wait_for_preload()`` finds the preload's hit where its own mount of the cache puts it. Sidecar mode
+with ``strict`` is an invalid spec. The warm-up runs ``model.command``, which keeps this short.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import WORKLOAD_IMAGE
+from tests.infra.kube.rest import KubeClient
+from tests.infra.wait import wait_for
+from tests.operator.e2e_support import (
+    OperatorProcess,
+    cache_path,
+    compile_cache,
+    crd,
+    operator,
+    pod_terminated,
+    wait_condition,
+)
+from tests.servers import RedisServer, redis_server
+
+__all__ = ["crd", "operator", "redis_server"]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CACHE_LABEL = "compilecache.io/cache"
+DONE = "/var/cache/compilecache/inductor/.compilecache-preload.json"
+FALLBACK = "Sidecar needs Kubernetes 1.29+ native sidecars; the API server is v1.20"
+TIMEOUT = 240
+
+# The workload's side of the hand-off: wait for the done file named in its environment, report the result.
+APP = """
+import json, os, pathlib
+from cachelib.handoff import wait_for_preload
+result = wait_for_preload(timeout=60)
+pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(json.dumps(result))
+"""
+
+
+def app_container(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "image": WORKLOAD_IMAGE, "command": ["python", "-c", APP], **extra}
+
+
+def pod(name: str, *containers: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: "side"}},
+            "spec": {"restartPolicy": "Never", "containers": list(containers)}}
+
+
+def message(pod: dict[str, Any], container: str, init: bool = False) -> dict[str, Any]:
+    statuses = pod["status"]["initContainerStatuses" if init else "containerStatuses"]
+    (state,) = [s["state"]["terminated"] for s in statuses if s["name"] == container]
+    assert state["exitCode"] == 0, state
+    return dict(json.loads(state["message"]))
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+def test_sidecar_mode_falls_back_to_an_init_container_and_the_app_waits_for_the_hit(
+    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+) -> None:
+    ns = kube_namespace
+    store = {"url": redis_server.store_url()}
+    kube_client.post(cache_path(ns), compile_cache("side", {
+        "image": WORKLOAD_IMAGE, "model": {"command": "python -c pass"}, "storage": store,
+        "preload": {"mode": "Sidecar"}}))
+    kube_client.post(cache_path(ns), compile_cache("strict", {
+        "image": WORKLOAD_IMAGE, "model": {"command": "python -c pass"}, "storage": store,
+        "preload": {"mode": "Sidecar", "strict": True}}))
+    wait_condition(kube_client, ns, "side", "Ready", "True", TIMEOUT)
+    invalid = wait_condition(kube_client, ns, "strict", "Ready", "False", 30, reason="InvalidSpec")
+    (ready,) = [c for c in invalid["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready["message"].startswith("spec.preload.strict: must be false with spec.preload.mode Sidecar"), ready
+
+    # one app container sees the cache at the default place, one at its own TORCHINDUCTOR_CACHE_DIR
+    own = app_container("own", env=[{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/data/inductor"}])
+    created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", pod("app", app_container("app"), own))
+    second = kube_client.post(f"/api/v1/namespaces/{ns}/pods", pod("second", app_container("app")))
+    for admitted in (created, second):
+        (preload,) = admitted["spec"]["initContainers"]
+        assert preload["name"] == "compilecache-preload" and "restartPolicy" not in preload
+        command = preload["command"]
+        assert "--sidecar" not in command and command[command.index("--done-file") + 1] == DONE
+        annotations = admitted["metadata"]["annotations"]
+        assert annotations["compilecache.io/preload-mode"] == "InitContainer"
+        assert annotations["compilecache.io/preload-mode-reason"].startswith(FALLBACK), annotations
+    app, own_dir = created["spec"]["containers"]
+    assert env_of(app)["COMPILECACHE_PRELOAD_DONE"] == DONE
+    assert env_of(own_dir)["COMPILECACHE_PRELOAD_DONE"] == "/data/inductor/.compilecache-preload.json"
+
+    for name in ("app", "second"):
+        done = wait_for(lambda name=name: pod_terminated(kube_client, ns, name), TIMEOUT, f"pod {name} to finish")
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+        preloaded = message(done, "compilecache-preload", init=True)
+        assert preloaded["result"] == "hit", preloaded
+        for container in [c["name"] for c in done["spec"]["containers"]]:
+            waited = message(done, container)
+            assert waited["result"] == "hit" and waited["keys"] == preloaded["keys"], (container, waited)
+
+    wait_for(lambda: operator.sample("compilecache_preloads_total", namespace=ns, cache="side", result="hit") == 2,
+             30, "both hits in /metrics")
+    log = operator.log_tail(200_000)
+    assert "native sidecars not available: the API server is v1.20" in log
+    assert log.count("asks for preload.mode Sidecar") == 1, "said once per cache, not per pod"
