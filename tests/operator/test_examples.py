@@ -1,0 +1,42 @@
+"""Every CompileCache in examples/ parses with the operator's spec parser and validates against the CRD."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from compilecache_operator.spec import parse_spec
+
+from tests.operator.test_spec import validator
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+
+
+def compile_caches() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{path.name}:{doc['metadata']['name']}", doc)
+        for path in sorted(EXAMPLES_DIR.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "CompileCache"
+    ]
+
+
+EXAMPLES = compile_caches()
+
+
+def test_the_examples_hold_compile_caches() -> None:
+    assert len(EXAMPLES) >= 3
+
+
+@pytest.mark.parametrize(("name", "doc"), EXAMPLES, ids=[name for name, _ in EXAMPLES])
+def test_example_parses_and_fits_the_crd(name: str, doc: dict[str, Any]) -> None:
+    parse_spec(doc["spec"])
+    errors = [e.message for e in validator().iter_errors(doc)]
+    assert not errors, f"{name}: {errors}"
+
+
+def test_an_example_shows_sidecar_mode() -> None:
+    modes = {name: parse_spec(doc["spec"]).preload.mode for name, doc in EXAMPLES}
+    assert "Sidecar" in modes.values(), modes
