@@ -12,7 +12,14 @@ warm_start.py) in rounds, interleaved:
   preloaded-copy    a fresh copy of `preloaded`
 
 If local-copy is as fast as hot, the files decide; if it is as slow as preloaded-copy, a
-directory's first use does.
+directory's first use does. Two more samples separate the directory from the environment:
+the benchmark runs the preloaded rows with the warm-up harness's `TORCH_COMPILE_JOB_ID` (as
+the admission webhook does) and the hot row without one:
+
+  hot+job-id        `local` with the harness's job id
+  preloaded-no-job-id  `preloaded` without it
+
+`--samples` picks which samples run (default: all six).
 
     python bench/warm_start.py --device cuda --models gpt2_train --autotune-model '' \\
         --precompile none --rows cold,hot,preloaded --out OUT
@@ -30,9 +37,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.warm_start import Bench, Config, cache_verdict, median
+from bench.warm_start import Bench, Config, cache_verdict, median, print_and_save
 
 IGNORED = ("locks/", ".lock")
+SAMPLES = ("hot", "local-copy", "preloaded-again", "preloaded-copy", "hot+job-id", "preloaded-no-job-id")
+
+
+def uses_job_id(sample: str) -> bool:
+    """Whether a sample runs with the harness's TORCH_COMPILE_JOB_ID (as the benchmark's preloaded rows do)."""
+    return sample == "hot+job-id" or (sample.startswith("preloaded") and sample != "preloaded-no-job-id")
+
+
+def source_dir(sample: str) -> str:
+    """Which of the two directories (``local`` or ``preloaded``) a sample reads, or copies."""
+    return "local" if sample.startswith(("hot", "local")) else "preloaded"
 
 
 def files(root: Path) -> dict[str, int]:
@@ -62,8 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tiny", action="store_true", help="small models (as warm_start.py --tiny)")
+    p.add_argument("--samples", default=",".join(SAMPLES), help="comma-separated, from: " + ", ".join(SAMPLES))
     p.add_argument("--out", type=Path, help="write the result JSON here too")
     args = p.parse_args(argv)
+    chosen = [x for x in args.samples.split(",") if x]
+    unknown = sorted(set(chosen) - set(SAMPLES))
+    if unknown:
+        p.error(f"--samples: unknown {', '.join(unknown)} (choose from {', '.join(SAMPLES)})")
     local, preloaded = args.work / "local", args.work / "preloaded"
     for d in (local, preloaded):
         if not d.is_dir():
@@ -76,25 +99,21 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, list[float]] = {}
     verdicts: dict[str, list[str]] = {}
     for round_ in range(args.rounds):
-        for name in ("hot", "local-copy", "preloaded-again", "preloaded-copy"):
+        for name in chosen:
+            source = local if source_dir(name) == "local" else preloaded
+            target = source
             if name.endswith("-copy"):
-                source = local if name == "local-copy" else preloaded
                 target = args.work / f"probe-{name}"
                 shutil.rmtree(target, ignore_errors=True)
                 shutil.copytree(source, target)
-            else:
-                target = local if name == "hot" else preloaded
-            env = job if name.startswith("preloaded") else None
+            env = job if uses_job_id(name) else None
             row = bench.child(cfg, "compile", f"probe-{name}-{round_}", target, env=env)
             samples.setdefault(name, []).append(row.get("first_call_s", float("nan")))
             verdicts.setdefault(name, []).append(cache_verdict(row))
     result["first_call_s"] = {
         k: {"median": median(v), "all": [round(x, 3) for x in v], "cache": verdicts[k]} for k, v in samples.items()
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    print_and_save(result, args.out)
     return 0
 
 

@@ -662,6 +662,14 @@ def cache_verdict(record: dict[str, Any]) -> str:
     return "hit" if hits else "no lookups"
 
 
+def print_and_save(result: dict[str, Any], out: Path | None) -> None:
+    """A probe's result: printed as JSON, and written to ``out`` too when given."""
+    text = json.dumps(result, indent=1)
+    print(text)
+    if out:
+        out.write_text(text)
+
+
 def median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
