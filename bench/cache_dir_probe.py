@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     verdicts: dict[str, list[str]] = {}
     for round_ in range(args.rounds):
         for name in chosen:
-            source = local if source_dir(name) == "local" else preloaded
-            target = source
+            source = target = {"local": local, "preloaded": preloaded}[source_dir(name)]
             if name.endswith("-copy"):
                 target = args.work / f"probe-{name}"
                 shutil.rmtree(target, ignore_errors=True)

@@ -50,9 +50,11 @@ def plan(rounds: int, cold_rounds: int) -> list[tuple[str, dict[str, str] | None
 
 def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per sample name: the median and every value of each measure, and each sample's cache verdict."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:  # "hot-no-warm-pool-3" -> "hot-no-warm-pool", in the order they ran
+        groups.setdefault(r["name"].rsplit("-", 1)[0], []).append(r)
     out: dict[str, Any] = {}
-    for name in dict.fromkeys(r["name"].rsplit("-", 1)[0] for r in records):
-        rows = [r for r in records if r["name"].rsplit("-", 1)[0] == name]
+    for name, rows in groups.items():
         entry: dict[str, Any] = {"cache": [cache_verdict(r) for r in rows], "ok": all(r.get("ok") for r in rows)}
         for key in MEASURES:
             values = [float(r[key]) for r in rows if key in r]
