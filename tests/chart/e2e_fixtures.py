@@ -16,7 +16,8 @@ import pytest
 from tests.chart.chart import CHART_DIR, helm, parse_manifests
 from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
 from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeAPIError, KubeClient
+from tests.infra.kube.namespaces import create_namespace, delete_namespace
+from tests.infra.kube.rest import KubeClient
 
 __all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]
 
@@ -49,16 +50,6 @@ class Release:
         return parse_manifests(self.helm("get", "manifest", self.name).stdout)
 
 
-def create_namespace(client: KubeClient, name: str) -> None:
-    client.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-
-
-def delete_namespace(client: KubeClient, name: str) -> None:
-    try:
-        client.delete(f"/api/v1/namespaces/{name}")
-    except KubeAPIError as error:
-        if error.status != 404:
-            raise
 
 
 @pytest.fixture
@@ -72,8 +63,8 @@ def helm_env(kube_cluster: LocalCluster, tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def release_namespace(kube_client: KubeClient) -> Iterator[str]:
-    name = f"ccs-{uuid.uuid4().hex[:4]}"
-    create_namespace(kube_client, name)
+    """The release's namespace, enforcing the "restricted" Pod Security Standard like the workloads' ones."""
+    name = create_namespace(kube_client, "restricted", prefix="ccs")
     yield name
     delete_namespace(kube_client, name)
 

@@ -7,6 +7,7 @@ import http.server
 import json
 import ssl
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.pki import CertificateAuthority
 from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.nodeagent import NodeAgent
+from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -35,17 +37,19 @@ pathlib.Path(sys.argv[2]).write_text(json.dumps(report))
 
 
 def job_body(name: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """A Job whose pod passes the "restricted" Pod Security Standard of the test namespaces."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name},
-        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", **pod_spec}}},
+        "spec": {"backoffLimit": 0, "template": {"spec": restricted({"restartPolicy": "Never", **pod_spec})}},
     }
 
 
 def pod_body(name: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """A pod that passes the "restricted" Pod Security Standard of the test namespaces."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", **pod_spec}}
+            "spec": restricted({"restartPolicy": "Never", **pod_spec})}
 
 
 def python_container(name: str, *argv: str, **extra: Any) -> dict[str, Any]:
@@ -215,8 +219,10 @@ pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(settings + "
 
 
 def test_restart_on_failure_with_config_map_secret_and_host_path(
-    kube_cluster: LocalCluster, kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str
+    kube_cluster: LocalCluster, kube_client: KubeClient, node_agent: NodeAgent,
+    namespace_factory: Callable[[str | None], str],
 ) -> None:
+    kube_namespace = namespace_factory("privileged")  # hostPath volumes are refused by "baseline" and stricter
     ns = f"/api/v1/namespaces/{kube_namespace}"
     kube_client.post(f"{ns}/configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
                                           "data": {"mode": "max-autotune"}})
@@ -318,3 +324,96 @@ def test_service_addressed_webhook_reaches_a_host_process_through_endpoints(
     finally:
         kube_client.delete(f"{webhooks}/{kube_namespace}")
         server.shutdown()
+
+
+def test_restricted_namespace_refuses_a_pod_that_breaks_the_standard(
+    kube_client: KubeClient, kube_namespace: str, baseline_namespace: str
+) -> None:
+    loose = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "loose"},
+             "spec": {"restartPolicy": "Never", "containers": [python_container("c", "pass")]}}
+    with pytest.raises(KubeAPIError) as refused:
+        kube_client.post(f"/api/v1/namespaces/{kube_namespace}/pods", loose)
+    assert refused.value.status == 403
+    assert 'violates PodSecurity "restricted:latest"' in str(refused.value), refused.value
+    assert "allowPrivilegeEscalation != false" in str(refused.value)
+    # the same pod passes "baseline"; the restricted form of it passes "restricted"
+    kube_client.post(f"/api/v1/namespaces/{baseline_namespace}/pods", loose)
+    kube_client.post(f"/api/v1/namespaces/{kube_namespace}/pods", pod_body("careful", {
+        "containers": [python_container("c", "pass")]}))
+
+
+WHO_AM_I = """
+import json, os, pathlib, sys
+result = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups())}
+for index, name in enumerate(sys.argv[1:]):
+    try:
+        (pathlib.Path(name) / "probe").write_text("x")
+        result[index] = "written"
+    except PermissionError as error:
+        result[index] = f"PermissionError: {error.strerror}"
+pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(json.dumps(result))
+"""
+
+
+def test_containers_run_as_their_pod_says_and_volumes_have_kubelet_ownership(
+    kube_client: KubeClient, node_agent: NodeAgent, namespace_factory: Callable[[str | None], str]
+) -> None:
+    ns = namespace_factory("privileged")
+    spec = restricted({
+        "restartPolicy": "Never",
+        "volumes": [{"name": "scratch", "emptyDir": {}},
+                    {"name": "node", "hostPath": {"path": f"/var/cache/{ns}", "type": "DirectoryOrCreate"}}],
+        "containers": [python_container(
+            "app", WHO_AM_I, "/scratch", "/node",
+            volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}, {"name": "node", "mountPath": "/node"}])],
+    }, uid=1234, gid=2345, fs_group=3456)
+    kube_client.post(f"/api/v1/namespaces/{ns}/pods", {"apiVersion": "v1", "kind": "Pod",
+                                                       "metadata": {"name": "who"}, "spec": spec})
+    done = wait_for(lambda: pod_in_phase(kube_client, ns, "who", "Succeeded"), 30, "the pod to finish")
+    (status,) = done["status"]["containerStatuses"]
+    report = json.loads(status["state"]["terminated"]["message"])
+    assert (report["uid"], report["gid"]) == (1234, 2345) and 3456 in report["groups"], report
+    assert report["0"] == "written"  # /scratch, an emptyDir: 0777, group fsGroup, setgid
+    assert report["1"].startswith("PermissionError"), report  # /node, a hostPath made by the kubelet: root 0755
+    scratch = node_agent.pod_dir(ns, "who") / "volumes" / "scratch"  # type: ignore[operator]
+    assert (scratch / "probe").stat().st_gid == 3456
+
+
+SIDECAR = """
+import os, pathlib, signal, sys, time
+pathlib.Path(sys.argv[1], "ready").write_text("sidecar ran first")
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while True:
+    time.sleep(1)
+"""
+
+
+# A kubelet starts the next container once the sidecar has started (no startup probe here), not once it is
+# done with anything: the app waits for the sidecar's file, as a workload waits for its preload.
+WAIT_FOR_SIDECAR = """
+import os, pathlib, sys, time
+ready = pathlib.Path(sys.argv[1])
+for _ in range(100):
+    if ready.exists():
+        break
+    time.sleep(0.1)
+pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(ready.read_text())
+"""
+
+
+def test_native_sidecar_starts_before_the_app_and_stops_after_it(
+    kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str
+) -> None:
+    shared = [{"name": "shared", "mountPath": "/shared"}]
+    spec = {
+        "volumes": [{"name": "shared", "emptyDir": {}}],
+        "initContainers": [python_container("side", SIDECAR, "/shared", restartPolicy="Always", volumeMounts=shared)],
+        "containers": [python_container("app", WAIT_FOR_SIDECAR, "/shared/ready", volumeMounts=shared)],
+    }
+    created = kube_client.post(f"/api/v1/namespaces/{kube_namespace}/pods", pod_body("sidecar", spec))
+    assert created["spec"]["initContainers"][0]["restartPolicy"] == "Always"  # the API server knows sidecars
+    done = wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "sidecar", "Succeeded"), 30, "the pod")
+    (app,) = done["status"]["containerStatuses"]
+    assert app["state"]["terminated"]["message"] == "sidecar ran first"
+    (side,) = done["status"]["initContainerStatuses"]
+    assert side["state"]["terminated"]["exitCode"] == 0 and side["restartCount"] == 0, side

@@ -15,8 +15,16 @@ What it does:
   waiting with reason ``ErrImageNeverPull``, as a kubelet with ``imagePullPolicy: Never`` reports it.
 - Containers: init containers run one after another, then all app containers at once, each as a process
   group in its own working directory (``containers/<name>`` under the pod directory), on the host network.
+  A native sidecar (an init container with ``restartPolicy: Always``) only has to start before the next
+  container; it keeps running (restarted whatever its exit code) and is stopped after the app containers.
+- Users: every process runs as the uid, gid and supplementary groups (fsGroup, supplementalGroups) its
+  pod spec gives it (the container's securityContext over the pod's, else the image's USER from its
+  ``Runtime``), through ``setpriv``; ``runAsNonRoot`` with uid 0 is refused as a kubelet refuses it.
+  Read-only root file systems and capabilities cannot be imitated by a process: they are enforced only
+  for images that run as real containers.
   Each container's stdout and stderr go to ``logs/<name>.log`` (see ``container_log``/``describe``).
-- Volumes: emptyDir → a fresh directory per pod; hostPath → ``<root>/hostpath/<path>`` shared by the pods
+- Volumes: emptyDir → a fresh directory per pod, 0777, or with a pod fsGroup group-owned by it and setgid
+  (kubelet's ownership management); hostPath → ``<root>/hostpath/<path>`` shared by the pods
   of this node; configMap, secret, downwardAPI and projected (those three plus serviceAccountToken via
   TokenRequest) → files written from the API objects. A missing non-optional ConfigMap/Secret keeps the
   containers waiting (``ContainerCreating``/``CreateContainerConfigError``) and is retried.
@@ -54,14 +62,14 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from tests.infra import podspec
-from tests.infra.kube.cluster import die_with_parent
+from tests.infra import containers, podspec
+from tests.infra.kube.cluster import die_with_parent, versions
 from tests.infra.kube.rest import KubeAPIError, KubeClient
 
 JSON = dict[str, Any]
@@ -70,7 +78,7 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.1
 RETRY_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 10.0
-KUBELET_VERSION = "v1.20.2"
+KUBELET_VERSION = "v" + versions()["KUBE_VERSION"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,11 @@ class Runtime:
     env: Mapping[str, str] = field(default_factory=dict)
     entrypoint: tuple[str, ...] = ()
     image_paths: Mapping[str, str] = field(default_factory=dict)
+    user: tuple[int, int] = (0, 0)
+    """uid and gid of the image's USER: what the processes run as when the pod's securityContext says nothing."""
+    container_image: str | None = None
+    """A local podman image: the containers of this image family run as real containers from it (see
+    tests/infra/containers.py), with their securityContext and volume mounts, instead of as processes."""
 
 
 class ContainerBlocked(Exception):
@@ -125,6 +138,7 @@ class ContainerRun:
 
     def __init__(self, spec: JSON, is_init: bool, pod_dir: Path) -> None:
         self.spec, self.is_init = spec, is_init
+        self.sidecar = is_init and podspec.is_native_sidecar(spec)
         self.name: str = spec["name"]
         self.cwd = pod_dir / "containers" / self.name
         self.log_path = pod_dir / "logs" / f"{self.name}.log"
@@ -140,6 +154,7 @@ class ContainerRun:
         self.next_start = 0.0
         self.final = False
         self.ever_started = False
+        self.container_name: str | None = None
 
     @property
     def running(self) -> bool:
@@ -155,7 +170,7 @@ class ContainerRun:
             "image": self.spec.get("image", ""),
             "imageID": "",
             "containerID": f"local://{self.process.pid}" if self.process else "",
-            "ready": self.succeeded if self.is_init else self.running,
+            "ready": self.running if self.sidecar or not self.is_init else self.succeeded,
             "started": self.running,
             "restartCount": self.restart_count,
             "state": self.state,
@@ -227,15 +242,30 @@ class PodRunner(threading.Thread):
         self.agent.record(f"pod {self.namespace}/{self.pod_name}: starting on {self.agent.node_name}")
         self._publish()
         self._prepare_volumes()
+        sidecars: list[ContainerRun] = []
         for run in self.inits:
-            self._drive([run])
+            if run.sidecar:
+                # A native sidecar (restartPolicy: Always) only has to start before the next container.
+                self._drive([*sidecars, run], until=lambda run=run: run.running)  # type: ignore[misc]
+                sidecars.append(run)
+                continue
+            self._drive([*sidecars, run], until=lambda run=run: run.final)  # type: ignore[misc]
             if not run.succeeded:
+                self._stop_sidecars(sidecars)
                 self._finish("Failed")
                 return
         self.initialized = True
         self._publish()
-        self._drive(self.apps)
+        self._drive([*sidecars, *self.apps], until=lambda: all(run.final for run in self.apps))
+        self._stop_sidecars(sidecars)
         self._finish("Succeeded" if all(run.succeeded for run in self.apps) else "Failed")
+
+    def _stop_sidecars(self, sidecars: list[ContainerRun]) -> None:
+        """Once the app containers are done, a kubelet stops the sidecars (in reverse order)."""
+        for run in reversed(sidecars):
+            run.final = True
+            self._terminate([run])
+        self._publish()
 
     def _finish(self, phase: str) -> None:
         self.phase = phase
@@ -278,7 +308,7 @@ class PodRunner(threading.Thread):
 
     # -- containers ----------------------------------------------------------------------------------
 
-    def _drive(self, runs: list[ContainerRun]) -> None:
+    def _drive(self, runs: list[ContainerRun], until: Callable[[], bool]) -> None:
         while True:
             self._check_interrupts()
             changed = False
@@ -286,7 +316,7 @@ class PodRunner(threading.Thread):
                 changed = self._step(run) or changed
             if changed:
                 self._publish()
-            if all(run.final for run in runs):
+            if until():
                 return
             self.cancelled.wait(POLL_SECONDS)
 
@@ -317,10 +347,13 @@ class PodRunner(threading.Thread):
         run.started_at = podspec.now_rfc3339()
         run.ever_started = True
         try:
-            run.process = subprocess.Popen(
-                die_with_parent(argv), cwd=cwd, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
+            if run.container_name:
+                run.process = containers.start_container(argv, output=run.log_file)
+            else:
+                run.process = subprocess.Popen(
+                    die_with_parent(argv), cwd=cwd, env=env, stdout=run.log_file, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                )
         except OSError as error:
             run.log_file.write(f"failed to start {argv!r}: {error}\n".encode())
             self._record_exit(run, 128, reason="StartError", message=f"failed to start container: {error}")
@@ -345,7 +378,9 @@ class PodRunner(threading.Thread):
             )
         run.state = {"terminated": podspec.terminated_state(exit_code, run.started_at, message, reason)}
         self.agent.record(f"pod {self.namespace}/{self.pod_name}: container {run.name} exited {exit_code}")
-        if exit_code == 0 or self.restart_policy == "Never" or not restart:
+        if run.sidecar and restart and not run.final:
+            pass  # a native sidecar is restarted whatever its exit code, while the pod runs
+        elif exit_code == 0 or self.restart_policy == "Never" or not restart:
             run.final = True
             return
         run.last_state, run.restart_count = run.state, run.restart_count + 1
@@ -361,6 +396,8 @@ class PodRunner(threading.Thread):
             raise ContainerBlocked(
                 "ErrImageNeverPull", f'Container image "{image}" is not present with pull policy of Never'
             )
+        if runtime.container_image:
+            return self._prepare_real_container(run, runtime, runtime.container_image)
         table = self._path_table(run, runtime)
         termination = self._termination_file(run, table)
         table = podspec.path_table(table)
@@ -374,12 +411,56 @@ class PodRunner(threading.Thread):
         cwd = run.spec.get("workingDir")
         cwd = podspec.translate(cwd, table) if cwd else str(run.cwd)
         Path(cwd).mkdir(parents=True, exist_ok=True)
-        return argv, env, cwd, termination
+        return self._as_pod_user(run, runtime, argv, [Path(cwd), run.cwd, termination]), env, cwd, termination
+
+    def _prepare_real_container(
+        self, run: ContainerRun, runtime: Runtime, image: str
+    ) -> tuple[list[str], dict[str, str], str, Path]:
+        """A real container under podman: its volumes mounted where the spec says, its securityContext
+        enforced by the runtime, its termination message file mounted at terminationMessagePath."""
+        mounts: dict[str, containers.VolumeMount] = {}
+        for mount in run.spec.get("volumeMounts") or []:
+            host = self.volumes[mount["name"]]
+            if mount.get("subPath"):
+                host = host / mount["subPath"]
+                host.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = containers.VolumeMount(host, bool(mount.get("readOnly")))
+        termination = containers.prepare_termination_file(run.termination_path)
+        env = self.agent.env.build_for_container(self.pod, run.spec, runtime)
+        run.container_name = containers.container_name(self.pod["metadata"], run.name, run.restart_count)
+        try:
+            argv = containers.podman_run_argv(
+                run.spec, self.spec.get("securityContext"), mounts, name=run.container_name, image=image,
+                image_user=self.agent.image_user(image), env=env, termination_file=termination,
+                pod=containers.format_pod(self.pod["metadata"]),
+            )
+        except containers.ContainerConfigError as refused:
+            run.container_name = None
+            raise ContainerBlocked(refused.reason, str(refused)) from refused
+        return argv, env, str(run.cwd), termination
+
+    def _as_pod_user(self, run: ContainerRun, runtime: Runtime, argv: list[str], own: list[Path]) -> list[str]:
+        """Run the process as the uid, gid and groups the pod spec gives it (as a kubelet would), so that a
+        permission mismatch fails here as it would on a node. The container's private directories (working
+        directory, termination file) are handed to that uid, as a container's own root file system would be."""
+        try:
+            uid, gid, groups = podspec.container_identity(self.pod, run.spec, runtime.user)
+        except podspec.RunAsRootRefused as refused:
+            raise ContainerBlocked("CreateContainerConfigError", str(refused)) from refused
+        if (uid, gid, groups) == (os.getuid(), os.getgid(), ()) and os.getuid() == 0:
+            return argv
+        for path in own:
+            os.chown(path, uid, gid)
+        group_flag = ["--groups", ",".join(map(str, groups))] if groups else ["--clear-groups"]
+        return ["setpriv", f"--reuid={uid}", f"--regid={gid}", *group_flag, "--", *argv]
 
     def _kill_all(self) -> None:
+        self._terminate(self.inits + self.apps)
+
+    def _terminate(self, runs: list[ContainerRun]) -> None:
         grace = float(self.spec.get("terminationGracePeriodSeconds", 30))
         grace = min(grace, self.agent.max_grace_seconds)
-        running = [run for run in self.inits + self.apps if run.process is not None]
+        running = [run for run in runs if run.process is not None]
         for run in running:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.process.pid, signal.SIGTERM)  # type: ignore[union-attr]
@@ -390,10 +471,13 @@ class PodRunner(threading.Thread):
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                if run.container_name:
+                    containers.kill_container(run.container_name)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-            self._record_exit(run, podspec.exit_code_of(process.returncode or -signal.SIGKILL), restart=False)
+            returncode = -signal.SIGKILL if process.returncode is None else process.returncode
+            self._record_exit(run, podspec.exit_code_of(returncode), restart=False)
 
     # -- status --------------------------------------------------------------------------------------
 
@@ -474,8 +558,7 @@ class VolumeMaker:
         name = str(volume["name"])
         target: Path = pod_dir / "volumes" / name
         if "emptyDir" in volume:
-            target.mkdir(parents=True, exist_ok=True)
-            return target
+            return containers.setup_empty_dir(target, podspec.pod_fs_group(pod))
         if "hostPath" in volume:
             return self._host_path(volume["hostPath"])
         sources = self._sources(volume, name)
@@ -491,9 +574,11 @@ class VolumeMaker:
         if host.get("type") in ("File", "FileOrCreate"):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.touch(exist_ok=True)
-        else:
-            path.mkdir(parents=True, exist_ok=True)
-        return path
+            return path
+        try:
+            return containers.setup_host_path(path, host.get("type") or "DirectoryOrCreate")
+        except containers.ContainerConfigError as refused:
+            raise ContainerBlocked("ContainerCreating", str(refused)) from refused
 
     @staticmethod
     def _sources(volume: JSON, name: str) -> list[JSON]:
@@ -575,7 +660,6 @@ class EnvBuilder:
     def build(
         self, pod: JSON, container: JSON, runtime: Runtime, table: list[tuple[str, str]], cwd: Path
     ) -> dict[str, str]:
-        namespace = pod["metadata"]["namespace"]
         env = {
             "PATH": os.pathsep.join([*runtime.path, os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")]),
             "HOME": str(cwd),
@@ -587,6 +671,24 @@ class EnvBuilder:
             "KUBERNETES_SERVICE_PORT_HTTPS": self.service_port,
         }
         env.update(runtime.env)
+        self._add_declared(pod, container, env, table)
+        return env
+
+    def build_for_container(self, pod: JSON, container: JSON, runtime: Runtime) -> dict[str, str]:
+        """The environment of a real container: the image keeps its own PATH and HOME; the kubelet adds
+        the API server's address, HOSTNAME, then envFrom and env (paths are real mounts, nothing rewritten)."""
+        env = {
+            "HOSTNAME": pod["metadata"]["name"],
+            "KUBERNETES_SERVICE_HOST": self.service_host,
+            "KUBERNETES_SERVICE_PORT": self.service_port,
+            "KUBERNETES_SERVICE_PORT_HTTPS": self.service_port,
+            **runtime.env,
+        }
+        self._add_declared(pod, container, env, [])
+        return env
+
+    def _add_declared(self, pod: JSON, container: JSON, env: dict[str, str], table: list[tuple[str, str]]) -> None:
+        namespace = pod["metadata"]["namespace"]
         for source in container.get("envFrom") or []:
             kind = "configMap" if "configMapRef" in source else "secret"
             ref = source.get("configMapRef") or source.get("secretRef") or {}
@@ -597,7 +699,6 @@ class EnvBuilder:
             value = self._value(pod, variable, env)
             if value is not None:
                 env[variable["name"]] = podspec.translate(value, table)
-        return env
 
     def _value(self, pod: JSON, variable: JSON, env: Mapping[str, str]) -> str | None:
         if "valueFrom" not in variable:
@@ -660,6 +761,7 @@ class NodeAgent:
         self.namespaces = namespaces
         self._own_root = root is None
         self.root = root or Path(tempfile.mkdtemp(prefix=f"nodeagent-{node_name}-"))
+        self.root.chmod(0o755)  # containers run as the uids their pods say: they must reach their directories
         self.keep_root = keep_root
         self.node_ip = node_ip or _detect_node_ip()
         self.heartbeat_seconds = heartbeat_seconds
@@ -672,6 +774,7 @@ class NodeAgent:
         self._runners: dict[str, PodRunner] = {}
         self._done: set[str] = set()
         self._pod_dirs: dict[tuple[str, str], Path] = {}
+        self._image_users: dict[str, str] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -743,6 +846,16 @@ class NodeAgent:
         return "\n".join(lines)
 
     # -- node ----------------------------------------------------------------------------------------
+
+    def image_user(self, image: str) -> str:
+        """The USER of a local podman image (cached: podman image inspect takes a while)."""
+        with self._lock:
+            known = self._image_users.get(image)
+        if known is None:
+            known = containers.image_user(image)
+            with self._lock:
+                self._image_users[image] = known
+        return known
 
     def runtime_for(self, image: str) -> Runtime | None:
         matches = [prefix for prefix in self.images if image.startswith(prefix)]

@@ -1,152 +1,121 @@
 #!/usr/bin/env bash
-# Build (or reuse) kube-apiserver and kube-controller-manager for the end-to-end tests.
+# Build (or reuse) the local control plane of the end-to-end tests: kube-apiserver and
+# kube-controller-manager from the Go module k8s.io/kubernetes, and etcd from go.etcd.io/etcd.
 #
-# No published package ships a kube-apiserver binary. Debian bookworm's `kubernetes` source package
-# builds one offline with Debian's own Go toolchain. The binaries land in the cache directory
-# (outside the checkout) so that a warm machine skips the build:
+# The binaries land in the cache directory, outside the checkout and keyed by version, so a warm
+# machine (and CI's fresh clone on it) skips the build:
 #
-#   ${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}/kube/bin/{kube-apiserver,kube-controller-manager}
+#   ${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}/kube-v$KUBE_VERSION/bin/{kube-apiserver,kube-controller-manager}
+#   ${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}/etcd-v$ETCD_VERSION/bin/etcd
 #
-# Idempotent and non-interactive; run as root on Debian bookworm. etcd comes from Debian's etcd-server.
-# Set KUBE_BUILD_FORCE=1 to rebuild even when the binaries are present.
+# k8s.io/kubernetes cannot be `go install`ed: its go.mod replaces every k8s.io staging module with
+# ./staging/... . A throwaway module requires it and maps each of those staging modules to the same
+# module at v0.Y.Z, which the module proxy serves.
+#
+# Idempotent and non-interactive. Needs Go >= the go directive of k8s.io/kubernetes (1.26 for 1.37);
+# GOTOOLCHAIN=auto fetches a newer toolchain as a module when the machine's is older.
+# The versions live in versions.env beside this script (KUBE_BUILD_VERSION / ETCD_BUILD_VERSION override them); KUBE_BUILD_FORCE=1 rebuilds what is present.
 set -euo pipefail
 
-KUBE_SOURCE_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
-KUBE_GIT_VERSION_STRING="v1.20.2"
-BINARIES=(kube-apiserver kube-controller-manager)
-RUNTIME_PACKAGES=(etcd-server)
-BUILD_PACKAGES=(golang-go dpkg-dev golang-github-modern-go-reflect2-dev rsync make gcc libc6-dev ca-certificates)
+# shellcheck source=versions.env
+source "$(dirname "${BASH_SOURCE[0]}")/versions.env"
+KUBE_VERSION="${KUBE_BUILD_VERSION:-$KUBE_VERSION}"
+ETCD_VERSION="${ETCD_BUILD_VERSION:-$ETCD_VERSION}"
 
 CACHE_DIR="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
-KUBE_DIR="$CACHE_DIR/kube"
-BIN_DIR="$KUBE_DIR/bin"
+KUBE_DIR="$CACHE_DIR/kube-v$KUBE_VERSION"
+ETCD_DIR="$CACHE_DIR/etcd-v$ETCD_VERSION"
+export GOMODCACHE="$CACHE_DIR/go/mod"
+export GOCACHE="$CACHE_DIR/go/build"
+export GOFLAGS=-mod=mod
+export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+export CGO_ENABLED=0
 started=$(date +%s)
 
-log() { printf '[kube-build %3ss] %s\n' "$(( $(date +%s) - started ))" "$*"; }
+log() { printf '[kube-build %4ss] %s\n' "$(( $(date +%s) - started ))" "$*"; }
 die() { log "error: $*" >&2; exit 1; }
 
-[[ $(id -u) -eq 0 ]] || die "run as root (it installs Debian packages with apt-get)"
-command -v apt-get >/dev/null || die "apt-get not found: this script needs Debian bookworm"
+command -v go >/dev/null || die "go not found on PATH: install Go >= 1.26 (Debian: golang from backports, or go.dev's tarball)"
 
-export DEBIAN_FRONTEND=noninteractive
-
-apt_updated=0
-apt_install() {
-    local missing=()
-    local pkg
-    for pkg in "$@"; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-    done
-    if [[ ${#missing[@]} -eq 0 ]]; then
-        log "packages already installed: $*"
-        return
-    fi
-    if [[ $apt_updated -eq 0 ]]; then
-        log "apt-get update"
-        apt-get update -qq
-        apt_updated=1
-    fi
-    log "apt-get install ${missing[*]}"
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
-
-binaries_usable() {
-    local name
-    for name in "${BINARIES[@]}"; do
-        [[ -x "$BIN_DIR/$name" ]] || return 1
-        "$BIN_DIR/$name" --version >/dev/null 2>&1 || return 1
+usable() {  # usable BINARY... : every one exists and prints its version
+    local bin
+    for bin in "$@"; do
+        [[ -x "$bin" ]] && "$bin" --version >/dev/null 2>&1 || return 1
     done
 }
 
-apt_install "${RUNTIME_PACKAGES[@]}"
-command -v etcd >/dev/null || die "etcd not on PATH after installing etcd-server"
+build_kube() {
+    local minor work gomod staging
+    minor="${KUBE_VERSION#*.}"; minor="${minor%%.*}"
+    work="$KUBE_DIR/module"
+    rm -rf "$work"; mkdir -p "$work" "$KUBE_DIR/bin"
+    log "go mod download k8s.io/kubernetes@v$KUBE_VERSION"
+    gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" \
+        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+    [[ -f "$gomod" ]] || die "go.mod of k8s.io/kubernetes@v$KUBE_VERSION not downloaded"
+    staging=$(sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/.*|\1|p' "$gomod")
+    [[ -n "$staging" ]] || die "no staging replaces found in $gomod"
+    {
+        echo "module compilecache.test/controlplane"
+        echo
+        grep -m1 '^go ' "$gomod"
+        grep '^godebug ' "$gomod" || true
+        echo
+        echo "require k8s.io/kubernetes v$KUBE_VERSION"
+        echo
+        echo "replace ("
+        for mod in $staging; do echo "	$mod => $mod v0.$minor.${KUBE_VERSION##*.}"; done
+        echo ")"
+    } >"$work/go.mod"
+    cat >"$work/tools.go" <<'EOF'
+//go:build tools
 
-if [[ "${KUBE_BUILD_FORCE:-0}" != 1 ]] && binaries_usable; then
-    for name in "${BINARIES[@]}"; do
-        log "reusing $BIN_DIR/$name ($("$BIN_DIR/$name" --version))"
-    done
-    log "done (nothing to build)"
-    exit 0
-fi
+package tools
 
-apt_install "${BUILD_PACKAGES[@]}"
-
-# A private apt configuration holding deb-src twins of the machine's Debian entries: the machine's
-# own /etc/apt stays untouched.
-APT_DIR="$KUBE_DIR/apt"
-rm -rf "$APT_DIR"
-mkdir -p "$APT_DIR/sources.list.d" "$APT_DIR/lists/partial" "$APT_DIR/archives/partial"
-shopt -s nullglob
-sources=(/etc/apt/sources.list.d/*.sources)
-lists=(/etc/apt/sources.list /etc/apt/sources.list.d/*.list)
-shopt -u nullglob
-for file in "${sources[@]}"; do
-    # deb822 stanzas: keep those whose URIs are Debian's archive, turn "Types: deb" into "Types: deb-src".
-    awk 'BEGIN { RS=""; ORS="\n\n" }
-         /URIs:[^\n]*debian/ && /Types:[^\n]*deb/ { sub(/Types:[^\n]*/, "Types: deb-src"); print }' \
-        "$file" >"$APT_DIR/sources.list.d/$(basename "$file")"
-done
-for file in "${lists[@]}"; do
-    [[ -f "$file" ]] || continue
-    grep -E '^deb[[:space:]].*debian' "$file" | sed -E 's/^deb[[:space:]]/deb-src /' \
-        >"$APT_DIR/sources.list.d/$(basename "$file" .list)-src.list" || true
-done
-grep -rqs . "$APT_DIR/sources.list.d" || die "no Debian source entry found under /etc/apt to derive a deb-src entry from"
-APT_OPTS=(
-    -o "Dir::Etc::SourceList=/dev/null"
-    -o "Dir::Etc::SourceParts=$APT_DIR/sources.list.d"
-    -o "Dir::State::Lists=$APT_DIR/lists"
-    -o "Dir::Cache::Archives=$APT_DIR/archives"
-    -o "APT::Sandbox::User=root"
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 )
-log "apt-get update (private deb-src lists in $APT_DIR)"
-apt-get "${APT_OPTS[@]}" update -qq
+EOF
+    log "resolving the module graph (first run downloads ~1 GB of modules into $GOMODCACHE)"
+    (cd "$work" && go mod tidy -e >"$KUBE_DIR/tidy.log" 2>&1) || { tail -n 40 "$KUBE_DIR/tidy.log" >&2; die "go mod tidy failed"; }
+    local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$KUBE_VERSION"
+    ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+    ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+    log "go build kube-apiserver kube-controller-manager (minutes on 2 cores)"
+    (cd "$work" && go build -trimpath -ldflags "$ldflags" -o "$KUBE_DIR/bin/" \
+        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+        >"$KUBE_DIR/build.log" 2>&1) || { tail -n 60 "$KUBE_DIR/build.log" >&2; die "go build failed (log: $KUBE_DIR/build.log)"; }
+    rm -rf "$work"
+}
 
-SRC_DIR="$KUBE_DIR/src"
-rm -rf "$SRC_DIR"
-mkdir -p "$SRC_DIR"
-log "apt-get source kubernetes=$KUBE_SOURCE_VERSION"
-(cd "$SRC_DIR" && apt-get "${APT_OPTS[@]}" source -qq "kubernetes=$KUBE_SOURCE_VERSION" >/dev/null)
-TREE=$(find "$SRC_DIR" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*' | head -n1)
-[[ -n "$TREE" && -f "$TREE/Makefile" ]] || die "unpacked source tree not found under $SRC_DIR"
-log "source tree: $TREE"
+build_etcd() {
+    # etcd's server module carries replace directives too (so no `go install mod@version`): a
+    # throwaway module requires it and builds its main package.
+    local work="$ETCD_DIR/module"
+    rm -rf "$work"; mkdir -p "$work" "$ETCD_DIR/bin"
+    printf 'module compilecache.test/etcd\n\ngo 1.24\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$ETCD_VERSION" >"$work/go.mod"
+    printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' >"$work/tools.go"
+    log "go build go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+    (cd "$work" && go mod tidy -e >"$ETCD_DIR/build.log" 2>&1 \
+        && go build -trimpath -ldflags "-s -w" -o "$ETCD_DIR/bin/etcd" go.etcd.io/etcd/server/v3 >>"$ETCD_DIR/build.log" 2>&1) \
+        || { tail -n 40 "$ETCD_DIR/build.log" >&2; die "building etcd failed (log: $ETCD_DIR/build.log)"; }
+    rm -rf "$work"
+}
 
-# The vendored reflect2 1.0.1 crashes under Go >= 1.18; Debian's packaged copy (1.0.2) does not.
-REFLECT2=/usr/share/gocode/src/github.com/modern-go/reflect2
-[[ -d "$REFLECT2" ]] || die "$REFLECT2 missing (golang-github-modern-go-reflect2-dev)"
-log "replacing vendor/github.com/modern-go/reflect2 with $REFLECT2"
-rm -rf "$TREE/vendor/github.com/modern-go/reflect2"
-mkdir -p "$TREE/vendor/github.com/modern-go/reflect2"
-find "$REFLECT2" -maxdepth 1 -type f -name '*.go' ! -name '*_test.go' -exec cp {} "$TREE/vendor/github.com/modern-go/reflect2/" \;
-find "$REFLECT2" -maxdepth 1 -type f -name '*.s' -exec cp {} "$TREE/vendor/github.com/modern-go/reflect2/" \;
-
-export GOCACHE="$KUBE_DIR/go-cache"
-export GOPATH="$KUBE_DIR/gopath"
-export GOFLAGS="-mod=vendor"
-export GO111MODULE=on
-export GOPROXY=off
-export KUBE_GIT_VERSION="$KUBE_GIT_VERSION_STRING"
-export KUBE_GIT_TREE_STATE=clean
-export KUBE_GIT_COMMIT=debian-"$KUBE_SOURCE_VERSION"
-mkdir -p "$GOCACHE" "$GOPATH"
 log "go: $(go version)"
-
-mkdir -p "$BIN_DIR"
-for name in "${BINARIES[@]}"; do
-    log "make WHAT=cmd/$name"
-    t0=$(date +%s)
-    make -C "$TREE" WHAT="cmd/$name" >"$KUBE_DIR/build-$name.log" 2>&1 \
-        || { tail -n 60 "$KUBE_DIR/build-$name.log" >&2; die "make WHAT=cmd/$name failed (log: $KUBE_DIR/build-$name.log)"; }
-    out=$(find "$TREE/_output" -type f -name "$name" -perm -u+x | head -n1)
-    [[ -n "$out" ]] || die "built $name not found under $TREE/_output"
-    install -m 0755 "$out" "$BIN_DIR/$name.new"
-    mv -f "$BIN_DIR/$name.new" "$BIN_DIR/$name"
-    log "built $name in $(( $(date +%s) - t0 ))s: $("$BIN_DIR/$name" --version)"
-done
-
-log "cleaning the build tree and Go caches"
-chmod -R u+w "$SRC_DIR" "$GOPATH" 2>/dev/null || true
-rm -rf "$SRC_DIR" "$GOCACHE" "$GOPATH" "$APT_DIR"
-
-binaries_usable || die "binaries in $BIN_DIR do not run"
-log "done: binaries in $BIN_DIR"
+if [[ "${KUBE_BUILD_FORCE:-0}" != 1 ]] && usable "$ETCD_DIR/bin/etcd"; then
+    log "reusing $ETCD_DIR/bin/etcd"
+else
+    t0=$(date +%s); build_etcd; log "built etcd v$ETCD_VERSION in $(( $(date +%s) - t0 ))s"
+fi
+if [[ "${KUBE_BUILD_FORCE:-0}" != 1 ]] && usable "$KUBE_DIR/bin/kube-apiserver" "$KUBE_DIR/bin/kube-controller-manager"; then
+    log "reusing $KUBE_DIR/bin ($("$KUBE_DIR/bin/kube-apiserver" --version))"
+else
+    t0=$(date +%s); build_kube; log "built kube v$KUBE_VERSION in $(( $(date +%s) - t0 ))s"
+fi
+usable "$ETCD_DIR/bin/etcd" "$KUBE_DIR/bin/kube-apiserver" "$KUBE_DIR/bin/kube-controller-manager" \
+    || die "the built binaries do not run"
+# The build cache is large and only speeds up a rebuild of the same version: keep the module cache.
+rm -rf "$GOCACHE"
+log "done: $("$KUBE_DIR/bin/kube-apiserver" --version), etcd $("$ETCD_DIR/bin/etcd" --version | head -n1)"

@@ -1,12 +1,14 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-controller-manager.
 
-``LocalCluster`` starts the three processes with TLS and RBAC, waits until the API server is ready and
-the ``default`` ServiceAccount (with its token) exists, and writes an admin kubeconfig. Nothing runs pods:
-pair it with ``tests.infra.nodeagent.NodeAgent``.
+``LocalCluster`` starts the three processes with TLS, RBAC and the admission plugins of a current cluster
+(Pod Security Admission included: a namespace labelled ``pod-security.kubernetes.io/enforce=restricted``
+has its pods judged by the API server itself), waits until the API server is ready and the ``default``
+ServiceAccount exists, and writes an admin kubeconfig. Nothing runs pods: pair it with
+``tests.infra.nodeagent.NodeAgent``.
 
 Binaries come from the environment (KUBE_APISERVER_BIN, KUBE_CONTROLLER_MANAGER_BIN, ETCD_BIN), else from
-the cache directory filled by ``tests/infra/kube/build.sh``
-(``${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/kube/bin``), else etcd from PATH.
+the cache directory filled by ``tests/infra/kube/build.sh`` at the versions of ``versions.env``
+(``${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/kube-v<version>/bin`` and ``etcd-v<version>/bin``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.wait import wait_for
 
 BUILD_COMMAND = "tests/infra/kube/build.sh"
+VERSIONS_FILE = Path(__file__).with_name("versions.env")
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 ADMISSION_PLUGINS = (
@@ -42,6 +45,7 @@ ADMISSION_PLUGINS = (
     "MutatingAdmissionWebhook",
     "ValidatingAdmissionWebhook",
     "ResourceQuota",
+    "PodSecurity",
 )
 LOG_TAIL_BYTES = 6000
 
@@ -64,11 +68,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("COMPILECACHE_TEST_CACHE") or Path.home() / ".cache" / "compilecache-test")
 
 
+def versions(text: str | None = None) -> dict[str, str]:
+    """The ``NAME=value`` lines of versions.env (the control plane's versions, shared with build.sh)."""
+    text = VERSIONS_FILE.read_text() if text is None else text
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.lstrip().startswith("#"))
+    return {name.strip(): value.strip() for name, value in pairs}
+
+
 def find_binaries() -> KubeBinaries:
     """Locate etcd, kube-apiserver and kube-controller-manager; raise BinariesMissing naming what is absent."""
-    bin_dir = cache_dir() / "kube" / "bin"
+    wanted = versions()
+    bin_dir = cache_dir() / f"kube-v{wanted['KUBE_VERSION']}" / "bin"
+    etcd_dir = cache_dir() / f"etcd-v{wanted['ETCD_VERSION']}" / "bin"
     candidates = {
-        "etcd": os.environ.get("ETCD_BIN") or shutil.which("etcd") or "/usr/bin/etcd",
+        "etcd": os.environ.get("ETCD_BIN") or str(etcd_dir / "etcd"),
         "kube-apiserver": os.environ.get("KUBE_APISERVER_BIN") or str(bin_dir / "kube-apiserver"),
         "kube-controller-manager": (
             os.environ.get("KUBE_CONTROLLER_MANAGER_BIN") or str(bin_dir / "kube-controller-manager")
@@ -78,7 +91,7 @@ def find_binaries() -> KubeBinaries:
     if missing:
         raise BinariesMissing(
             "control-plane binaries not found: " + ", ".join(missing)
-            + f"; build them with `sudo {BUILD_COMMAND}` (Debian bookworm) or set ETCD_BIN, "
+            + f"; build them with `{BUILD_COMMAND}` (Go >= 1.26 and the Go module proxy) or set ETCD_BIN, "
             "KUBE_APISERVER_BIN and KUBE_CONTROLLER_MANAGER_BIN"
         )
     return KubeBinaries(
@@ -141,9 +154,11 @@ def apiserver_args(
         str(binaries.apiserver),
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
         "--advertise-address=127.0.0.1",
+        # Current releases refuse a loopback address for the `kubernetes` Service's endpoints; nothing here
+        # routes through that Service (pods get the real address in KUBERNETES_SERVICE_HOST).
+        "--endpoint-reconciler-type=none",
         "--bind-address=127.0.0.1",
         f"--secure-port={secure_port}",
-        "--insecure-port=0",
         f"--cert-dir={pki}",
         f"--tls-cert-file={serving.cert}",
         f"--tls-private-key-file={serving.key}",
@@ -175,7 +190,6 @@ def controller_manager_args(binaries: KubeBinaries, kubeconfig: Path, ca: KeyPai
         f"--cluster-signing-key-file={ca.key}",
         "--use-service-account-credentials=true",
         "--leader-elect=false",
-        "--port=0",
         "--secure-port=0",
         "--concurrent-gc-syncs=5",
         "--v=1",
@@ -338,17 +352,18 @@ class LocalCluster:
         client = KubeClient(self.kubeconfig)
         try:
 
-            def default_service_account_has_token() -> bool:
+            def default_service_account_exists() -> bool:
+                # Pods get their token through a projected volume (TokenRequest): the account is all they need.
                 self._check_alive()
                 try:
-                    account = client.get("/api/v1/namespaces/default/serviceaccounts/default")
+                    client.get("/api/v1/namespaces/default/serviceaccounts/default")
                 except KubeAPIError as error:
                     if error.status == 404:
                         return False
                     raise
-                return bool(account.get("secrets"))
+                return True
 
-            wait_for(default_service_account_has_token, self.startup_timeout, "the default ServiceAccount's token")
+            wait_for(default_service_account_exists, self.startup_timeout, "the default ServiceAccount")
         finally:
             client.close()
 

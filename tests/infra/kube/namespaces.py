@@ -1,0 +1,38 @@
+"""Test namespaces with a Pod Security level, as the API server enforces it (Pod Security Admission)."""
+
+from __future__ import annotations
+
+import uuid
+
+from tests.infra.kube.rest import KubeAPIError, KubeClient
+from tests.infra.wait import wait_for
+
+
+def create_namespace(client: KubeClient, pod_security: str | None = "restricted", prefix: str = "e2e") -> str:
+    """A fresh namespace whose Pod Security level (``enforce``, ``warn`` and ``audit``) is ``pod_security``:
+    the API server itself refuses the pods that break it (None: no label, the cluster's default)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    labels = {f"pod-security.kubernetes.io/{mode}": pod_security for mode in ("enforce", "warn", "audit")}
+    metadata = {"name": name, "labels": labels if pod_security else {}}
+    client.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
+
+    def default_account_exists() -> bool:
+        try:
+            client.get(f"/api/v1/namespaces/{name}/serviceaccounts/default")
+        except KubeAPIError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    # The ServiceAccount admission plugin rejects pods until the namespace's default account exists.
+    wait_for(default_account_exists, 30, f"the default ServiceAccount in {name}")
+    return name
+
+
+def delete_namespace(client: KubeClient, name: str) -> None:
+    try:
+        client.delete(f"/api/v1/namespaces/{name}")
+    except KubeAPIError as error:
+        if error.status != 404:
+            raise
