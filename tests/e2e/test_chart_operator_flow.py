@@ -34,6 +34,7 @@ from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.rest import KubeClient
 from tests.infra.nodeagent import NodeAgent
+from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, pod_terminated, wait_condition
 from tests.servers import RedisServer, start_redis
@@ -111,7 +112,7 @@ def test_operator_flow_under_the_charts_rbac(
         app = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", "pass"]}
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": "app", "labels": {"compilecache.io/cache": "mlp"}},
-               "spec": {"restartPolicy": "Never", "containers": [app]}}
+               "spec": restricted({"restartPolicy": "Never", "containers": [app]})}
         created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", pod)
         assert [c["name"] for c in created["spec"]["initContainers"]] == ["compilecache-preload"]
         assert ["--key", bundle["key"]] == created["spec"]["initContainers"][0]["command"][4:6]

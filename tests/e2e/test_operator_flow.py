@@ -9,7 +9,6 @@ and the app's first compile hits torch's FX-graph cache. The operator's /metrics
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -17,8 +16,10 @@ import pytest
 from cachelib.stores import open_store
 from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
 from tests.infra.kube.rest import KubeClient
+from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
+    COMPILE_TINY_MLP,
     OperatorProcess,
     cache_path,
     compile_cache,
@@ -27,6 +28,7 @@ from tests.operator.e2e_support import (
     jobs_of,
     operator,
     pod_terminated,
+    terminated_message,
     wait_condition,
 )
 from tests.servers import RedisServer, redis_server
@@ -38,36 +40,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CACHE_LABEL = "compilecache.io/cache"
 WARM_UP_TIMEOUT = 420
 
-# The workload: compile tiny_mlp as the harness did (default options, the job id the webhook set) and
-# report torch's cache counters through the termination message.
-APP = """
-import json, os, pathlib
-from cachelib import harness
-options = harness.CompileOptions()
-harness.apply_options(options, os.environ["TORCH_COMPILE_JOB_ID"])
-harness.run_target("tiny_mlp", options)
-report = {"cache": harness.cache_summary(harness.counters_snapshot()),
-          "cache_dir": os.environ["TORCHINDUCTOR_CACHE_DIR"], "job_id": os.environ["TORCH_COMPILE_JOB_ID"]}
-pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(json.dumps(report))
-"""
-
-
 def labelled_pod(name: str, cache: str, command: list[str], **spec: Any) -> dict[str, Any]:
+    """An opted-in pod of a careful user: "restricted"-compliant, running as its own uid 1000."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {CACHE_LABEL: cache}},
-        "spec": {"restartPolicy": "Never",
-                 "containers": [{"name": "app", "image": WORKLOAD_IMAGE, "command": command}], **spec},
+        "spec": restricted({"restartPolicy": "Never",
+                            "containers": [{"name": "app", "image": WORKLOAD_IMAGE, "command": command}], **spec}),
     }
-
-
-def terminated_message(pod: dict[str, Any], container: str, init: bool = False) -> dict[str, Any]:
-    statuses = pod["status"]["initContainerStatuses" if init else "containerStatuses"]
-    (entry,) = [s for s in statuses if s["name"] == container]
-    state = entry["state"]["terminated"]
-    assert state["exitCode"] == 0, state
-    return dict(json.loads(state["message"]))
 
 
 def test_warm_up_publish_inject_preload_hit_and_count(
@@ -105,7 +86,7 @@ def test_warm_up_publish_inject_preload_hit_and_count(
 
     # a labelled pod: the real API server calls the webhook, which puts the preload container first
     created = kube_client.post(f"/api/v1/namespaces/{ns}/pods",
-                               labelled_pod("app", "mlp", ["python", "-c", APP]))
+                               labelled_pod("app", "mlp", ["python", "-c", COMPILE_TINY_MLP]))
     init = created["spec"]["initContainers"]
     assert [c["name"] for c in init] == ["compilecache-preload"]
     assert init[0]["command"][:4] == ["compilecache", "preload", "--store", store_url]

@@ -1,10 +1,12 @@
-"""``spec.preload.mode: Sidecar`` on a real API server that has no native sidecars (1.20).
+"""``spec.preload.mode: Sidecar`` on a current API server, with native sidecars.
 
-The operator reads the API server's version at start-up; the webhook then gives the cache's pods the
-preload as an init container (an API server of 1.20 drops ``restartPolicy`` from init containers, so a
-sidecar-shaped preload would never end), annotates why, and still sets the done file: the app's
-``wait_for_preload()`` finds the preload's hit where its own mount of the cache puts it. Sidecar mode
-with ``strict`` is an invalid spec. The warm-up runs ``model.command``, which keeps this short.
+The operator reads the API server's version at start-up (1.29+ has native sidecars); the webhook gives
+the cache's pods the preload as an init container with ``restartPolicy: Always`` that runs beside the
+workload, in a namespace enforcing the "restricted" Pod Security Standard, with apps running as their
+own non-root uid. The app's ``wait_for_preload()`` finds the preload's hit in the done file where its
+own mount of the cache puts it. Sidecar mode with ``strict`` is an invalid spec. The warm-up runs
+``model.command``, which keeps this short. The fallback to an init container on API servers older than
+1.29 is covered by tests/operator/test_sidecar_mode.py.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.kube.rest import KubeClient
+from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     OperatorProcess,
@@ -34,7 +37,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CACHE_LABEL = "compilecache.io/cache"
 DONE = "/var/cache/compilecache/inductor/.compilecache-preload.json"
-FALLBACK = "Sidecar needs Kubernetes 1.29+ native sidecars; the API server is v1.20"
 TIMEOUT = 240
 
 # The workload's side of the hand-off: wait for the done file named in its environment, report the result.
@@ -51,8 +53,9 @@ def app_container(name: str, **extra: Any) -> dict[str, Any]:
 
 
 def pod(name: str, *containers: dict[str, Any]) -> dict[str, Any]:
+    spec = restricted({"restartPolicy": "Never", "containers": list(containers)}, uid=1000, gid=1000)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: "side"}},
-            "spec": {"restartPolicy": "Never", "containers": list(containers)}}
+            "spec": spec}
 
 
 def message(pod: dict[str, Any], container: str, init: bool = False) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value") for e in container.get("env") or []}
 
 
-def test_sidecar_mode_falls_back_to_an_init_container_and_the_app_waits_for_the_hit(
+def test_sidecar_mode_runs_the_preload_beside_the_app_and_the_app_waits_for_the_hit(
     operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace
@@ -88,12 +91,12 @@ def test_sidecar_mode_falls_back_to_an_init_container_and_the_app_waits_for_the_
     second = kube_client.post(f"/api/v1/namespaces/{ns}/pods", pod("second", app_container("app")))
     for admitted in (created, second):
         (preload,) = admitted["spec"]["initContainers"]
-        assert preload["name"] == "compilecache-preload" and "restartPolicy" not in preload
+        assert preload["name"] == "compilecache-preload" and preload["restartPolicy"] == "Always"
         command = preload["command"]
-        assert "--sidecar" not in command and command[command.index("--done-file") + 1] == DONE
+        assert "--sidecar" in command and command[command.index("--done-file") + 1] == DONE
         annotations = admitted["metadata"]["annotations"]
-        assert annotations["compilecache.io/preload-mode"] == "InitContainer"
-        assert annotations["compilecache.io/preload-mode-reason"].startswith(FALLBACK), annotations
+        assert annotations["compilecache.io/preload-mode"] == "Sidecar"
+        assert "compilecache.io/preload-mode-reason" not in annotations, annotations
     app, own_dir = created["spec"]["containers"]
     assert env_of(app)["COMPILECACHE_PRELOAD_DONE"] == DONE
     assert env_of(own_dir)["COMPILECACHE_PRELOAD_DONE"] == "/data/inductor/.compilecache-preload.json"
@@ -109,6 +112,4 @@ def test_sidecar_mode_falls_back_to_an_init_container_and_the_app_waits_for_the_
 
     wait_for(lambda: operator.sample("compilecache_preloads_total", namespace=ns, cache="side", result="hit") == 2,
              30, "both hits in /metrics")
-    log = operator.log_tail(200_000)
-    assert "native sidecars not available: the API server is v1.20" in log
-    assert log.count("asks for preload.mode Sidecar") == 1, "said once per cache, not per pod"
+    assert "native sidecars not available" not in operator.log_tail(200_000)

@@ -7,6 +7,7 @@ webhook on loopback and writes the MutatingWebhookConfiguration pointing the rea
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -123,14 +124,15 @@ class OperatorProcess:
             return str(response.read().decode())
 
     def sample(self, name: str, **labels: str) -> float:
-        """The value of one sample of /metrics (0 when absent)."""
+        """The sum of the samples of /metrics that carry ``labels`` (among others; 0 when none)."""
+        total = 0.0
         for line in self.metrics().splitlines():
             if not line.startswith(name + "{") and not line.startswith(name + " "):
                 continue
             head, _, value = line.rpartition(" ")
             if all(f'{k}="{v}"' in head for k, v in labels.items()):
-                return float(value)
-        return 0.0
+                total += float(value)
+        return total
 
     def kill(self) -> None:
         """SIGKILL: no clean-up of any kind, as a crashed or evicted operator."""
@@ -158,6 +160,30 @@ class OperatorProcess:
         except KubeAPIError as error:
             if error.status != 404:
                 raise
+
+
+# -- the workload ---------------------------------------------------------------------------------
+# An app that compiles the built-in tiny_mlp as the harness did (default options, the job id the webhook
+# set) and reports torch's own cache counters, who it ran as and where, through its termination message.
+COMPILE_TINY_MLP = """
+import json, os, pathlib
+from cachelib import harness
+options = harness.CompileOptions()
+harness.apply_options(options, os.environ["TORCH_COMPILE_JOB_ID"])
+harness.run_target("tiny_mlp", options)
+report = {"cache": harness.cache_summary(harness.counters_snapshot()), "uid": os.getuid(), "gid": os.getgid(),
+          "cache_dir": os.environ["TORCHINDUCTOR_CACHE_DIR"], "job_id": os.environ["TORCH_COMPILE_JOB_ID"]}
+pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(json.dumps(report))
+"""
+
+
+def terminated_message(pod: dict[str, Any], container: str, init: bool = False) -> dict[str, Any]:
+    """The JSON termination message of a container that exited 0."""
+    statuses = pod["status"]["initContainerStatuses" if init else "containerStatuses"]
+    (entry,) = [s for s in statuses if s["name"] == container]
+    state = entry["state"].get("terminated")
+    assert state is not None and state["exitCode"] == 0, (container, entry["state"])
+    return dict(json.loads(state["message"]))
 
 
 # -- CompileCache helpers -------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""Opted-in pods as users' clusters run them: "restricted" namespaces, apps that run as their own uid.
+
+The API server enforces Pod Security itself: in a namespace labelled ``enforce=restricted`` it refuses
+a pod that the webhook made non-compliant, and a warm-up Job whose pod is not compliant never gets a
+pod. The node agent runs each container as the uid, gid and groups its pod spec says (and the preload
+as a real container from the preloader image, where the images are built), so a cache the app's uid
+cannot write fails as it would on a kubelet. Each app compiles the built-in ``tiny_mlp`` target the
+way the warm-up did and reports torch's own cache counters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import WORKLOAD_IMAGE
+from tests.infra.kube.rest import KubeClient
+from tests.infra.podspec import restricted
+from tests.infra.wait import wait_for
+from tests.operator.e2e_support import (
+    COMPILE_TINY_MLP,
+    OperatorProcess,
+    cache_path,
+    compile_cache,
+    crd,
+    operator,
+    pod_terminated,
+    terminated_message,
+    wait_condition,
+)
+from tests.servers import RedisServer, redis_server
+
+__all__ = ["crd", "operator", "redis_server"]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CACHE_LABEL = "compilecache.io/cache"
+WARM_UP_TIMEOUT = 420
+
+
+def app_pod(name: str, cache: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    container = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", COMPILE_TINY_MLP],
+                 "terminationMessagePolicy": "FallbackToLogsOnError"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: cache}},
+            "spec": {"restartPolicy": "Never", "containers": [container], **pod_spec}}
+
+
+def finished(client: KubeClient, namespace: str, name: str) -> dict[str, Any]:
+    pod = wait_for(lambda: pod_terminated(client, namespace, name), WARM_UP_TIMEOUT, f"pod {name} to finish")
+    return dict(pod)
+
+
+def warm_cache(client: KubeClient, namespace: str, redis: RedisServer, name: str = "mlp") -> dict[str, Any]:
+    client.post(cache_path(namespace), compile_cache(name, {
+        "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis.store_url()}}))
+    return wait_condition(client, namespace, name, "Ready", "True", WARM_UP_TIMEOUT)
+
+
+def assert_warm(pod: dict[str, Any], uid: int) -> None:
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    preload = terminated_message(pod, "compilecache-preload", init=True)
+    assert preload["result"] == "hit", preload
+    report = terminated_message(pod, "app")
+    assert report["uid"] == uid, report
+    assert report["cache"]["fxgraph_hit"] >= 1 and report["cache"]["fxgraph_miss"] == 0, report
+
+
+def test_restricted_namespace_admits_injected_pods_of_any_uid_and_they_start_warm(
+    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+) -> None:
+    ns = kube_namespace  # enforces "restricted": the warm-up Job's pod had to pass it too
+    warm_cache(kube_client, ns, redis_server)
+    pods = {
+        "own-uid": app_pod("own-uid", "mlp", restricted({}, uid=1000, gid=1000)),  # nothing in common with us
+        "fs-group": app_pod("fs-group", "mlp", restricted({}, uid=1001, gid=1001, fs_group=4000)),
+        "container-uid": app_pod("container-uid", "mlp", restricted({}, uid=1002, gid=1002)),
+    }
+    # the uid stated by the app container alone, not by the pod
+    container_uid = pods["container-uid"]["spec"]
+    container_uid["containers"] = restricted(container_uid)["containers"]
+    for key in ("runAsUser", "runAsGroup"):
+        container_uid["containers"][0]["securityContext"][key] = container_uid["securityContext"].pop(key)
+    uids = {"own-uid": 1000, "fs-group": 1001, "container-uid": 1002}
+    for name, body in pods.items():
+        body["spec"] = restricted(body["spec"]) if name != "container-uid" else body["spec"]
+        created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", body)
+        (preload,) = created["spec"]["initContainers"]
+        context = preload["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"]
+        assert context.get("readOnlyRootFilesystem") is True, context
+    for name, uid in uids.items():
+        assert_warm(finished(kube_client, ns, name), uid)
+
+
+@pytest.mark.parametrize("pod_security_level", ["baseline"])
+def test_non_root_app_writes_the_preloaded_cache(
+    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+) -> None:
+    """In a "baseline" namespace the API server lets any preload container through; what is left is the
+    permission question: an app running as uid 1000 (not the preload's) must be able to use the cache."""
+    ns = kube_namespace
+    warm_cache(kube_client, ns, redis_server)
+    pod_spec = {"securityContext": {"runAsUser": 1000, "runAsGroup": 1000}}
+    kube_client.post(f"/api/v1/namespaces/{ns}/pods", app_pod("app", "mlp", pod_spec))
+    assert_warm(finished(kube_client, ns, "app"), 1000)
