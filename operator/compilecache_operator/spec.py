@@ -1,22 +1,27 @@
 """The CompileCache spec, parsed and validated in one place.
 
-:func:`parse_spec` turns the raw ``spec`` mapping into frozen dataclasses or raises
-:class:`InvalidSpec` listing every problem with its field path (``spec.storage.url: ...``).
-It repeats the CRD schema's checks (an object can predate a schema change) and adds those the
-schema cannot express: exactly one of ``model.target``/``model.command``, a store URL that a
-backend accepts and carries no password, GPU types that stay distinct once normalised.
+:func:`parse_spec` turns the raw ``spec`` mapping (and the object's name) into frozen dataclasses
+or raises :class:`InvalidSpec` listing every problem with its field path
+(``spec.storage.url: ...``). The CRD's schema and CEL rules refuse most bad objects in the API
+server already; the checks are repeated here because an object can predate a rule (or a cluster
+may run without the CRD's rules), and this module adds what the schema cannot express: a store
+URL that a backend accepts, GPU types that stay distinct once normalised, resource quantities in
+bytes, defaults that come from the operator's flags.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit
 
+from cachelib.harness import BUILTIN_TARGETS
 from cachelib.keys import gpu_slug
-from cachelib.stores.base import StoreURLError
+from cachelib.stores.base import MAX_SEGMENT_LENGTH, StoreURLError
 from cachelib.stores.urls import parse_store_url
 
 DEFAULT_GPU_LABEL_KEY = "nvidia.com/gpu.product"
@@ -30,8 +35,17 @@ TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 INIT_CONTAINER = "InitContainer"
 SIDECAR = "Sidecar"
 PRELOAD_MODES = (INIT_CONTAINER, SIDECAR)
+DEFAULT_PRELOAD_DEADLINE_SECONDS = 30
+MAX_PRELOAD_DEADLINE_SECONDS = 600
+DEFAULT_PRELOAD_SIZE_LIMIT = "16Gi"
+DEFAULT_PRELOAD_SIZE_LIMIT_BYTES = 16 * 2**30
+DEFAULT_WARMUP_ID = 65532
+MAX_ID = 2**31 - 1
 
-_TARGET = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:)?[A-Za-z_][A-Za-z0-9_]*$")
+MAX_NAME_LENGTH = MAX_SEGMENT_LENGTH
+"""The longest CompileCache name: the name is one segment of every cache key, as it is."""
+
+_MODULE_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _BACKEND = re.compile(r"^[A-Za-z0-9_.:-]+$")
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -39,7 +53,14 @@ _QUALIFIED_NAME = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i?|[mun]|k)?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+# Kubernetes quantity suffixes: binary (Ki..Ei), decimal (k..E) and the sub-unit ones (m, u, n).
+_QUANTITY_PARTS = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([-+]?[0-9]+)|([KMGTPE]i|[kMGTPE]|[mun]))?$")
+_SUFFIX_FACTORS: dict[str, Fraction] = {
+    "": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+    **{s: Fraction(1000**i) for i, s in enumerate(("k", "M", "G", "T", "P", "E"), start=1)},
+    **{s: Fraction(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
+}
 
 
 @dataclass(frozen=True)
@@ -154,6 +175,10 @@ class WarmupSpec:
     service_account_name: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    run_as_user: int = DEFAULT_WARMUP_ID
+    """The warm-up pod's uid, gid and fsGroup: never 0, so the Job passes the "restricted" standard."""
+    run_as_group: int = DEFAULT_WARMUP_ID
+    fs_group: int = DEFAULT_WARMUP_ID
 
 
 @dataclass(frozen=True)
@@ -184,6 +209,17 @@ class PreloadSpec:
     max_bytes: int | None = None
     node_cache_path: str | None = None
     resources: Resources = field(default_factory=Resources)
+    deadline_seconds: int = DEFAULT_PRELOAD_DEADLINE_SECONDS
+    """Overall deadline of one preload; past it the preload ends as an error result and the pod starts."""
+    size_limit: str = DEFAULT_PRELOAD_SIZE_LIMIT
+    """The sizeLimit of the pod's cache emptyDir, as written in the spec (a Kubernetes quantity)."""
+    size_limit_bytes: int = DEFAULT_PRELOAD_SIZE_LIMIT_BYTES
+    """``size_limit`` in bytes: the preload's byte budget when ``max_bytes`` is unset."""
+
+    @property
+    def byte_budget(self) -> int:
+        """The most bytes one preload may fetch or unpack: ``maxBytes``, else the volume's size."""
+        return self.max_bytes if self.max_bytes is not None else self.size_limit_bytes
 
 
 @dataclass(frozen=True)
@@ -234,10 +270,18 @@ class _Errors:
         self.items.append(FieldError(path, message))
 
 
-def parse_spec(raw: Mapping[str, Any] | None, defaults: Defaults | None = None) -> CacheSpec:
-    """Parse a CompileCache ``spec``; raises :class:`InvalidSpec` naming every bad field."""
+def parse_spec(
+    raw: Mapping[str, Any] | None, defaults: Defaults | None = None, *, name: str | None = None
+) -> CacheSpec:
+    """Parse a CompileCache ``spec``; raises :class:`InvalidSpec` naming every bad field.
+
+    ``name`` is the object's ``metadata.name``, checked too when given: it becomes a segment of
+    every cache key, so a name the stores cannot hold is refused before any warm-up runs.
+    """
     defaults = defaults or Defaults()
     errors = _Errors()
+    if name is not None:
+        _check_name(name, errors)
     spec = _mapping(raw, "spec", errors, required=True)
     image = _string(spec, "image", "spec", errors, required=True, max_length=1024) or ""
     pull_policy = _enum(spec, "imagePullPolicy", "spec", errors, PULL_POLICIES, None)
@@ -271,12 +315,30 @@ def parse_spec(raw: Mapping[str, Any] | None, defaults: Defaults | None = None) 
 
 
 # -- sections -------------------------------------------------------------------------------
+def _check_name(name: str, errors: _Errors) -> None:
+    if len(name) > MAX_NAME_LENGTH:
+        errors.add(
+            "metadata.name",
+            f"at most {MAX_NAME_LENGTH} characters, got {len(name)}: the name is one segment of every cache key, "
+            f"and a store key segment holds at most {MAX_SEGMENT_LENGTH} characters",
+        )
+
+
+def is_target(target: str) -> bool:
+    """Whether the harness can run ``target``: ``module:function`` or a built-in target's name."""
+    return target in BUILTIN_TARGETS or bool(_MODULE_FUNCTION.match(target))
+
+
 def _parse_model(model: Mapping[str, Any], errors: _Errors) -> ModelSpec | None:
     path = "spec.model"
     target = _string(model, "target", path, errors, max_length=256)
     command = _string(model, "command", path, errors, max_length=4096)
-    if target is not None and not _TARGET.match(target):
-        errors.add(f"{path}.target", f"{target!r} is not module:function or a built-in target name")
+    if target is not None and not is_target(target):
+        errors.add(
+            f"{path}.target",
+            f"{target!r} is not module:function (mypkg.models:build) or a built-in target name "
+            f"({', '.join(BUILTIN_TARGETS)})",
+        )
     if target is None and command is None:
         errors.add(path, "set one of target or command")
     elif target is not None and command is not None:
@@ -373,10 +435,19 @@ def _parse_storage(raw: Any, defaults: Defaults, errors: _Errors) -> StorageSpec
         accepted = ", ".join(sorted(known))
         errors.add(f"{path}.secretRef.keys.{extra}", f"not a credential of {scheme}:// stores ({accepted})")
     keys = tuple(
-        SecretKey(env=env, key=_string(keys_raw, spec_key, f"{path}.secretRef.keys", errors) or default, optional=opt)
+        SecretKey(env=env, key=_secret_key(keys_raw, spec_key, f"{path}.secretRef.keys", errors) or default,
+                  optional=opt)
         for spec_key, env, default, opt in credentials
     )
     return StorageSpec(url=url, secret_name=name, secret_keys=keys)
+
+
+def _secret_key(keys: Mapping[str, Any], name: str, path: str, errors: _Errors) -> str | None:
+    key = _string(keys, name, path, errors, max_length=253)
+    if key is not None and not _SECRET_KEY.match(key):
+        errors.add(f"{path}.{name}", f"{key!r} is not a Secret key ([-._a-zA-Z0-9]+)")
+        return None
+    return key
 
 
 def _parse_resources(raw: Any, path: str, errors: _Errors) -> Resources:
@@ -387,7 +458,7 @@ def _parse_resources(raw: Any, path: str, errors: _Errors) -> Resources:
         parsed: dict[str, str] = {}
         for name, value in values.items():
             text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-            if not isinstance(text, str) or not _QUANTITY.match(text):
+            if not isinstance(text, str) or not _QUANTITY_PARTS.match(text):
                 errors.add(f"{path}.{part}.{name}", f"{value!r} is not a resource quantity")
                 continue
             parsed[str(name)] = text
@@ -409,8 +480,10 @@ def _parse_warmup(raw: Mapping[str, Any], errors: _Errors) -> WarmupSpec:
     pull_secrets: list[str] = []
     for i, item in enumerate(_list(raw.get("imagePullSecrets"), f"{path}.imagePullSecrets", errors)):
         secret_name = _string(_mapping(item, f"{path}.imagePullSecrets[{i}]", errors), "name",
-                              f"{path}.imagePullSecrets[{i}]", errors, required=True)
-        if secret_name:
+                              f"{path}.imagePullSecrets[{i}]", errors, required=True, max_length=253)
+        if secret_name is not None and not _DNS_SUBDOMAIN.match(secret_name):
+            errors.add(f"{path}.imagePullSecrets[{i}].name", f"{secret_name!r} is not a Secret name")
+        elif secret_name:
             pull_secrets.append(secret_name)
     env: list[tuple[str, str]] = []
     for i, item in enumerate(_list(raw.get("env"), f"{path}.env", errors)):
@@ -432,7 +505,17 @@ def _parse_warmup(raw: Mapping[str, Any], errors: _Errors) -> WarmupSpec:
         service_account_name=account,
         image_pull_secrets=tuple(pull_secrets),
         env=tuple(env),
+        **_parse_warmup_ids(raw.get("securityContext"), f"{path}.securityContext", errors),
     )
+
+
+def _parse_warmup_ids(raw: Any, path: str, errors: _Errors) -> dict[str, int]:
+    """uid, gid and fsGroup of the warm-up pod; 0 (root) is refused: the Job must pass "restricted"."""
+    context = _mapping(raw, path, errors)
+    return {
+        field_name: _integer(context, key, path, errors, DEFAULT_WARMUP_ID, low=1, high=MAX_ID)
+        for key, field_name in (("runAsUser", "run_as_user"), ("runAsGroup", "run_as_group"), ("fsGroup", "fs_group"))
+    }
 
 
 def _parse_tolerations(raw: Any, path: str, errors: _Errors) -> tuple[Mapping[str, Any], ...]:
@@ -441,8 +524,8 @@ def _parse_tolerations(raw: Any, path: str, errors: _Errors) -> tuple[Mapping[st
         ipath = f"{path}[{i}]"
         entry = _mapping(item, ipath, errors)
         toleration: dict[str, Any] = {}
-        for name in ("key", "value"):
-            value = _string(entry, name, ipath, errors)
+        for name, longest in (("key", 317), ("value", 63)):
+            value = _string(entry, name, ipath, errors, max_length=longest)
             if value is not None:
                 toleration[name] = value
         operator = _enum(entry, "operator", ipath, errors, TOLERATION_OPERATORS, None)
@@ -454,7 +537,11 @@ def _parse_tolerations(raw: Any, path: str, errors: _Errors) -> tuple[Mapping[st
         if "tolerationSeconds" in entry:
             toleration["tolerationSeconds"] = _integer(entry, "tolerationSeconds", ipath, errors, 0, low=-(2**63))
         if operator == "Exists" and "value" in toleration:
-            errors.add(f"{ipath}.value", "must be empty when operator is Exists")
+            errors.add(f"{ipath}.value", "must be unset when operator is Exists")
+        if "key" not in entry and operator != "Exists":
+            errors.add(f"{ipath}.key", "required unless operator is Exists")
+        if "tolerationSeconds" in entry and entry.get("effect") != "NoExecute":
+            errors.add(f"{ipath}.tolerationSeconds", "only allowed with effect NoExecute")
         out.append(toleration)
     return tuple(out)
 
@@ -483,6 +570,19 @@ def _parse_preload(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) 
     if host_path is not None and (not host_path.startswith("/") or "/../" in f"{host_path}/"):
         errors.add(f"{path}.nodeCache.hostPath", f"{host_path!r} must be an absolute path without '..'")
     max_bytes = _integer(raw, "maxBytes", path, errors, -1, low=0) if "maxBytes" in raw else None
+    deadline = _integer(raw, "deadlineSeconds", path, errors, DEFAULT_PRELOAD_DEADLINE_SECONDS,
+                        low=1, high=MAX_PRELOAD_DEADLINE_SECONDS)
+    size_limit = _string(raw, "sizeLimit", path, errors, max_length=64) or DEFAULT_PRELOAD_SIZE_LIMIT
+    size_limit_bytes = quantity_bytes(size_limit)
+    if size_limit_bytes is None or size_limit_bytes < 1:
+        errors.add(f"{path}.sizeLimit", f"{size_limit!r} is not a positive quantity of bytes (16Gi, 500M)")
+        size_limit_bytes = DEFAULT_PRELOAD_SIZE_LIMIT_BYTES
+    elif max_bytes is not None and max_bytes > size_limit_bytes:
+        errors.add(
+            f"{path}.maxBytes",
+            f"{max_bytes} is larger than {path}.sizeLimit {size_limit} ({size_limit_bytes} bytes): a bundle that "
+            f"big cannot fit the cache volume (raise {path}.sizeLimit or lower {path}.maxBytes)",
+        )
     resources = _parse_resources(raw.get("resources"), f"{path}.resources", errors)
     mode = _enum(raw, "mode", path, errors, PRELOAD_MODES, INIT_CONTAINER) or INIT_CONTAINER
     strict = _boolean(raw, "strict", path, errors, False)
@@ -498,7 +598,22 @@ def _parse_preload(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) 
         max_bytes=max_bytes,
         node_cache_path=host_path or defaults.node_cache_path,
         resources=resources,
+        deadline_seconds=deadline,
+        size_limit=size_limit,
+        size_limit_bytes=size_limit_bytes,
     )
+
+
+def quantity_bytes(text: str) -> int | None:
+    """A Kubernetes quantity (``16Gi``, ``500M``, ``1e9``) as whole bytes, rounded up; None if it is not one."""
+    match = _QUANTITY_PARTS.match(text)
+    if not match:
+        return None
+    number, exponent, suffix = match.groups()
+    if exponent and abs(int(exponent)) > 30:  # far past any byte count, and cheap to refuse
+        return None
+    value = Fraction(number) * (Fraction(10) ** int(exponent) if exponent else _SUFFIX_FACTORS[suffix or ""])
+    return math.ceil(value)
 
 
 # -- scalar readers -----------------------------------------------------------------------------
