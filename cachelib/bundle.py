@@ -25,6 +25,12 @@ Reading streams too: parts are decompressed and hashed as they are read; the dig
 compared when a part has been read to its end (:meth:`PartStream.verify`). Consumers
 that write anything (the unpacker) write into a staging area and install only after
 ``verify`` passed.
+
+A reader may bound the compression ratio (``max_ratio``): a part whose header announces more
+than ``max_ratio`` uncompressed bytes per stored byte is refused before any of it is
+decompressed, and while a part streams, its output may not run ahead of ``max_ratio`` times
+the stored bytes consumed so far (plus :data:`RATIO_SLACK`), so a header that lies about
+its stored size cannot make a small stream inflate without bound either.
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ CHUNK = 1024 * 1024
 DEFAULT_LEVEL = 3
 PREFETCH_DEPTH = 8
 """Chunks (of CHUNK bytes) a prefetching reader may hold ahead of its consumer."""
+
+RATIO_SLACK = 64 * 1024 * 1024
+"""Output a part may produce beyond ``max_ratio`` x its stored bytes read so far, for local
+bursts (a run of zeros) in a part whose overall ratio is within the limit."""
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -97,6 +107,22 @@ class DigestMismatch(BundleError):
 
 class MissingPart(BundleError):
     """The bundle has no part of the requested name."""
+
+
+class RatioExceeded(BundleError):
+    """A part inflates by more than the allowed compression ratio (a decompression bomb)."""
+
+
+def check_ratio(part: PartInfo, max_ratio: float | None) -> None:
+    """Refuse a part whose header announces more than ``max_ratio`` bytes per stored byte."""
+    if max_ratio is None:
+        return
+    ratio = part.size / max(part.stored_size, 1)
+    if ratio > max_ratio:
+        raise RatioExceeded(
+            f"part {part.name!r}: {part.stored_size} stored bytes inflate to {part.size} "
+            f"(ratio {ratio:.0f}), over the limit of {max_ratio:g} (--max-ratio)"
+        )
 
 
 @dataclass(frozen=True)
@@ -402,6 +428,11 @@ class _StoredReader:
         self.hash.update(data)
         return data
 
+    @property
+    def consumed(self) -> int:
+        """Stored bytes handed to the consumer so far."""
+        return self.part.stored_size - self.remaining
+
     def drain(self) -> None:
         while self.read(CHUNK):
             pass
@@ -425,6 +456,7 @@ class _PrefetchingStoredReader(_StoredReader):
         self._stop = threading.Event()
         self._pending = b""
         self._done = False
+        self._handed = 0
         self._thread = threading.Thread(target=self._fetch, name=f"bundle-prefetch-{part.name}", daemon=True)
         self._thread.start()
 
@@ -458,7 +490,12 @@ class _PrefetchingStoredReader(_StoredReader):
             data, self._pending = self._pending, b""
         else:
             data, self._pending = self._pending[:size], self._pending[size:]
+        self._handed += len(data)
         return data
+
+    @property
+    def consumed(self) -> int:
+        return self._handed
 
     def drain(self) -> None:
         while self.read(CHUNK):
@@ -480,9 +517,17 @@ class PartStream:
     """
 
     def __init__(
-        self, stream: BinaryIO, part: PartInfo, *, verify_content: bool = True, prefetch: bool = False
+        self,
+        stream: BinaryIO,
+        part: PartInfo,
+        *,
+        verify_content: bool = True,
+        prefetch: bool = False,
+        max_ratio: float | None = None,
     ) -> None:
+        check_ratio(part, max_ratio)
         self.part = part
+        self.max_ratio = max_ratio
         self._stored = _PrefetchingStoredReader(stream, part) if prefetch else _StoredReader(stream, part)
         self._reader = zstandard.ZstdDecompressor().stream_reader(
             cast(IO[bytes], self._stored), read_size=CHUNK, closefd=False
@@ -505,6 +550,11 @@ class PartStream:
         if self.count > self.part.size:
             raise CorruptPart(
                 f"part {self.part.name!r}: decompresses to more than its header field 'size' {self.part.size}"
+            )
+        if self.max_ratio is not None and self.count > self.max_ratio * self._stored.consumed + RATIO_SLACK:
+            raise RatioExceeded(
+                f"part {self.part.name!r}: {self._stored.consumed} stored bytes have inflated to {self.count} "
+                f"so far, over the limit of {self.max_ratio:g} per byte (--max-ratio)"
             )
         if self._hash is not None:
             self._hash.update(data)
@@ -539,11 +589,14 @@ class BundleReader:
         self._next = 0
 
     @contextmanager
-    def open_part(self, name: str, *, verify_content: bool = True, prefetch: bool = False) -> Iterator[PartStream]:
+    def open_part(
+        self, name: str, *, verify_content: bool = True, prefetch: bool = False, max_ratio: float | None = None
+    ) -> Iterator[PartStream]:
         """The uncompressed stream of part ``name``, verified when the block ends without error.
 
         Parts before it are skipped (their stored digests still checked); parts must be
-        opened in file order. ``verify_content`` and ``prefetch``: see :class:`PartStream`.
+        opened in file order. ``verify_content``, ``prefetch`` and ``max_ratio``: see
+        :class:`PartStream`.
         """
         index = self.header.parts.index(self.header.part(name))
         if index < self._next:
@@ -551,7 +604,9 @@ class BundleReader:
         for skipped in self.header.parts[self._next : index]:
             _StoredReader(self.stream, skipped).check()
         self._next = index + 1
-        part = PartStream(self.stream, self.header.parts[index], verify_content=verify_content, prefetch=prefetch)
+        part = PartStream(
+            self.stream, self.header.parts[index], verify_content=verify_content, prefetch=prefetch, max_ratio=max_ratio
+        )
         try:
             yield part
             if not part.verified:
@@ -559,12 +614,12 @@ class BundleReader:
         finally:
             part.close()
 
-    def read_part(self, name: str, limit: int | None = None) -> bytes:
+    def read_part(self, name: str, limit: int | None = None, max_ratio: float | None = None) -> bytes:
         """The whole verified part in memory (for small parts such as the Mega-Cache)."""
         size = self.header.part(name).size
         if limit is not None and size > limit:
             raise BundleError(f"part {name!r} is {size} bytes, over the limit of {limit}")
-        with self.open_part(name) as part:
+        with self.open_part(name, max_ratio=max_ratio) as part:
             data = part.read()
         return data
 

@@ -149,7 +149,6 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 def cmd_preload(args: argparse.Namespace) -> int:
     from cachelib.handoff import write_done
-    from cachelib.preload import preload
 
     if args.sidecar and args.strict:
         raise CommandError(
@@ -159,7 +158,7 @@ def cmd_preload(args: argparse.Namespace) -> int:
         )
     done = args.done_file or (str(Path(args.target) / DONE_FILE_NAME) if args.sidecar else None)
     try:
-        result = _fetch_and_report("preload", preload, args)
+        result = _fetch_and_report("preload", args)
     except BaseException as exc:  # the workload waiting on the done file must not wait in vain
         if done:
             write_done(done, {"result": "error", "reason": f"{type(exc).__name__}: {exc}"})
@@ -186,31 +185,76 @@ def hold_until_terminated() -> None:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    from cachelib.preload import load
-
-    return _fetch_and_report("load", load, args).exit_code(args.strict)
+    return _fetch_and_report("load", args).exit_code(args.strict)
 
 
-def _fetch_and_report(mode: str, fetch: Callable[..., PreloadResult], args: argparse.Namespace) -> PreloadResult:
-    """Run ``preload`` or ``load`` with the shared arguments; print and record the one-line result."""
+def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:
+    """Run ``preload`` or ``load`` with the command's arguments. Fails open: whatever goes wrong,
+    even in this process's own code, ends as an ``error`` result naming the exception."""
+    from cachelib.preload import ERROR, PreloadResult, load, preload
+
+    try:
+        shared: dict[str, Any] = {
+            "cache": args.cache,
+            "gpu": args.gpu,
+            "versions": versions_of(args),
+            "max_bytes": args.max_bytes,
+            "max_ratio": args.max_ratio or None,
+            "deadline": args.deadline or None,
+            "progress": True,
+        }
+        url = store_url(args)
+        if mode == "preload":
+            return preload(url, args.key or (), args.target, share=args.share, owner=args.owner, **shared)
+        return load(url, args.key or (), args.target, **shared)
+    except Exception as exc:
+        log.debug("%s failed", mode, exc_info=True)
+        reason = str(exc) if isinstance(exc, CommandError) else f"unexpected {type(exc).__name__}: {exc}"
+        return PreloadResult(ERROR, mode=mode, target=args.target, reason=reason)
+
+
+def _fetch_and_report(mode: str, args: argparse.Namespace) -> PreloadResult:
+    """Run ``preload`` or ``load``; print and record the one-line result."""
     from cachelib.preload import write_termination_message
 
-    result = fetch(
-        store_url(args),
-        args.key or (),
-        args.target,
-        cache=args.cache,
-        gpu=args.gpu,
-        versions=versions_of(args),
-        max_bytes=args.max_bytes,
-        progress=True,
-    )
+    result = _fetch(mode, args)
     payload = result.to_dict()
     print_json(payload)
     write_termination_message(payload)
     if result.result != "hit":
         log.warning("%s %s: %s", mode, result.result, result.reason)
     return result
+
+
+def parse_owner_arg(text: str) -> tuple[int, int]:
+    from cachelib.unpack import parse_owner
+
+    try:
+        return parse_owner(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_seconds(text: str) -> float:
+    """A non-negative number of seconds (0: none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds such as 30 (0: none), got {text!r}")
+    return value
+
+
+def parse_ratio(text: str) -> float:
+    """A compression ratio of at least 1 (0: no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value == 0 or 1 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a ratio of at least 1 such as 200 (0: no limit), got {text!r}")
+    return value
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -367,6 +411,25 @@ def _selection_args(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="refuse to unpack more than N bytes in all (default 64G)",
     )
+    parser.add_argument(
+        "--max-ratio",
+        type=parse_ratio,
+        default=200.0,
+        metavar="R",
+        help="refuse a bundle part that inflates more than R times its stored size, from its header on "
+        "and while it streams (default %(default)g; 0: no limit)",
+    )
+
+
+def _deadline_arg(parser: argparse.ArgumentParser, default: float, covers: str) -> None:
+    parser.add_argument(
+        "--deadline",
+        type=parse_seconds,
+        default=default,
+        metavar="SECONDS",
+        help=f"end as an error result after this many seconds in all ({covers}), leaving nothing partial "
+        "(default %(default)g; 0: none)",
+    )
 
 
 def _compile_args(parser: argparse.ArgumentParser) -> None:
@@ -466,18 +529,38 @@ def build_parser() -> argparse.ArgumentParser:
         "atomically. Prints one JSON line: result hit|miss|error, keys, bytes, seconds, reason; also\n"
         "written to the termination log when there is one. A missing bundle or an unreachable store\n"
         "is a miss, a bad bundle an error: either way exit status 0 (the pod starts, compiling as\n"
-        "usual) unless --strict (then 1). Point TORCHINDUCTOR_CACHE_DIR at --target. With --sidecar it\n"
-        "runs beside the workload instead of before it: the workload waits for the done file just\n"
-        "before its first compiled call (cachelib.handoff.wait_for_preload), after importing torch.",
+        "usual) unless --strict (then 1). A --deadline that passes (default 30 s), a bundle that\n"
+        "inflates beyond --max-ratio and any failure nobody foresaw are errors too. Point TORCHINDUCTOR_CACHE_DIR at\n"
+        "--target; --share decides which users may write it (default: the directory's group, e.g. the\n"
+        "pod's fsGroup). A bundle the target already holds complete (a node cache) is a hit without a\n"
+        "download. With --sidecar it runs beside the workload instead of before it: the workload waits\n"
+        "for the done file just before its first compiled call (cachelib.handoff.wait_for_preload).",
         "  compilecache preload --store file:///tmp/store --cache default/demo --target /tmp/inductor\n"
         "  compilecache preload --store s3://bucket/cc --key cc1/ml/llama/... --target /cache --strict\n"
         "  compilecache preload --store redis://cache:6379/0 --cache ml/llama --gpu NVIDIA-H100-80GB-HBM3 \\\n"
         "      --torch 2.13.0 --target /cache\n"
-        "  compilecache preload --store redis://cache:6379/0 --cache ml/llama --target /cache --sidecar",
+        "  compilecache preload --store redis://cache:6379/0 --cache ml/llama --target /cache --sidecar\n"
+        "  compilecache preload --store s3://bucket/cc --cache ml/llama --target /node-cache/inductor \\\n"
+        "      --share all --owner 1000:1000 --deadline 20",
     )
     _store_arg(p)
     _selection_args(p)
+    _deadline_arg(p, 30.0, "connecting, fetching and unpacking")
     p.add_argument("--target", required=True, help="the cache directory to fill (TORCHINDUCTOR_CACHE_DIR)")
+    p.add_argument(
+        "--share",
+        choices=("owner", "group", "all"),
+        default="group",
+        help="who may write the unpacked cache: owner (only the preload's uid), group (directories 2775 "
+        "setgid, files 664: any uid of the directory's group, e.g. the pod's fsGroup), all (777/666: any "
+        "uid) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--owner",
+        type=parse_owner_arg,
+        metavar="UID:GID",
+        help="hand the unpacked tree to this uid and gid (needs CAP_CHOWN, e.g. a preload running as root)",
+    )
     p.add_argument(
         "--done-file",
         metavar="PATH",
@@ -503,6 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _store_arg(p)
     _selection_args(p)
+    _deadline_arg(p, 120.0, "connecting, fetching, importing torch and loading")
     p.add_argument("--target", help="inductor cache directory to load into")
 
     p = _add(
@@ -579,13 +663,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging(args.log_format, args.verbose)
     try:
-        return int(args.handler(args))
+        code = int(args.handler(args))
     except KeyboardInterrupt:
         return 130
     except CommandError as exc:
         return _fail(args, str(exc), exc.exit_code)
     except Exception as exc:
         return _fail(args, f"{type(exc).__name__}: {exc}" if not _is_expected(exc) else str(exc), 1)
+    _leave_now_if_abandoned(code)
+    return code
+
+
+def _leave_now_if_abandoned(code: int) -> None:
+    """After a preload called off by its deadline, exit at once: its worker may still be blocked
+    on a frozen server, and the interpreter would wait for that worker's threads at exit."""
+    preload = sys.modules.get("cachelib.preload")
+    if preload is not None and preload.abandoned_work():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _is_expected(exc: Exception) -> bool:

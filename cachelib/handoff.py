@@ -51,6 +51,10 @@ class Waited:
 last_wait: Waited | None = None
 
 
+DONE_FILE_MODE = 0o644
+"""Readable by every uid: the workload rarely runs as the preloader's user (the file holds no secret)."""
+
+
 def write_done(path: str | Path, payload: Mapping[str, Any]) -> Path:
     """Write ``payload`` as the done file at ``path``: to a temporary name beside it, then renamed."""
     path = Path(path)
@@ -59,6 +63,7 @@ def write_done(path: str | Path, payload: Mapping[str, Any]) -> Path:
     try:
         with os.fdopen(fd, "w") as out:
             out.write(json.dumps(dict(payload), sort_keys=True, separators=(",", ":")) + "\n")
+            os.fchmod(out.fileno(), DONE_FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

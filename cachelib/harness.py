@@ -191,7 +191,7 @@ def detect_versions() -> dict[str, str]:
     import torch
 
     try:
-        import triton  # type: ignore[import-not-found,unused-ignore]
+        import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
         triton_version = str(triton.__version__)
     except ImportError:

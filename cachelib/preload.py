@@ -1,37 +1,78 @@
 """The preloader: resolve bundle keys, fetch, verify, unpack into the cache directory.
 
 Runs in the pod's init container, which has no torch. A missing bundle or an unreachable
-store is a counted ``miss``; a bundle that fails verification or cannot be unpacked is an
-``error``. Neither raises: the caller gets a :class:`PreloadResult` and decides (the CLI
-exits non-zero for anything but a hit only under ``--strict``). ``load`` is the variant
-for images that prefer Mega-Cache: it feeds the ``megacache`` part to
-``torch.compiler.load_cache_artifacts()`` (torch imported only then).
+store is a counted ``miss``; a bundle that fails verification or cannot be unpacked, a
+deadline that passes, and any failure nobody foresaw are an ``error``. None of them raises:
+the caller gets a :class:`PreloadResult` and decides (the CLI exits non-zero for anything but
+a hit only under ``--strict``). ``load`` is the variant for images that prefer Mega-Cache: it
+feeds the ``megacache`` part to ``torch.compiler.load_cache_artifacts()`` (torch imported only
+then).
+
+What the preload leaves is for the workload, which may run as another user: the tree and the
+directories torch writes at run time get the modes of ``share`` (group-writable and setgid by
+default) and, with ``owner``, that uid/gid. In a directory shared by the pods of a node, a
+bundle already installed completely (its marker names the same key and sha256 as the store)
+is a hit without a download, and preloads of the same bundle wait for each other instead of
+fetching it twice (see :mod:`cachelib.unpack`). With a ``deadline`` the whole preload
+(connecting, listing, fetching, unpacking) runs in a worker thread; when the deadline passes
+first, the preload is called off before it installs anything more, its staging directories
+are removed and the result is an ``error`` whose reason names the deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import logging
 import os
+import shutil
 import sys
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BundleError, BundleReader
 from cachelib.keys import CacheKey, InvalidKey, cache_prefix, gpu_slug
 from cachelib.stores import NotFound, Store, StoreError, StoreUnavailable, open_store
-from cachelib.unpack import Limits, UnpackError, unpack_tar_verified
+from cachelib.unpack import (
+    LOCK_SUFFIX,
+    SHARE_GROUP,
+    Cancelled,
+    Gate,
+    Limits,
+    OwnershipError,
+    Sharing,
+    UnpackError,
+    UnpackStats,
+    bundle_lock,
+    check_can_own,
+    completed,
+    prepare_cache_dir,
+    unpack_tar_verified,
+)
 
 HIT, MISS, ERROR = "hit", "miss", "error"
+SOURCE_STORE, SOURCE_NODE_CACHE, SOURCE_MIXED = "store", "node-cache", "mixed"
 GPU_ENV = "COMPILECACHE_GPU"
 TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_MESSAGE_LIMIT = 4096
 """Kubernetes keeps at most 4096 bytes of a termination message."""
 DEFAULT_MAX_BYTES = 64 * 1024**3
+DEFAULT_MAX_RATIO = 200.0
+"""Largest uncompressed/stored ratio of a bundle part accepted by default. Real cache-directory
+parts measured on the CPU (``python bench/bundle_ratio.py``, docs/bundle-format.md) inflate
+4-11x; zstd can reach about 32000x on zeros. 200 leaves real bundles far inside and refuses
+a bomb after its header."""
+DEFAULT_DEADLINE = 30.0
+"""The CLI's default for ``--deadline`` (seconds for the whole preload)."""
+DEFAULT_SHARE = SHARE_GROUP
 VERSION_FIELDS = ("torch", "triton", "cuda", "py")
+log = logging.getLogger(__name__)
 
 
 class PreloadFailed(Exception):
@@ -58,10 +99,26 @@ class PreloadResult:
     reason: str | None = None
     target: str | None = None
     mode: str = "preload"
+    node_cache: list[str] = field(default_factory=list)
+    """The hits that were already complete in the target (a node cache): nothing fetched for them."""
+    share: str | None = None
+    owner: str | None = None
+    """``UID:GID`` the tree was handed to, when asked for."""
+    deadline: float | None = None
 
     @property
     def key(self) -> str | None:
         return self.keys[0] if self.keys else None
+
+    @property
+    def source(self) -> str | None:
+        """Where the hits came from: ``store``, ``node-cache``, ``mixed``; None without hits."""
+        if not self.hits:
+            return None
+        local = set(self.node_cache)
+        if all(k in local for k in self.hits):
+            return SOURCE_NODE_CACHE
+        return SOURCE_MIXED if local else SOURCE_STORE
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +127,8 @@ class PreloadResult:
             "key": self.key,
             "keys": list(self.keys),
             "hits": list(self.hits),
+            "node_cache": list(self.node_cache),
+            "source": self.source,
             "gpu": self.gpu,
             "bytes": self.bytes,
             "unpacked_bytes": self.unpacked_bytes,
@@ -77,6 +136,9 @@ class PreloadResult:
             "seconds": round(self.seconds, 3),
             "reason": self.reason,
             "target": self.target,
+            "share": self.share,
+            "owner": self.owner,
+            "deadline": self.deadline,
         }
 
     def to_json(self) -> str:
@@ -154,7 +216,7 @@ def termination_message(payload: Mapping[str, Any]) -> str:
     if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT:
         return text
     shrunk = dict(payload)
-    for name in ("keys", "hits"):
+    for name in ("keys", "hits", "node_cache"):
         if isinstance(shrunk.get(name), list):
             shrunk[f"{name}_count"] = len(shrunk.pop(name))
     text = json.dumps(shrunk, sort_keys=True, separators=(",", ":"))
@@ -190,6 +252,20 @@ class _Budget:
     remaining: int
 
 
+@dataclass
+class _Job:
+    """What one preload (or load) was asked to do, and the state its worker shares with the watcher."""
+
+    mode: str
+    target: Path | None
+    sharing: Sharing
+    max_ratio: float | None
+    progress: bool
+    gate: Gate
+    stage: str = "starting"
+    """What the worker is doing now, for a deadline's reason."""
+
+
 def _resolve(
     store: Store, keys: Sequence[str], cache: str | None, gpu: str | None, versions: Mapping[str, str | None]
 ) -> tuple[list[str], str | None]:
@@ -214,10 +290,41 @@ def _resolve(
     return [str(k) for k in chosen], None
 
 
+def _preload_key(store: Store, key: str, job: _Job, budget: _Budget, result: PreloadResult) -> None:
+    """One bundle into the target: at once when the target already holds it complete (a node cache),
+    else fetched under the bundle's lock, which a concurrent preload of the same bundle waits for."""
+    assert job.target is not None
+    job.stage = f"asking the store for {key}"
+    info = store.head(key)
+    if info is None:
+        raise NotFound(f"{store.url}: no object {key!r}")
+    if completed(job.target, key, info.sha256, info.size):
+        _node_cache_hit(key, result)
+        return
+
+    def waiting() -> None:
+        job.stage = f"waiting for another preload of {key} into {job.target}"
+        log.info("%s", job.stage)
+
+    with bundle_lock(job.target, key, job.sharing, gate=job.gate, on_wait=waiting):
+        if completed(job.target, key, info.sha256, info.size):
+            _node_cache_hit(key, result)
+            return
+        job.stage = f"fetching and unpacking {key}"
+        marker = {"key": key, "sha256": info.sha256, "size": info.size}
+        _fetch_cachedir(store, key, job, budget, result, marker)
+
+
+def _node_cache_hit(key: str, result: PreloadResult) -> None:
+    result.hits.append(key)
+    result.node_cache.append(key)
+
+
 def _fetch_cachedir(
-    store: Store, key: str, target: Path, budget: _Budget, result: PreloadResult, progress: bool
+    store: Store, key: str, job: _Job, budget: _Budget, result: PreloadResult, marker: Mapping[str, Any]
 ) -> None:
-    with store.get(key, progress=progress) as raw:
+    assert job.target is not None
+    with store.get(key, progress=job.progress) as raw:
         counted = _CountingReader(raw)
         reader = BundleReader(counted)  # type: ignore[arg-type]
         if str(reader.header.key) != key:
@@ -229,13 +336,124 @@ def _fetch_cachedir(
                 f"of {budget.remaining} bytes (--max-bytes)"
             )
         limits = Limits(max_member_bytes=budget.remaining, max_total_bytes=budget.remaining)
-        with reader.open_part(CACHEDIR_PART, verify_content=False, prefetch=True) as stream:
-            stats = unpack_tar_verified(stream, stream.verify, target, limits)
-        result.bytes += counted.count
-    budget.remaining -= stats.bytes
-    result.unpacked_bytes += stats.bytes
-    result.files += stats.files
-    result.hits.append(key)
+
+        def installed(stats: UnpackStats) -> None:  # runs while the install holds the gate
+            result.bytes += counted.count
+            budget.remaining -= stats.bytes
+            result.unpacked_bytes += stats.bytes
+            result.files += stats.files
+            result.hits.append(key)
+
+        with reader.open_part(CACHEDIR_PART, verify_content=False, prefetch=True, max_ratio=job.max_ratio) as stream:
+            unpack_tar_verified(
+                stream,
+                stream.verify,
+                job.target,
+                limits,
+                sharing=job.sharing,
+                marker=marker,
+                gate=job.gate,
+                on_installed=installed,
+            )
+
+
+def _work(
+    job: _Job,
+    store_url: str | Store,
+    keys: Sequence[str],
+    cache: str | None,
+    versions: Mapping[str, str | None],
+    max_bytes: int,
+    result: PreloadResult,
+) -> None:
+    """The fetch loop shared by ``preload`` and ``load``; every failure ends in ``result``."""
+    store: Store | None = None
+    try:
+        if job.mode == "preload" and job.sharing.owner is not None:
+            assert job.target is not None
+            job.stage = "checking that the tree can be handed to --owner"
+            probe = job.target if job.target.is_dir() else job.target.parent
+            probe.mkdir(parents=True, exist_ok=True)
+            check_can_own(probe, job.sharing.owner)
+        job.stage = "opening the store"
+        store = open_store(store_url) if isinstance(store_url, str) else store_url
+        job.stage = f"listing {cache} in the store" if cache else "resolving the keys"
+        result.keys, reason = _resolve(store, keys, cache, result.gpu, versions)
+        if reason:
+            result.reason = reason
+        budget = _Budget(max_bytes)
+        missing = []
+        for key in result.keys:
+            job.gate.check()
+            try:
+                if job.mode == "load":
+                    job.stage = f"fetching and loading {key}"
+                    _load_megacache(store, key, job, budget, result)
+                else:
+                    _preload_key(store, key, job, budget, result)
+            except NotFound:
+                missing.append(key)
+        if missing:
+            result.reason = f"not in the store: {', '.join(missing)}"
+        elif result.keys:
+            result.result, result.reason = HIT, None
+    except Cancelled:
+        pass  # the watcher reports the deadline
+    except StoreUnavailable as exc:
+        result.result, result.reason = MISS, f"store unavailable: {exc}"
+    except (StoreError, BundleError, UnpackError, InvalidKey, ValueError, OSError) as exc:
+        result.result, result.reason = ERROR, f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # fail open: whatever went wrong, the pod gets a result and starts
+        log.debug("unexpected failure", exc_info=True)
+        result.result, result.reason = ERROR, f"unexpected {type(exc).__name__}: {exc}"
+    finally:
+        if isinstance(store_url, str) and store is not None:
+            with contextlib.suppress(Exception):
+                store.close()
+
+
+_abandoned: list[threading.Thread] = []
+_abandoned_lock = threading.Lock()
+
+
+def abandoned_work() -> bool:
+    """Whether a preload called off by its deadline left a worker thread blocked (in a socket read,
+    say). A command line that is done should then leave with ``os._exit``: the interpreter would
+    otherwise wait for that worker's thread pools at exit."""
+    with _abandoned_lock:
+        _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+        return bool(_abandoned)
+
+
+def _within_deadline(job: _Job, work: Callable[[], None], deadline: float | None) -> bool:
+    """Run ``work``; with a deadline in a worker thread. False when the deadline passed first:
+    the gate is then closed (an install under way is waited for, later ones never happen) and
+    the worker's staging directories are removed."""
+    if deadline is None:
+        work()
+        return True
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            finished.set()
+
+    worker = threading.Thread(target=run, name=f"compilecache-{job.mode}", daemon=True)
+    worker.start()
+    if finished.wait(max(0.0, deadline)):
+        return True
+    leftovers = job.gate.close()
+    if finished.wait(0.05):
+        return True  # it was finishing its last install: the result is complete
+    for staging in leftovers:
+        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(f"{staging}{LOCK_SUFFIX}")
+    with _abandoned_lock:
+        _abandoned.append(worker)
+    return False
 
 
 def _run(
@@ -248,46 +466,62 @@ def _run(
     gpu: str | None,
     versions: Mapping[str, str | None] | None,
     max_bytes: int,
+    max_ratio: float | None,
+    share: str,
+    owner: tuple[int, int] | None,
+    deadline: float | None,
     progress: bool,
     env: Mapping[str, str] | None,
     strict: bool,
 ) -> PreloadResult:
-    """The fetch loop shared by ``preload`` and ``load``; with ``strict`` a non-hit raises."""
+    """Run the fetch loop, within ``deadline`` when given; with ``strict`` a non-hit raises."""
     env = os.environ if env is None else env
     started = time.perf_counter()
-    result = PreloadResult(MISS, gpu=choose_gpu(gpu, env), target=str(target) if target else None, mode=mode)
-    store: Store | None = None
+    result = PreloadResult(MISS, target=str(target) if target else None, mode=mode, deadline=deadline)
+    sharing: Sharing | None = None
     try:
-        store = open_store(store_url) if isinstance(store_url, str) else store_url
-        result.keys, reason = _resolve(store, keys, cache, result.gpu, versions or {})
-        if reason:
-            result.reason = reason
-        budget = _Budget(max_bytes)
-        missing = []
-        for key in result.keys:
-            try:
-                if mode == "load":
-                    _load_megacache(store, key, target, budget, result, progress)
-                else:
-                    assert target is not None
-                    _fetch_cachedir(store, key, target, budget, result, progress)
-            except NotFound:
-                missing.append(key)
-        if missing:
-            result.reason = f"not in the store: {', '.join(missing)}"
-        elif result.keys:
-            result.result, result.reason = HIT, None
-    except StoreUnavailable as exc:
-        result.result, result.reason = MISS, f"store unavailable: {exc}"
-    except (StoreError, BundleError, UnpackError, InvalidKey, ValueError, OSError) as exc:
+        result.gpu = choose_gpu(gpu, env)
+        sharing = Sharing(share, owner)
+        if mode == "preload":
+            result.share, result.owner = share, f"{owner[0]}:{owner[1]}" if owner else None
+        job = _Job(mode, target, sharing, max_ratio, progress, Gate())
+        work = functools.partial(_work, job, store_url, keys, cache, versions or {}, max_bytes, result)
+        if not _within_deadline(job, work, deadline):
+            result = _deadline_result(result, job, deadline)
+    except Exception as exc:  # a bad argument (share, gpu): still a result, never a crash
         result.result, result.reason = ERROR, f"{type(exc).__name__}: {exc}"
-    finally:
-        if isinstance(store_url, str) and store is not None:
-            store.close()
+    if mode == "preload" and target is not None and sharing is not None:
+        _prepare(target, sharing)
     result.seconds = time.perf_counter() - started
     if strict and result.result != HIT:
         raise PreloadFailed(result)
     return result
+
+
+def _prepare(target: Path, sharing: Sharing) -> None:
+    """Leave a cache directory the workload can write, whatever the result (best effort: a
+    directory that cannot be made is the workload's to make; without CAP_CHOWN, no owner)."""
+    try:
+        prepare_cache_dir(target, sharing)
+    except OwnershipError:
+        _prepare(target, replace(sharing, owner=None))
+    except (OSError, UnpackError) as exc:
+        log.warning("cannot prepare the cache directory %s for the workload: %s", target, exc)
+
+
+def _deadline_result(result: PreloadResult, job: _Job, deadline: float | None) -> PreloadResult:
+    """A snapshot of the worker's result (it may go on in the background), as a deadline ``error``."""
+    return replace(
+        result,
+        result=ERROR,
+        keys=list(result.keys),
+        hits=list(result.hits),
+        node_cache=list(result.node_cache),
+        reason=(
+            f"deadline of {deadline:g} s passed while {job.stage} (--deadline covers connecting, "
+            "fetching and unpacking); nothing partial was left"
+        ),
+    )
 
 
 def preload(
@@ -300,6 +534,10 @@ def preload(
     versions: Mapping[str, str | None] | None = None,
     strict: bool = False,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_ratio: float | None = DEFAULT_MAX_RATIO,
+    share: str = DEFAULT_SHARE,
+    owner: tuple[int, int] | None = None,
+    deadline: float | None = None,
     progress: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> PreloadResult:
@@ -307,18 +545,25 @@ def preload(
 
     Keys come from ``keys`` (filtered by ``gpu`` and ``versions`` when given) or from
     listing ``cache`` (``"NS/NAME"``). ``gpu`` defaults to ``$COMPILECACHE_GPU``; without
-    either, every matching variant is unpacked. ``max_bytes`` caps the unpacked total.
-    With ``strict`` a non-hit raises :class:`PreloadFailed` (carrying the result).
+    either, every matching variant is unpacked. ``max_bytes`` caps the unpacked total,
+    ``max_ratio`` the compression ratio of each part (None: no limit). ``share`` (``owner``,
+    ``group``, ``all``) and ``owner`` (uid, gid) say who may write the tree; ``deadline``
+    (seconds, None: none) bounds the whole preload. With ``strict`` a non-hit raises
+    :class:`PreloadFailed` (carrying the result).
     """
     return _run(
         "preload",
         store_url,
         keys,
-        Path(target),
+        Path(target).absolute(),
         cache=cache,
         gpu=gpu,
         versions=versions,
         max_bytes=max_bytes,
+        max_ratio=max_ratio,
+        share=share,
+        owner=owner,
+        deadline=deadline,
         progress=progress,
         env=env,
         strict=strict,
@@ -326,25 +571,26 @@ def preload(
 
 
 # -- load (Mega-Cache) -------------------------------------------------------------------------------
-def _load_megacache(
-    store: Store, key: str, cache_dir: Path | None, budget: _Budget, result: PreloadResult, progress: bool
-) -> None:
-    with store.get(key, progress=progress) as raw:
+def _load_megacache(store: Store, key: str, job: _Job, budget: _Budget, result: PreloadResult) -> None:
+    with store.get(key, progress=job.progress) as raw:
         counted = _CountingReader(raw)
         reader = BundleReader(counted)  # type: ignore[arg-type]
         if str(reader.header.key) != key:
             raise BundleError(f"bundle under {key} holds key {reader.header.key}")
-        data = reader.read_part(MEGACACHE_PART, limit=budget.remaining)
+        data = reader.read_part(MEGACACHE_PART, limit=budget.remaining, max_ratio=job.max_ratio)
         result.bytes += counted.count
     budget.remaining -= len(data)
     result.unpacked_bytes += len(data)
     if data:
-        try:
-            load_cache_artifacts(data, cache_dir)
-        except Exception as exc:  # torch's own failure, whatever its type
-            raise BundleError(f"torch cannot load the Mega-Cache of {key}: {type(exc).__name__}: {exc}") from exc
-        result.files += 1
-    result.hits.append(key)
+        with job.gate.installing():
+            try:
+                load_cache_artifacts(data, job.target)
+            except Exception as exc:  # torch's own failure, whatever its type
+                raise BundleError(f"torch cannot load the Mega-Cache of {key}: {type(exc).__name__}: {exc}") from exc
+            result.files += 1
+            result.hits.append(key)
+    else:
+        result.hits.append(key)
 
 
 def load_cache_artifacts(data: bytes, cache_dir: Path | None = None) -> None:
@@ -367,6 +613,8 @@ def load(
     versions: Mapping[str, str | None] | None = None,
     strict: bool = False,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    max_ratio: float | None = DEFAULT_MAX_RATIO,
+    deadline: float | None = None,
     progress: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> PreloadResult:
@@ -380,6 +628,10 @@ def load(
         gpu=gpu,
         versions=versions,
         max_bytes=max_bytes,
+        max_ratio=max_ratio,
+        share=DEFAULT_SHARE,
+        owner=None,
+        deadline=deadline,
         progress=progress,
         env=env,
         strict=strict,

@@ -27,24 +27,71 @@ checked. The steps:
    and several bundles can be merged into one cache directory.
 
 On any failure the staging directory is removed and the target is left as it was.
+
+**Who may write the tree** (:class:`Sharing`). The preloader and the workload usually run as
+different users. ``owner`` is owner-only write (directories 0755, files the archive's mode
+within 0755); ``group`` makes every directory 0o2775 (setgid: what is created later inherits the
+directory's group, a pod's fsGroup on an emptyDir) and every file 0o664 (0o775 when the
+archive marks it executable); ``all`` makes directories 0o777 and files 0o666 (0o777). With an
+``owner`` uid/gid the tree is also handed to that user (needs CAP_CHOWN). :func:`prepare_cache_dir`
+creates the directories torch writes into at run time (:data:`RUNTIME_DIRS`, ``locks/`` among
+them) with the same modes. Lock files and this module's own bookkeeping are never taken from an
+archive.
+
+**Staging locks.** Each staging directory ``.compilecache-staging-<random>`` has a lock file
+beside it, ``.compilecache-staging-<random>.lock``, created and ``flock``-ed before the
+directory exists and held until the directory is gone. A later unpacker removes the staging
+directories whose lock it can take: their owner is dead (the kernel drops a dead process's
+locks), whatever PID namespace it ran in.
+
+**Node caches.** A directory shared by several pods (a hostPath) gets, per installed bundle,
+a completed-bundle marker ``.compilecache/bundles/<digest of the key>.json`` recording the
+bundle's key, size and sha256, written after the bundle is completely installed (into the
+staging directory before the rename when the target did not exist). Preloads of the same key
+into the same target are serialised by a lock file (:func:`bundle_lock`); the one that comes
+second finds the marker and fetches nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
 import filecmp
+import hashlib
+import json
 import os
 import posixpath
 import re
+import secrets
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 STAGING_PREFIX = ".compilecache-staging-"
+LOCK_SUFFIX = ".lock"
+_NEW_LOCK_PREFIX = ".compilecache-newlock-"
+"""A staging lock file before it gets its name (cleaners ignore it until it is old)."""
+LOCAL_PREFIX = ".compilecache"
+"""Top-level names starting with this are this module's bookkeeping: never taken from an archive."""
+STATE_DIR = ".compilecache"
+MARKER_DIR = f"{STATE_DIR}/bundles"
+BUNDLE_LOCK_PREFIX = ".compilecache-bundle-"
+UNLOCKED_STALE_SECONDS = 600.0
+"""A staging directory without a lock file (left by an older unpacker) is removed once this old."""
+RUNTIME_DIRS = ("locks", "fxgraph", "aotautograd", "dynamo", "triton", "cache")
+"""Directories torch 2.x creates under ``TORCHINDUCTOR_CACHE_DIR`` at run time and writes into:
+``locks/`` (every ``FileLock`` of ``torch._inductor.codecache.get_lock_dir()``), ``fxgraph/``
+(FxGraphCache), ``aotautograd/`` (AOTAutogradCache), ``dynamo/`` (PGO state and DynamoCache),
+``triton/`` (the default ``TRITON_CACHE_DIR``, ``triton/<device>``) and ``cache/`` (the local
+autotuning cache). Code files go into two-character directories made on demand under the root."""
+SHARE_OWNER, SHARE_GROUP, SHARE_ALL = "owner", "group", "all"
+SHARE_MODES = (SHARE_OWNER, SHARE_GROUP, SHARE_ALL)
 DEFAULT_MAX_MEMBER_BYTES = 16 * 1024**3
 DEFAULT_MAX_TOTAL_BYTES = 64 * 1024**3
 DEFAULT_MAX_MEMBERS = 1_000_000
@@ -70,6 +117,159 @@ class CorruptArchive(UnpackError):
     """The tar stream itself is malformed."""
 
 
+class Cancelled(UnpackError):
+    """The unpack was called off (the preload's deadline passed); nothing was installed."""
+
+
+class OwnershipError(UnpackError):
+    """The tree cannot be handed to the requested uid/gid (no CAP_CHOWN)."""
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Who may write the unpacked tree: the modes and (optionally) the owner it gets."""
+
+    share: str = SHARE_OWNER
+    owner: tuple[int, int] | None = None
+    """(uid, gid) to hand every created path to; None keeps the unpacker's own."""
+
+    def __post_init__(self) -> None:
+        if self.share not in SHARE_MODES:
+            raise ValueError(f"share {self.share!r}: expected one of {', '.join(SHARE_MODES)}")
+
+    @property
+    def dir_mode(self) -> int:
+        return {SHARE_OWNER: 0o755, SHARE_GROUP: 0o2775, SHARE_ALL: 0o777}[self.share]
+
+    def file_mode(self, archived: int = 0o644) -> int:
+        """The mode of a file the archive gives ``archived``: never setuid, setgid or sticky."""
+        if self.share == SHARE_OWNER:
+            return (archived & 0o755) | 0o600
+        executable = 0o111 if archived & 0o111 else 0
+        return (0o664 if self.share == SHARE_GROUP else 0o666) | executable
+
+    def own(self, path: str | Path, *, follow: bool = True) -> None:
+        """Hand ``path`` to :attr:`owner` (a no-op without one); :class:`OwnershipError` when refused."""
+        if self.owner is None:
+            return
+        try:
+            os.chown(path, *self.owner, follow_symlinks=follow)
+        except PermissionError as exc:
+            raise OwnershipError(_chown_refused(self.owner, path, exc)) from None
+
+    def made_dir(self, path: str | Path) -> None:
+        """Give a directory this unpacker created its owner and mode (owner first: chown may clear setgid)."""
+        self.own(path)
+        os.chmod(path, self.dir_mode)
+
+    def adopt_dir(self, path: str | Path) -> None:
+        """Best effort for a directory that was already there: the same owner and mode when this
+        process may change them (its own, or any as root); someone else's stays as it is."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if st.st_uid != os.geteuid() and os.geteuid() != 0:
+            return
+        with contextlib.suppress(OwnershipError, PermissionError):
+            if self.owner is not None and (st.st_uid, st.st_gid) != self.owner:
+                self.own(path)
+            if (st.st_mode & 0o7777) != self.dir_mode:
+                os.chmod(path, self.dir_mode)
+
+    def make_dir(self, path: str | Path) -> bool:
+        """Create ``path`` with this owner and mode, or adopt it when it is already a directory;
+        True when it was made here."""
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            self.adopt_dir(path)
+            return False
+        self.made_dir(path)
+        return True
+
+    def made_file(self, path: str | Path) -> None:
+        """Give a small file this unpacker wrote (a marker, a lock file) its owner and mode."""
+        self.own(path)
+        os.chmod(path, self.file_mode())
+
+
+def _chown_refused(owner: tuple[int, int], path: str | Path, exc: OSError) -> str:
+    return (
+        f"--owner {owner[0]}:{owner[1]}: cannot hand {path} over ({exc.strerror or exc}); changing "
+        "ownership needs CAP_CHOWN (run the preload as root, or add the capability)"
+    )
+
+
+def check_can_own(directory: Path, owner: tuple[int, int]) -> None:
+    """Prove that this process may hand files in ``directory`` to ``owner``: chown a scratch file.
+
+    Raises :class:`OwnershipError` (no CAP_CHOWN) before anything is fetched.
+    """
+    fd, probe = _mkstemp(directory, ".compilecache-chown-probe-")
+    os.close(fd)
+    try:
+        os.chown(probe, *owner)
+    except PermissionError as exc:
+        raise OwnershipError(_chown_refused(owner, directory, exc)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+
+
+def parse_owner(text: str) -> tuple[int, int]:
+    """``UID:GID`` (non-negative integers) -> (uid, gid); ValueError naming the text."""
+    uid, sep, gid = text.partition(":")
+    if not sep or not uid.isdigit() or not gid.isdigit():
+        raise ValueError(f"owner {text!r}: expected UID:GID, two non-negative integers such as 1000:1000")
+    return int(uid), int(gid)
+
+
+class Gate:
+    """Lets an unpack be called off from another thread, but never in the middle of installing.
+
+    The unpacker calls :meth:`check` between members and pieces and installs inside
+    :meth:`installing`; :meth:`close` (the deadline) waits for an install under way to end,
+    then makes every later :meth:`check` raise :class:`Cancelled` and returns the staging
+    directories still in use, for the caller to remove.
+    """
+
+    def __init__(self, reason: str = "called off") -> None:
+        self.reason = reason
+        self._lock = threading.Lock()
+        self._closed = False
+        self._staging: set[Path] = set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check(self) -> None:
+        if self._closed:
+            raise Cancelled(self.reason)
+
+    @contextlib.contextmanager
+    def installing(self) -> Iterator[None]:
+        with self._lock:
+            self.check()
+            yield
+
+    def staged(self, path: Path) -> None:
+        with self._lock:
+            self._staging.add(path)
+
+    def unstaged(self, path: Path) -> None:
+        with self._lock:
+            self._staging.discard(path)
+
+    def close(self, reason: str | None = None) -> list[Path]:
+        with self._lock:
+            if reason:
+                self.reason = reason
+            self._closed = True
+            return sorted(self._staging)
+
+
 @dataclass(frozen=True)
 class Limits:
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
@@ -85,6 +285,8 @@ class UnpackStats:
     installed: int = 0
     identical: int = 0
     conflicts: int = 0
+    skipped: int = 0
+    """Members left out: lock files and bookkeeping (see :func:`is_local_only`)."""
 
 
 # -- the tar stream ---------------------------------------------------------------------------------
@@ -387,22 +589,37 @@ def check_member(member: Member, limits: Limits) -> str:
 
 
 # -- extraction -----------------------------------------------------------------------------------
-def extract_tar(stream: Readable, root: Path, limits: Limits) -> UnpackStats:
+def is_local_only(path: str) -> bool:
+    """Paths never taken from an archive: lock files (``locks/``, ``*.lock``: they mean something
+    only on the machine that made them, and one owned by the unpacker could block the workload)
+    and this module's bookkeeping (top-level ``.compilecache*``)."""
+    top = path.split("/", 1)[0]
+    return top == "locks" or top.startswith(LOCAL_PREFIX) or path.endswith(LOCK_SUFFIX)
+
+
+def extract_tar(
+    stream: Readable, root: Path, limits: Limits, sharing: Sharing | None = None, gate: Gate | None = None
+) -> UnpackStats:
     """Extract a tar stream into ``root`` (an empty staging directory), checking every member."""
     stats = UnpackStats()
     links: set[str] = set()
     files: set[str] = set()
     seen: set[str] = set()
     reader = TarReader(stream)
-    out = _Files(root)
+    out = _Files(root, sharing or Sharing(), gate)
     try:
         while (member := reader.next()) is not None:
+            if gate is not None:
+                gate.check()
             stats.members += 1
             if stats.members > limits.max_members:
                 raise ArchiveTooLarge(f"archive: more than {limits.max_members} members")
             path = check_member(member, limits)
             if not path:
                 continue  # the root directory entry itself
+            if is_local_only(path):
+                stats.skipped += 1
+                continue
             _refuse_through_links(member.name, path, links)
             if path in seen and not member.isdir():
                 raise UnsafeMember(f"member {member.name!r}: appears twice in the archive")
@@ -413,7 +630,7 @@ def extract_tar(stream: Readable, root: Path, limits: Limits) -> UnpackStats:
                     raise ArchiveTooLarge(
                         f"archive: over the limit of {limits.max_total_bytes} bytes at member {member.name!r}"
                     )
-                out.open_file(path, (member.mode & 0o755) | 0o600)
+                out.open_file(path, out.sharing.file_mode(member.mode))
                 for piece in reader.data(member):
                     out.write(piece)
                 out.close_file(member.mtime)
@@ -459,21 +676,42 @@ def _current_umask() -> int:
 
 
 class _Files:
-    """The file system side of extraction: creates what the checked members describe under ``root``."""
+    """The file system side of extraction: creates what the checked members describe under ``root``,
+    with the modes (and owner) of ``sharing``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, sharing: Sharing, gate: Gate | None = None) -> None:
         self.root = str(root)
+        self.sharing = sharing
+        self._gate = gate
         self._made: set[str] = {self.root}
         self._umask = _current_umask()
         self._fd: int | None = None
         self._mode = 0
 
+    def _dirs(self, rel: str) -> str:
+        """Create the directories of ``rel`` below the root, one by one (never the root itself:
+        a staging directory removed under a called-off unpack is not brought back)."""
+        full = f"{self.root}/{rel}" if rel else self.root
+        if full in self._made:
+            return full
+        current = self.root
+        for part in rel.split("/"):
+            current = f"{current}/{part}"
+            if current in self._made:
+                continue
+            try:
+                os.mkdir(current, 0o700)
+            except FileExistsError:
+                if not os.path.isdir(current) or os.path.islink(current):
+                    raise UnpackError(f"member {rel!r}: {current} exists and is not a directory") from None
+            else:
+                self.sharing.made_dir(current)
+            self._made.add(current)
+        return full
+
     def _parent(self, path: str) -> str:
         parent, _, _ = path.rpartition("/")
-        full = f"{self.root}/{parent}" if parent else self.root
-        if full not in self._made:
-            os.makedirs(full, exist_ok=True)
-            self._made.add(full)
+        self._dirs(parent)
         return f"{self.root}/{path}"
 
     def open_file(self, path: str, mode: int) -> None:
@@ -482,6 +720,8 @@ class _Files:
 
     def write(self, piece: memoryview) -> None:
         assert self._fd is not None
+        if self._gate is not None:
+            self._gate.check()
         while piece:
             piece = piece[os.write(self._fd, piece) :]
 
@@ -489,7 +729,13 @@ class _Files:
         fd, self._fd = self._fd, None
         assert fd is not None
         try:
-            if self._mode & self._umask:  # the umask took bits away: set the mode the archive asks for
+            if self.sharing.owner is not None:
+                try:
+                    os.fchown(fd, *self.sharing.owner)
+                except PermissionError as exc:
+                    raise OwnershipError(_chown_refused(self.sharing.owner, self.root, exc)) from None
+                os.fchmod(fd, self._mode)  # chown clears setgid; the mode is set again after it
+            elif self._mode & self._umask:  # the umask took bits away: set the mode the archive asks for
                 os.fchmod(fd, self._mode)
             with contextlib.suppress(OSError, OverflowError, ValueError):
                 os.utime(fd, (mtime, mtime))
@@ -497,12 +743,12 @@ class _Files:
             os.close(fd)
 
     def mkdir(self, path: str) -> None:
-        full = f"{self.root}/{path}"
-        os.makedirs(full, exist_ok=True)
-        self._made.add(full)
+        self._dirs(path)
 
     def symlink(self, path: str, linkname: str) -> None:
-        os.symlink(linkname, self._parent(path))
+        full = self._parent(path)
+        os.symlink(linkname, full)
+        self.sharing.own(full, follow=False)
 
     def close(self) -> None:
         """Close a file left open by an error in the middle of it."""
@@ -516,56 +762,309 @@ class _Files:
             os.link(source, dest)
         except OSError:
             shutil.copy2(source, dest)
+            self.sharing.own(dest)
 
 
-# -- staging and installation ------------------------------------------------------------------
-def remove_stale_staging(target: Path) -> None:
-    """Remove staging directories left in ``target`` by unpackers that are no longer running."""
-    if not target.is_dir():
-        return
-    for entry in target.iterdir():
-        if entry.name.startswith(STAGING_PREFIX) and not _owner_alive(entry.name):
-            shutil.rmtree(entry, ignore_errors=True)
+def make_runtime_dirs(root: Path, sharing: Sharing) -> None:
+    """Create :data:`RUNTIME_DIRS` under ``root`` (a staging directory or the cache directory)
+    with the sharing's modes; those already there are adopted (see :meth:`Sharing.adopt_dir`)."""
+    for name in RUNTIME_DIRS:
+        path = root / name
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            if path.is_dir() and not path.is_symlink():
+                sharing.adopt_dir(path)
+            continue
+        sharing.made_dir(path)
 
 
-def _owner_alive(name: str) -> bool:
-    pid_text = name[len(STAGING_PREFIX) :].split("-", 1)[0]
-    if not pid_text.isdigit():
-        return False
+def prepare_cache_dir(target: Path, sharing: Sharing) -> None:
+    """Make sure the cache directory exists and the workload can write what torch writes at run
+    time, whatever the preload's result (a miss leaves an empty but usable cache directory)."""
+    target = Path(target).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    sharing.make_dir(target)
+    make_runtime_dirs(target, sharing)
+
+
+# -- staging, and removing what killed unpackers left -------------------------------------------------
+def _mkstemp(directory: Path, prefix: str) -> tuple[int, str]:
+    while True:
+        name = f"{directory}/{prefix}{secrets.token_hex(8)}"
+        try:
+            return os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600), name
+        except FileExistsError:
+            continue
+
+
+@dataclass
+class Staging:
+    """A staging directory and the lock file beside it, held (``flock``) while the directory is used."""
+
+    path: Path
+    lock_path: Path
+    lock_fd: int
+
+    def release(self) -> None:
+        """Remove the directory (if still there), then the lock file, then let go of the lock."""
+        if self.path.exists():
+            shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(self.lock_path)
+        os.close(self.lock_fd)
+
+
+def open_staging(parent: Path, sharing: Sharing) -> Staging:
+    """A fresh staging directory in ``parent``, its lock file created and locked before it exists.
+
+    The lock file is made under a name cleaners leave alone, locked, then renamed to
+    ``<staging>.lock``; only then is the directory created. A cleaner that can lock a
+    ``.lock`` file therefore knows its owner is gone.
+    """
     try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        fd, temporary = _mkstemp(parent, _NEW_LOCK_PREFIX)
+    except OSError as exc:
+        raise UnpackError(
+            f"cannot write into {parent} (uid {os.geteuid()}, gid {os.getegid()}): {exc.strerror or exc}"
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        sharing.own(temporary)
+        os.fchmod(fd, sharing.file_mode())  # other uids of the group may then take it when we are gone
+        stem = f"{parent}/{STAGING_PREFIX}{secrets.token_hex(8)}"
+        os.rename(temporary, stem + LOCK_SUFFIX)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        os.close(fd)
+        raise
+    staging = Staging(Path(stem), Path(stem + LOCK_SUFFIX), fd)
+    try:
+        os.mkdir(stem, 0o700)
+    except BaseException:
+        staging.release()
+        raise
+    return staging
 
 
-def make_staging(target: Path) -> Path:
+def make_staging(target: Path, sharing: Sharing | None = None) -> Staging:
     """A fresh staging directory on the target's file system (see the module docstring)."""
     parent = target if target.exists() else target.parent
     parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=parent))
+    return open_staging(parent, sharing or Sharing())
 
 
-def install(staging: Path, target: Path, stats: UnpackStats) -> None:
-    """Move the staged tree into ``target``: one rename when absent, else a file-by-file merge."""
+def remove_stale_staging(directory: Path, *, now: float | None = None) -> list[str]:
+    """Remove the staging directories in ``directory`` whose unpacker is gone; their names.
+
+    A staging directory is stale when the lock file beside it can be locked (the kernel
+    released its dead owner's lock, in whatever PID namespace that owner ran), or, without a
+    lock file (an older unpacker), when it is older than :data:`UNLOCKED_STALE_SECONDS`.
+    """
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    names = {entry.name for entry in entries}
+    for entry in entries:
+        name = entry.name
+        if name.startswith(STAGING_PREFIX) and name.endswith(LOCK_SUFFIX):
+            if _reap_locked(Path(directory), name[: -len(LOCK_SUFFIX)]):
+                removed.append(name[: -len(LOCK_SUFFIX)])
+        elif name.startswith(STAGING_PREFIX) and name + LOCK_SUFFIX not in names:
+            if _older_than(entry, now, UNLOCKED_STALE_SECONDS) and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(name)
+        elif name.startswith(_NEW_LOCK_PREFIX) and _older_than(entry, now, UNLOCKED_STALE_SECONDS):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    return removed
+
+
+def _older_than(entry: os.DirEntry[str], now: float, seconds: float) -> bool:
+    try:
+        return now - entry.stat(follow_symlinks=False).st_mtime > seconds
+    except OSError:
+        return False
+
+
+def _reap_locked(directory: Path, stem: str) -> bool:
+    """Remove ``stem`` and ``stem.lock`` when the lock can be taken; whether it could."""
+    lock = directory / (stem + LOCK_SUFFIX)
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # gone meanwhile, or not ours to read
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # held: its unpacker is at work
+        shutil.rmtree(directory / stem, ignore_errors=True)
+        if (directory / stem).exists():
+            return False  # not ours to remove (another uid's, and no group write)
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        return True
+    finally:
+        os.close(fd)
+
+
+# -- node caches: completed-bundle markers and per-bundle locks ---------------------------------
+def _key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def marker_path(target: Path, key: str) -> Path:
+    """Where the completed-bundle marker of ``key`` lives in the cache directory ``target``."""
+    return Path(target) / MARKER_DIR / f"{_key_digest(key)}.json"
+
+
+def read_marker(target: Path, key: str) -> dict[str, Any] | None:
+    """The completed-bundle marker of ``key`` in ``target``; None when absent or not one of ours."""
+    try:
+        value = json.loads(marker_path(target, key).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(value, dict) or value.get("key") != key:
+        return None
+    return value
+
+
+def completed(target: Path, key: str, sha256: str | None, size: int | None) -> dict[str, Any] | None:
+    """The marker when ``target`` already holds the complete bundle ``key`` of that sha256 and size."""
+    if not sha256:
+        return None
+    marker = read_marker(target, key)
+    if marker is None or marker.get("sha256") != sha256 or (size is not None and marker.get("size") != size):
+        return None
+    return marker
+
+
+def _ensure_dirs(root: Path, rel: str, sharing: Sharing) -> Path:
+    current = root
+    for part in rel.split("/"):
+        current = current / part
+        try:
+            os.mkdir(current, 0o700)
+        except FileExistsError:
+            continue
+        sharing.made_dir(current)
+    return current
+
+
+def write_marker(root: Path, key: str, fields: Mapping[str, Any], sharing: Sharing) -> Path:
+    """Write the marker of ``key`` under ``root`` atomically (temporary name, then renamed)."""
+    directory = _ensure_dirs(root, MARKER_DIR, sharing)
+    path = marker_path(root, key)
+    fd, temporary = _mkstemp(directory, ".tmp-")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps({"key": key, **fields}, sort_keys=True) + "\n")
+        sharing.made_file(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return path
+
+
+def bundle_lock_path(target: Path, key: str) -> Path:
+    """The lock file that serialises preloads of ``key`` into ``target``: beside the target (named
+    after it and the key), where a target that does not exist yet is staged; inside the target
+    when its parent is not writable (a target that is itself a mount point). The choice does not
+    depend on whether the target exists, so every preload of the key picks the same file."""
+    target = Path(target).absolute()
+    digest = hashlib.sha256(f"{target.name}\0{key}".encode()).hexdigest()[:32]
+    parent = target.parent
+    beside = not parent.exists() or os.access(parent, os.W_OK | os.X_OK)
+    return (parent if beside else target) / f"{BUNDLE_LOCK_PREFIX}{digest}{LOCK_SUFFIX}"
+
+
+@contextlib.contextmanager
+def bundle_lock(
+    target: Path,
+    key: str,
+    sharing: Sharing,
+    *,
+    gate: Gate | None = None,
+    poll: float = 0.05,
+    on_wait: Callable[[], None] | None = None,
+) -> Iterator[None]:
+    """Hold the per-bundle lock of ``key`` in ``target`` (waiting for another holder, checking
+    ``gate`` while waiting). Lock files stay: removing a lock file others may hold is racy."""
+    path = bundle_lock_path(target, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            with contextlib.suppress(OSError):
+                sharing.own(path)
+                os.fchmod(fd, sharing.file_mode())
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+            if not waited and on_wait is not None:
+                on_wait()
+            waited = True
+            if gate is not None:
+                gate.check()
+            time.sleep(poll)
+        yield
+    finally:
+        os.close(fd)
+
+
+# -- installation --------------------------------------------------------------------------------
+def install(
+    staging: Path,
+    target: Path,
+    stats: UnpackStats,
+    sharing: Sharing | None = None,
+    marker: Mapping[str, Any] | None = None,
+) -> None:
+    """Move the staged tree into ``target``: one rename when absent, else a file-by-file merge.
+
+    ``marker`` (the key and the fields of a completed-bundle marker) is written when the
+    tree is complete: into the staging directory before the rename, after the merge otherwise.
+    """
+    sharing = sharing or Sharing()
     if not target.exists():
-        staging.chmod(0o755)
+        if marker is not None:
+            _write_marker_for(staging, marker, stats, sharing)
+        sharing.made_dir(staging)
         try:
             os.rename(staging, target)
         except FileExistsError:
             pass  # created meanwhile by someone else: merge below
         except OSError as exc:
-            if not target.exists():
+            if exc.errno == errno.ENOTEMPTY and target.is_dir():
+                pass  # created and filled meanwhile: merge below
+            elif not target.exists():
                 raise UnpackError(f"cannot move the unpacked cache into {target}: {exc.strerror or exc}") from exc
         else:
             stats.installed += stats.files
             return
     if not target.is_dir():
         raise UnpackError(f"target {target} exists and is not a directory")
+    sharing.adopt_dir(target)
     for directory, dirnames, filenames in os.walk(staging):
         rel = Path(directory).relative_to(staging)
+        if rel == Path("."):
+            dirnames[:] = [d for d in dirnames if not d.startswith(LOCAL_PREFIX)]  # the staged marker
+            filenames[:] = [f for f in filenames if not f.startswith(LOCAL_PREFIX)]
         for name in sorted(dirnames):
             src, dest = Path(directory) / name, target / rel / name
             if src.is_symlink():
@@ -573,10 +1072,18 @@ def install(staging: Path, target: Path, stats: UnpackStats) -> None:
                 continue
             if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
                 raise UnpackError(f"cannot merge directory {rel / name}: {dest} exists and is not a directory")
-            dest.mkdir(exist_ok=True)
+            sharing.make_dir(dest)
         dirnames[:] = [d for d in dirnames if not (Path(directory) / d).is_symlink()]
         for name in sorted(filenames):
             _install_file(Path(directory) / name, target / rel / name, stats)
+    if marker is not None:
+        _write_marker_for(target, marker, stats, sharing)
+
+
+def _write_marker_for(root: Path, marker: Mapping[str, Any], stats: UnpackStats, sharing: Sharing) -> None:
+    fields = {k: v for k, v in marker.items() if k != "key"}
+    fields.update(files=stats.files, unpacked_bytes=stats.bytes, completed=time.time())
+    write_marker(root, str(marker["key"]), fields, sharing)
 
 
 def _install_file(src: Path, dest: Path, stats: UnpackStats) -> None:
@@ -607,21 +1114,43 @@ def _same_content(a: Path, b: Path) -> bool:
 
 
 def unpack_tar_verified(
-    stream: Readable, verify: Callable[[], None], target: Path, limits: Limits | None = None
+    stream: Readable,
+    verify: Callable[[], None],
+    target: Path,
+    limits: Limits | None = None,
+    *,
+    sharing: Sharing | None = None,
+    marker: Mapping[str, Any] | None = None,
+    gate: Gate | None = None,
+    on_installed: Callable[[UnpackStats], None] | None = None,
 ) -> UnpackStats:
     """Extract ``stream`` to a staging directory, call ``verify``, then install into ``target``.
 
     ``verify`` raises when the archive's bytes do not match their recorded digest; nothing
-    is installed then. Returns what was extracted and how the merge went.
+    is installed then. ``sharing`` sets the modes (and owner) of everything created (the
+    directories torch writes at run time are :func:`prepare_cache_dir`'s); ``marker`` (a ``key`` and fields such as
+    ``sha256`` and ``size``) is recorded as the completed-bundle marker once installed;
+    ``gate`` lets another thread call the unpack off before it installs, and ``on_installed``
+    runs right after the install, while the gate still holds (so that what it records and the
+    install belong together). Returns what was extracted and how the merge went.
     """
     target = Path(target).absolute()
-    remove_stale_staging(target)
-    staging = make_staging(target)
+    sharing = sharing or Sharing()
+    for directory in {target, target.parent}:
+        remove_stale_staging(directory)
+    staging = make_staging(target, sharing)
+    if gate is not None:
+        gate.staged(staging.path)
     try:
-        stats = extract_tar(stream, staging, limits or Limits())
+        sharing.own(staging.path)
+        stats = extract_tar(stream, staging.path, limits or Limits(), sharing, gate)
         verify()
-        install(staging, target, stats)
+        with gate.installing() if gate is not None else contextlib.nullcontext():
+            install(staging.path, target, stats, sharing, marker)
+            if on_installed is not None:
+                on_installed(stats)
         return stats
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        staging.release()
+        if gate is not None:
+            gate.unstaged(staging.path)

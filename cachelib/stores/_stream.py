@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 from cachelib.progress import Progress
 from cachelib.stores.base import SizeMismatch
@@ -159,11 +160,14 @@ def as_binary(stream: io.RawIOBase) -> BinaryIO:
     return cast(BinaryIO, stream)
 
 
-def read_pieces(stream: BinaryIO, piece_size: int, expected: int | None, describe: str) -> Iterator[bytes]:
+def read_pieces(
+    stream: BinaryIO, piece_size: int, expected: int | None, describe: str, digest: Any | None = None
+) -> Iterator[bytes]:
     """Yield ``stream`` in pieces of exactly ``piece_size`` bytes (the last may be shorter).
 
     When ``expected`` is given, a stream that ends early or runs past it raises
-    :class:`SizeMismatch` before the piece that proves it is yielded.
+    :class:`SizeMismatch` before the piece that proves it is yielded. ``digest`` (a hashlib
+    object) is updated with every piece.
     """
     total = 0
     while True:
@@ -171,6 +175,8 @@ def read_pieces(stream: BinaryIO, piece_size: int, expected: int | None, describ
         if not piece:
             break
         total += len(piece)
+        if digest is not None:
+            digest.update(piece)
         if expected is not None and total > expected:
             raise SizeMismatch(f"{describe}: the stream holds more than the announced {expected} bytes")
         yield piece
@@ -178,6 +184,22 @@ def read_pieces(stream: BinaryIO, piece_size: int, expected: int | None, describ
             break
     if expected is not None and total != expected:
         raise SizeMismatch(f"{describe}: the stream ended after {total} of the announced {expected} bytes")
+
+
+def seekable_sha256(stream: BinaryIO, chunk: int = 1024 * 1024) -> str | None:
+    """The sha256 of what is left in ``stream`` when it can seek back (a local file), read ahead of an
+    upload whose metadata must be given before its data; None for a stream that cannot."""
+    try:
+        if not stream.seekable():
+            return None
+        start = stream.tell()
+    except (AttributeError, OSError, ValueError):
+        return None
+    digest = hashlib.sha256()
+    while data := stream.read(chunk):
+        digest.update(data)
+    stream.seek(start)
+    return digest.hexdigest()
 
 
 def read_exactly(stream: BinaryIO, n: int) -> bytes:

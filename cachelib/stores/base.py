@@ -84,6 +84,9 @@ class ObjectInfo:
     size: int
     modified: float
     """Seconds since the epoch at which the object was published."""
+    sha256: str | None = None
+    """Digest of the object's bytes, recorded by the store when it was published; None when the
+    store has none (an object published by an older version, or one it could not record)."""
 
 
 class Store(abc.ABC):
@@ -99,6 +102,8 @@ class Store(abc.ABC):
         ``size`` (when known) lets a backend plan chunks and show a progress bar; when the
         stream then ends early or runs long, nothing is published and :class:`StoreError`
         names both sizes. ``progress`` asks for a bar (shown only when stderr is a terminal).
+        The sha256 of the bytes is recorded with the object where the backend can (see
+        :attr:`ObjectInfo.sha256`) and returned in the :class:`ObjectInfo`.
         """
 
     @abc.abstractmethod
@@ -112,7 +117,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def head(self, key: str) -> ObjectInfo | None:
-        """The object's size and publish time, or ``None`` when absent."""
+        """The object's size, publish time and recorded sha256, or ``None`` when absent."""
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:

@@ -4,11 +4,16 @@ A publish writes a hidden temporary file next to its destination, fsyncs it and 
 it into place, so readers see the old file or the new one, never a partial one; an open
 reader keeps reading the version it opened. Hidden names (leading ``.``) are never
 objects: that is where the temporary files live, and ``list`` skips them.
+
+The sha256 of an object is kept in its extended attribute ``user.compilecache.sha256``, set on
+the temporary file before the rename, so the digest always belongs to the bytes beside it. On
+a file system without user extended attributes the store records none (``head`` gives None).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import secrets
@@ -30,6 +35,7 @@ from cachelib.stores.urls import FileStoreURL
 
 _COPY_SIZE = 1024 * 1024
 _MKDIR_ATTEMPTS = 5
+SHA256_XATTR = "user.compilecache.sha256"
 
 
 class FileStore(Store):
@@ -50,15 +56,17 @@ class FileStore(Store):
         temp = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
         with Progress(f"put {key}", size, enabled=progress) as bar:
             fd = self._create_temp(key, directory, temp)
+            digest = hashlib.sha256()
             try:
                 with os.fdopen(fd, "wb") as out:
-                    for piece in read_pieces(stream, _COPY_SIZE, size, f"{self.url}: put {key}"):
+                    for piece in read_pieces(stream, _COPY_SIZE, size, f"{self.url}: put {key}", digest):
                         with self._writing(key):
                             out.write(piece)
                         bar.update(len(piece))
                     with self._writing(key):
                         out.flush()
                         os.fsync(out.fileno())
+                    recorded = _set_sha256(out.fileno(), digest.hexdigest())
                 with self._writing(key):
                     os.replace(temp, path)
             except BaseException:
@@ -67,7 +75,7 @@ class FileStore(Store):
                 raise
             _fsync_directory(directory)
             stat = os.stat(path)
-        return ObjectInfo(key=key, size=stat.st_size, modified=stat.st_mtime)
+        return ObjectInfo(key=key, size=stat.st_size, modified=stat.st_mtime, sha256=recorded)
 
     @contextlib.contextmanager
     def _writing(self, key: str) -> Iterator[None]:
@@ -120,7 +128,7 @@ class FileStore(Store):
             raise StoreUnavailable(f"{self.url}: cannot stat {key!r}: {exc}") from exc
         if not os.path.isfile(path):
             return None
-        return ObjectInfo(key=key, size=stat.st_size, modified=stat.st_mtime)
+        return ObjectInfo(key=key, size=stat.st_size, modified=stat.st_mtime, sha256=_get_sha256(path))
 
     # -- list -----------------------------------------------------------------------------
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
@@ -192,3 +200,20 @@ def _fsync_directory(directory: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _set_sha256(fd: int, digest: str) -> str | None:
+    """Record ``digest`` on the open file; None when the file system keeps no user attributes."""
+    try:
+        os.setxattr(fd, SHA256_XATTR, digest.encode())
+    except (OSError, AttributeError):
+        return None
+    return digest
+
+
+def _get_sha256(path: str) -> str | None:
+    try:
+        value = os.getxattr(path, SHA256_XATTR).decode()
+    except (OSError, AttributeError, UnicodeDecodeError):
+        return None
+    return value if len(value) == 64 and all(c in "0123456789abcdef" for c in value) else None

@@ -2,7 +2,7 @@
 
 Layout under the URL's ``prefix`` (default ``compilecache``)::
 
-    <prefix>:m:<key>                 hash: size, chunks, chunk_size, upload, created
+    <prefix>:m:<key>                 hash: size, chunks, chunk_size, upload, created, sha256
     <prefix>:c:<key>:<upload>:<i>    string: chunk i of one upload
     <prefix>:index                   sorted set of every key (score 0), read with ZRANGEBYLEX
 
@@ -21,6 +21,7 @@ The scripts touch chunk keys they derive themselves, so the store needs a standa
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import secrets
 import time
 from collections import deque
@@ -69,7 +70,7 @@ end
 """
 
 # KEYS: manifest, index. ARGV: key, upload, chunks, size, chunk_size, created, ttl (0: none),
-# grace, chunk key prefix (<prefix>:c:<key>:).
+# grace, chunk key prefix (<prefix>:c:<key>:), sha256 of the object.
 _PUBLISH = (
     _RETIRE
     + """
@@ -88,7 +89,7 @@ local old_upload = redis.call('HGET', KEYS[1], 'upload')
 local old_count = tonumber(redis.call('HGET', KEYS[1], 'chunks') or '0')
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'size', ARGV[4], 'chunks', ARGV[3], 'chunk_size', ARGV[5],
-           'upload', ARGV[2], 'created', ARGV[6])
+           'upload', ARGV[2], 'created', ARGV[6], 'sha256', ARGV[10])
 if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
 if old_upload and old_upload ~= ARGV[2] then retire(ARGV[9], old_upload, old_count, tonumber(ARGV[8])) end
@@ -117,22 +118,34 @@ return 0
 """
 
 
+class _Refused(Exception):
+    """Carries an authentication failure through ``Retry.call_with_retry`` (which does not retry it)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _RetryOutages(Retry):
-    """Retries dropped connections and timeouts, but never a refused password."""
+    """Retries dropped connections and timeouts, but never a refused password.
 
-    def call_with_retry(
-        self,
-        do: Callable[[], _T],
-        fail: Callable[..., Any],
-        is_retryable: Callable[[Exception], bool] | None = None,
-        with_failure_count: bool = False,
-    ) -> _T:
-        def retryable(error: Exception) -> bool:
-            if isinstance(error, redis.AuthenticationError):
-                return False
-            return is_retryable is None or is_retryable(error)
+    An authentication failure is a ``ConnectionError`` to redis-py, which would retry it. It is
+    handed through the retry loop wrapped in an exception the loop does not know, then
+    unwrapped. Whatever else redis-py passes (its signature changed across 5.x to 7.x) is passed
+    on unchanged, so this works with every redis-py the project allows.
+    """
 
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
+    def call_with_retry(self, do: Callable[[], _T], fail: Callable[..., Any], *args: Any, **kwargs: Any) -> _T:
+        def attempt() -> _T:
+            try:
+                return do()
+            except redis.AuthenticationError as exc:
+                raise _Refused(exc) from exc
+
+        try:
+            return super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _Refused as refused:
+            raise refused.error from None
 
 
 class RedisStore(Store):
@@ -176,8 +189,9 @@ class RedisStore(Store):
         chunk = self.config.chunk
         total = 0
         count = 0
+        digest = hashlib.sha256()
         with Progress(f"put {key}", size, enabled=progress) as bar, self._errors(key):
-            pieces = read_pieces(stream, chunk, size, f"{self.url}: put {key}")
+            pieces = read_pieces(stream, chunk, size, f"{self.url}: put {key}", digest)
 
             def write(index: int, piece: bytes) -> int:
                 self._client.set(self.chunk_key(key, upload, index), piece, ex=PENDING_SECONDS)
@@ -201,12 +215,13 @@ class RedisStore(Store):
                         self.config.ttl or 0,
                         self.config.grace,
                         self.chunk_prefix(key),
+                        digest.hexdigest(),
                     ],
                 )
             except BaseException:
                 self._discard_upload(key, upload, count + self.config.workers + 1)
                 raise
-        return ObjectInfo(key=key, size=total, modified=created)
+        return ObjectInfo(key=key, size=total, modified=created, sha256=digest.hexdigest())
 
     def _discard_upload(self, key: str, upload: str, upper: int) -> None:
         """Best-effort removal of the chunks of an upload that was not published."""
@@ -248,7 +263,12 @@ class RedisStore(Store):
         manifest = self._manifest(key)
         if manifest is None:
             return None
-        return ObjectInfo(key=key, size=int(manifest["size"]), modified=float(manifest["created"]))
+        return ObjectInfo(
+            key=key,
+            size=int(manifest["size"]),
+            modified=float(manifest["created"]),
+            sha256=manifest.get("sha256") or None,
+        )
 
     # -- list -----------------------------------------------------------------------------
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:

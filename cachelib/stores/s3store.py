@@ -5,6 +5,10 @@ the object and uploaded in parallel; S3 shows the object only once the upload co
 and a failed upload is aborted, so readers never see a partial object. Reads are parallel
 ranged GETs pinned to the ETag seen at open (``If-Match``): a reader racing a re-publish
 either reads the version it opened or gets :class:`ObjectChanged`.
+The object's sha256 travels as user metadata (``x-amz-meta-sha256``), given with the upload
+itself: a single PUT hashes its body, a multipart upload of a stream that can seek (a local
+bundle file, as ``publish`` gives) hashes it first and checks the digest again before it
+completes. A multipart upload of a stream that cannot seek records none.
 Credentials come from boto3's standard chain (``AWS_*`` environment, config files,
 instance roles); the endpoint from the URL, else ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``.
 """
@@ -12,9 +16,11 @@ instance roles); the endpoint from the URL, else ``AWS_ENDPOINT_URL_S3`` or ``AW
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
+import re
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from itertools import chain
@@ -25,7 +31,7 @@ import botocore.config
 import botocore.exceptions
 
 from cachelib.progress import Progress
-from cachelib.stores._stream import OrderedFetchStream, as_binary, read_pieces
+from cachelib.stores._stream import OrderedFetchStream, as_binary, read_pieces, seekable_sha256
 from cachelib.stores.base import (
     InvalidObjectKey,
     NotFound,
@@ -63,6 +69,7 @@ _UNAVAILABLE_CODES = frozenset(
     }
 )
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def plan_part_size(size: int | None) -> int:
@@ -113,23 +120,39 @@ class S3Store(Store):
     def put(self, key: str, stream: BinaryIO, size: int | None = None, *, progress: bool = False) -> ObjectInfo:
         name = self.object_key(key)
         part_size = self.config.part or plan_part_size(size)
+        ahead = seekable_sha256(stream)
+        digest = hashlib.sha256()
         with Progress(f"put {key}", size, enabled=progress) as bar, self._errors(key):
-            pieces = read_pieces(stream, part_size, size, f"{self.url}: put {key}")
+            pieces = read_pieces(stream, part_size, size, f"{self.url}: put {key}", digest)
             first = next(pieces, b"")
             second = next(pieces, None)
             if second is None:
-                self._client.put_object(Bucket=self.config.bucket, Key=name, Body=first)
+                metadata = {"sha256": digest.hexdigest()}
+                self._client.put_object(Bucket=self.config.bucket, Key=name, Body=first, Metadata=metadata)
                 bar.update(len(first))
             else:
-                self._multipart(name, chain([first, second], pieces), bar)
+
+                def same_bytes() -> None:
+                    if ahead is not None and digest.hexdigest() != ahead:
+                        raise StoreError(f"{self.url}: put {key}: the stream changed while it was uploaded")
+
+                metadata = {"sha256": ahead} if ahead else {}
+                self._multipart(name, chain([first, second], pieces), bar, metadata, same_bytes)
         info = self.head(key)
         if info is None:
             raise StoreError(f"{self.url}: {key!r} is not visible after publishing it")
         return info
 
-    def _multipart(self, name: str, pieces: Iterator[bytes], bar: Progress) -> None:
+    def _multipart(
+        self,
+        name: str,
+        pieces: Iterator[bytes],
+        bar: Progress,
+        metadata: dict[str, str],
+        before_complete: Callable[[], None],
+    ) -> None:
         bucket = self.config.bucket
-        upload_id = self._client.create_multipart_upload(Bucket=bucket, Key=name)["UploadId"]
+        upload_id = self._client.create_multipart_upload(Bucket=bucket, Key=name, Metadata=metadata)["UploadId"]
 
         def upload(number: int, piece: bytes) -> dict[str, Any]:
             answer = self._client.upload_part(
@@ -157,6 +180,7 @@ class S3Store(Store):
                 finally:
                     for future in pending:
                         future.cancel()
+            before_complete()
             self._client.complete_multipart_upload(
                 Bucket=bucket,
                 Key=name,
@@ -184,7 +208,13 @@ class S3Store(Store):
         answer = self._head(key)
         if answer is None:
             return None
-        return ObjectInfo(key=key, size=int(answer["ContentLength"]), modified=answer["LastModified"].timestamp())
+        recorded = str(answer.get("Metadata", {}).get("sha256", "")).lower()
+        return ObjectInfo(
+            key=key,
+            size=int(answer["ContentLength"]),
+            modified=answer["LastModified"].timestamp(),
+            sha256=recorded if _SHA256.match(recorded) else None,
+        )
 
     def get(self, key: str, *, progress: bool = False) -> AbstractContextManager[BinaryIO]:
         answer = self._head(key)

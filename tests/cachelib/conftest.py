@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ import pytest
 from cachelib import harness
 from tests.servers import redis_server, s3_server, store_url
 
-__all__ = ["redis_server", "s3_server", "store_url", "warmed"]
+__all__ = ["open_dir", "redis_server", "s3_server", "store_url", "warmed"]
 
 WARM_TARGET = "tiny_mlp"
 WARM_NAMESPACE, WARM_NAME = "default", "warm"
@@ -47,3 +50,15 @@ def warmed(tmp_path_factory: pytest.TempPathFactory) -> Warmed:
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
     return Warmed(out, result, time.perf_counter() - started)
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A fresh directory every uid can reach (pytest's own tmp_path sits below a root-only 0700
+    directory), for tests that run processes as other users; removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="compilecache-uids-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -84,6 +84,12 @@ def tree(root: Path) -> dict[str, str]:
     return found
 
 
+def content(root: Path) -> dict[str, str]:
+    """:func:`tree` of a cache directory as the workload sees it: without the preloader's
+    bookkeeping (completed-bundle markers and lock files, top-level ``.compilecache*``)."""
+    return {rel: kind for rel, kind in tree(root).items() if not rel.startswith(".compilecache")}
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``compilecache ARGS`` in a fresh interpreter (as a container would run it)."""
     return subprocess.run(

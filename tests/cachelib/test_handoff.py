@@ -35,6 +35,22 @@ def test_write_then_read_round_trips_and_leaves_no_temporary_file(tmp_path: Path
     assert sorted(p.name for p in path.parent.iterdir()) == [DONE_FILE_NAME]
 
 
+def test_the_done_file_is_readable_by_every_uid(open_dir: Path) -> None:
+    """The workload rarely runs as the preloader's uid: a done file only its writer can read would
+    make wait_for_preload() fail with PermissionError (mkstemp creates files 0600)."""
+    old_umask = os.umask(0o077)
+    try:
+        path = write_done(open_dir / DONE_FILE_NAME, {"result": "hit"})
+    finally:
+        os.umask(old_umask)
+    assert path.stat().st_mode & 0o777 == 0o644
+    if os.geteuid() == 0:
+        code = f"from cachelib.handoff import read_done; print(read_done({str(path)!r})['result'])"
+        proc = subprocess.run(["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", sys.executable,
+                               "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)  # fmt: skip
+        assert proc.stdout.strip() == "hit", proc.stderr
+
+
 def test_read_before_the_preload_finished_is_none(tmp_path: Path) -> None:
     assert read_done(tmp_path / DONE_FILE_NAME) is None
 

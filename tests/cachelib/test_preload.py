@@ -23,13 +23,16 @@ from cachelib.preload import (
 )
 from cachelib.publish import publish
 from cachelib.stores import open_store
-from tests.cachelib.helpers import last_json, make_key, make_outdir, run_cli, tree
+from cachelib.unpack import RUNTIME_DIRS
+from tests.cachelib.helpers import ROOT, content, last_json, make_key, make_outdir, run_cli, tree
 from tests.servers import free_port
 
 H100 = make_key()
 A100 = make_key(gpu="nvidia-a100-sxm4-80gb", capability="sm80")
 OLD_TORCH = make_key(torch="2.12.0+cu128")
 CPU = make_key(gpu="cpu", capability="cpu", torch="2.13.0+cpu", triton="none", cuda="none")
+EMPTY_CACHE_DIR = dict.fromkeys(RUNTIME_DIRS, "dir")
+"""What a preload that installed nothing leaves: the directories torch writes at run time, empty."""
 
 
 @pytest.fixture
@@ -112,7 +115,7 @@ def test_miss_when_no_variant_matches(store: str, tmp_path: Path) -> None:
     result = preload(store, cache="team-a/llama", target=tmp_path / "m", gpu="NVIDIA-B200")
     assert result.result == "miss" and result.keys == []
     assert "nvidia-b200" in (result.reason or "") and "4 in the store" in (result.reason or "")
-    assert not (tmp_path / "m").exists()
+    assert content(tmp_path / "m") == EMPTY_CACHE_DIR
     with pytest.raises(PreloadFailed) as caught:
         preload(store, cache="team-a/llama", target=tmp_path / "m", gpu="NVIDIA-B200", strict=True)
     assert caught.value.result.result == "miss"
@@ -145,13 +148,13 @@ def test_corrupt_bundle_is_an_error_and_writes_nothing(store: str, tmp_path: Pat
     result = preload(store, [str(H100)], target)
     assert result.result == "error"
     assert (result.reason or "").startswith("CorruptPart: part 'cachedir'")
-    assert list(target.iterdir()) == []
+    assert content(target) == EMPTY_CACHE_DIR
 
 
 def test_max_bytes_refuses_before_writing(store: str, tmp_path: Path) -> None:
     result = preload(store, [str(H100)], tmp_path / "small", max_bytes=100)
     assert result.result == "error" and "--max-bytes" in (result.reason or "")
-    assert not (tmp_path / "small").exists()
+    assert content(tmp_path / "small") == EMPTY_CACHE_DIR
 
 
 def test_malformed_key_is_an_error(store: str, tmp_path: Path) -> None:
@@ -246,4 +249,64 @@ def test_unsafe_member_in_a_stored_bundle_is_an_error_naming_it(tmp_path: Path) 
     result = preload(url, [str(H100)], target)
     assert result.result == "error"
     assert result.reason == "UnsafeMember: member '../escaped': '..' escapes the target"
-    assert list(target.iterdir()) == [] and not (tmp_path / "escaped").exists()
+    assert content(target) == EMPTY_CACHE_DIR and not (tmp_path / "escaped").exists()
+
+
+# -- who may write the cache ---------------------------------------------------------------------------
+def test_share_is_applied_and_reported(store: str, tmp_path: Path) -> None:
+    result = preload(store, [str(H100)], tmp_path / "c", share="all")
+    assert (result.result, result.share, result.owner) == ("hit", "all", None)
+    assert {os.stat(p).st_mode & 0o777 for p in (tmp_path / "c").rglob("*") if p.is_dir()} == {0o777}
+    assert preload(store, [str(H100)], tmp_path / "d").share == "group"  # the default
+
+
+def test_cli_owner_hands_the_tree_over(store: str, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (CAP_CHOWN)")
+    target = tmp_path / "cache"
+    proc = run_cli("preload", "--store", store, "--key", str(H100), "--target", str(target), "--owner", "4321:8765")
+    assert proc.returncode == 0, proc.stderr
+    payload = last_json(proc.stdout)
+    assert payload["result"] == "hit" and payload["owner"] == "4321:8765"
+    everything = [target, *target.rglob("*")]
+    assert {(p.lstat().st_uid, p.lstat().st_gid) for p in everything} == {(4321, 8765)}
+    assert (target / "locks").is_dir()
+
+
+def test_cli_owner_without_cap_chown_is_an_error_result(store: str, open_dir: Path) -> None:
+    """As a uid without CAP_CHOWN: a clear error result before anything is fetched, exit 0, and
+    still a cache directory the workload can write (without the owner)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another uid")
+    import shutil
+    import subprocess
+
+    shutil.copytree(store.removeprefix("file://"), open_dir / "store")
+    (open_dir / "vol").mkdir(mode=0o777)
+    (open_dir / "vol").chmod(0o777)
+    target = open_dir / "vol" / "inductor"
+    proc = subprocess.run(
+        ["setpriv", "--reuid", "65532", "--regid", "65532", "--clear-groups", sys.executable, "-m", "cachelib.cli",
+         "preload", "--store", f"file://{open_dir / 'store'}", "--key", str(H100), "--target", str(target),
+         "--owner", "1000:1000"],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    payload = last_json(proc.stdout)
+    assert payload["result"] == "error" and payload["bytes"] == 0
+    assert payload["reason"].startswith("OwnershipError: --owner 1000:1000: cannot hand")
+    assert "needs CAP_CHOWN" in payload["reason"]
+    assert content(target) == EMPTY_CACHE_DIR
+    assert {p.stat().st_uid for p in (target, *target.iterdir())} == {65532}
+
+
+def test_cli_owner_and_share_validation(tmp_path: Path) -> None:
+    base = ["preload", "--store", "file:///x", "--key", str(H100), "--target", str(tmp_path)]
+    for flags, named in (
+        (["--owner", "app"], "--owner"),
+        (["--owner", "1:-1"], "--owner"),
+        (["--share", "x"], "--share"),
+    ):
+        proc = run_cli(*base, *flags)
+        assert proc.returncode == 2 and named in proc.stderr

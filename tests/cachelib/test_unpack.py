@@ -2,26 +2,44 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
 import tarfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from cachelib.unpack import (
+    LOCK_SUFFIX,
+    RUNTIME_DIRS,
     STAGING_PREFIX,
+    UNLOCKED_STALE_SECONDS,
     ArchiveTooLarge,
+    Cancelled,
     CorruptArchive,
+    Gate,
     Limits,
     MemberTooLarge,
+    Sharing,
     UnpackStats,
     UnsafeMember,
+    bundle_lock,
+    completed,
+    prepare_cache_dir,
+    remove_stale_staging,
     unpack_tar_verified,
 )
-from tests.cachelib.helpers import tree
+from tests.cachelib.helpers import ROOT, tree
 
 Member = tuple[tarfile.TarInfo, bytes | None]
 
@@ -51,8 +69,14 @@ def ok() -> None:
     pass
 
 
-def unpack(data: bytes, target: Path, verify: Callable[[], None] = ok, limits: Limits | None = None) -> UnpackStats:
-    return unpack_tar_verified(io.BytesIO(data), verify, target, limits)
+def unpack(
+    data: bytes,
+    target: Path,
+    verify: Callable[[], None] = ok,
+    limits: Limits | None = None,
+    sharing: Sharing | None = None,
+) -> UnpackStats:
+    return unpack_tar_verified(io.BytesIO(data), verify, target, limits, sharing=sharing)
 
 
 @pytest.fixture(params=["absent", "empty", "populated"])
@@ -181,14 +205,18 @@ def test_merging_identical_and_conflicting_files(tmp_path: Path) -> None:
     assert (stats.installed, stats.identical, stats.conflicts) == (1, 1, 1)
 
 
-def test_stale_staging_of_a_dead_process_is_removed(tmp_path: Path) -> None:
+def test_old_unlocked_staging_is_removed_and_a_young_one_kept(tmp_path: Path) -> None:
+    """Staging directories without a lock file (left by an older unpacker): removed once old."""
     target = tmp_path / "cache"
     target.mkdir()
-    stale = target / f"{STAGING_PREFIX}999999999-abc"
-    stale.mkdir()
-    (stale / "junk").write_bytes(b"x")
+    stale, young = target / f"{STAGING_PREFIX}999999999-abc", target / f"{STAGING_PREFIX}1-young"
+    for path in (stale, young):
+        path.mkdir()
+        (path / "junk").write_bytes(b"x")
+    old = time.time() - UNLOCKED_STALE_SECONDS - 60
+    os.utime(stale, (old, old))
     unpack(make_tar(file("a")), target)
-    assert sorted(p.name for p in target.iterdir()) == ["a"]
+    assert sorted(p.name for p in target.iterdir()) == [young.name, "a"]
 
 
 def test_modes_are_sane(tmp_path: Path) -> None:
@@ -329,3 +357,229 @@ def test_large_members_cross_the_reader_buffer(tmp_path: Path) -> None:
     unpack(make_tar(*members), tmp_path / "cache")
     for info, data in members:
         assert (tmp_path / "cache" / info.name).read_bytes() == data
+
+
+# -- who may write the tree -----------------------------------------------------------------------
+def modes(root: Path) -> dict[str, int]:
+    """rel path -> permission bits (setgid included) of everything under root, the root as '.'."""
+    found = {".": os.stat(root).st_mode & 0o7777}
+    for path in sorted(root.rglob("*")):
+        if not path.is_symlink():
+            found[path.relative_to(root).as_posix()] = os.stat(path).st_mode & 0o7777
+    return found
+
+
+SHARED_MODES = {
+    # share: (directory, the archive's 0600 file, its 4777 file)
+    "owner": (0o755, 0o600, 0o755),  # the archive's bits, within 0755
+    "group": (0o2775, 0o664, 0o775),
+    "all": (0o777, 0o666, 0o777),
+}
+
+
+@pytest.mark.parametrize("share", sorted(SHARED_MODES))
+@pytest.mark.parametrize("state", ["absent", "existing"])
+def test_share_sets_the_modes_of_every_directory_and_file(share: str, state: str, tmp_path: Path) -> None:
+    """Directories (the root, implicit parents, explicit entries) and files get the share's modes,
+    whatever the umask and whether the tree is renamed into place or merged."""
+    target = tmp_path / "cache"
+    if state == "existing":
+        target.mkdir(mode=0o700)
+    run = special("bin", tarfile.DIRTYPE)
+    exe, exe_data = file("bin/run.so", b"\x7fELF")
+    exe.mode = 0o4777  # setuid + world-writable in the archive: never kept as such
+    plain, plain_data = file("fxgraph/ab/cd/entry", b"graph")
+    plain.mode = 0o600
+    old_umask = os.umask(0o077)
+    try:
+        unpack(make_tar(run, (exe, exe_data), (plain, plain_data)), target, sharing=Sharing(share))
+    finally:
+        os.umask(old_umask)
+    directory, plain_mode, exe_mode = SHARED_MODES[share]
+    assert modes(target) == {
+        ".": directory, "bin": directory, "bin/run.so": exe_mode, "fxgraph": directory, "fxgraph/ab": directory,
+        "fxgraph/ab/cd": directory, "fxgraph/ab/cd/entry": plain_mode,
+    }  # fmt: skip
+
+
+def test_default_sharing_keeps_owner_only_write(tmp_path: Path) -> None:
+    info, data = file("run.so", b"\x7fELF")
+    info.mode = 0o4777
+    unpack(make_tar((info, data)), tmp_path / "cache")
+    assert modes(tmp_path / "cache") == {".": 0o755, "run.so": 0o755}
+
+
+def test_owner_hands_the_tree_over(tmp_path: Path) -> None:
+    """Run as root here (CAP_CHOWN): every path, links included, belongs to the given uid/gid."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (CAP_CHOWN)")
+    target = tmp_path / "cache"
+    data = make_tar(file("a/b/c", b"1"), special("a/link", tarfile.SYMTYPE, "b/c"), special("d", tarfile.DIRTYPE))
+    unpack(data, target, sharing=Sharing("group", owner=(4321, 8765)))
+    owners = {p.relative_to(target).as_posix(): (p.lstat().st_uid, p.lstat().st_gid) for p in target.rglob("*")}
+    owners["."] = (target.stat().st_uid, target.stat().st_gid)
+    assert set(owners.values()) == {(4321, 8765)}, owners
+    assert modes(target)["a/b"] == 0o2775  # chown does not cost the setgid bit
+
+
+def test_owner_without_cap_chown_is_refused_before_anything_is_written(open_dir: Path) -> None:
+    """A preload that may not chown says so (and why) before it writes anything."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another uid")
+    open_dir.chmod(0o777)
+    code = (
+        "import sys; from pathlib import Path; from cachelib.unpack import OwnershipError, check_can_own\n"
+        f"try: check_can_own(Path({str(open_dir)!r}), (0, 0))\n"
+        "except OwnershipError as exc: print(exc); sys.exit(3)\n"
+    )
+    proc = subprocess.run(["setpriv", "--reuid", "65532", "--regid", "65532", "--clear-groups", sys.executable,
+                           "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert "--owner 0:0" in proc.stdout and "CAP_CHOWN" in proc.stdout
+    assert list(open_dir.iterdir()) == []
+
+
+def test_lock_files_and_bookkeeping_are_never_taken_from_an_archive(tmp_path: Path) -> None:
+    target = tmp_path / "cache"
+    stats = unpack(
+        make_tar(
+            file("locks/abc.lock"), file("locks/other"), file("fxgraph/x.lock"), file(".compilecache/bundles/k.json"),
+            file(".compilecache-preload.json"), file("fxgraph/entry", b"kept"),
+        ),
+        target,
+    )  # fmt: skip
+    assert tree(target) == {"fxgraph": "dir", "fxgraph/entry": tree(target)["fxgraph/entry"]}
+    assert stats.skipped == 5 and stats.files == 1
+
+
+def test_prepare_cache_dir_creates_what_torch_writes_at_run_time(tmp_path: Path) -> None:
+    target = tmp_path / "vol" / "inductor"
+    prepare_cache_dir(target, Sharing("group"))
+    assert modes(target) == {".": 0o2775, **dict.fromkeys(RUNTIME_DIRS, 0o2775)}
+    (target / "locks").chmod(0o700)  # an older preload's directory of ours: adopted
+    prepare_cache_dir(target, Sharing("all"))
+    assert set(modes(target).values()) == {0o777}
+
+
+# -- staging locks: stale staging of killed unpackers, in any PID namespace ------------------------------
+_HOLD_STAGING = """
+import os, sys, time
+from pathlib import Path
+from cachelib.unpack import make_staging
+staging = make_staging(Path(sys.argv[1]))
+(staging.path / "half-written").write_bytes(b"x" * 1000)
+print(os.getpid(), staging.path, flush=True)
+time.sleep(600)
+"""
+
+
+def wait_until_unlocked(lock: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{lock} still locked after {timeout} s"
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
+def _start_holder(target: Path, *prefix: str) -> tuple[subprocess.Popen[str], int, Path]:
+    proc = subprocess.Popen([*prefix, sys.executable, "-c", _HOLD_STAGING, str(target)], stdout=subprocess.PIPE,
+                            text=True, cwd=ROOT, start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    pid, path = proc.stdout.readline().split()
+    return proc, int(pid), Path(path)
+
+
+def test_staging_of_a_killed_unpacker_in_another_pid_namespace_is_removed(tmp_path: Path) -> None:
+    """The unpacker runs as PID 1 of its own PID namespace (as in every pod) and is killed mid-unpack.
+    Its staging directory is removed by the next unpack, because its lock is free; a PID check
+    would have seen PID 1 alive and kept it forever."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare and root for a PID namespace")
+    target = tmp_path / "cache"
+    target.mkdir()
+    proc, pid, staging = _start_holder(target, "unshare", "--pid", "--fork", "--kill-child")
+    try:
+        assert pid == 1 and staging.is_dir() and staging.parent == target
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        wait_until_unlocked(Path(f"{staging}{LOCK_SUFFIX}"))  # the namespace's PID 1 dies a moment later
+        assert staging.is_dir()  # left behind by the killed unpacker
+        unpack(make_tar(file("a")), target)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert sorted(p.name for p in target.iterdir()) == ["a"]
+
+
+def test_staging_of_a_live_unpacker_is_kept(tmp_path: Path) -> None:
+    target = tmp_path / "cache"
+    target.mkdir()
+    proc, _, staging = _start_holder(target)
+    try:
+        unpack(make_tar(file("a")), target)
+        assert staging.is_dir() and (staging / "half-written").exists()
+        assert remove_stale_staging(target) == []
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    wait_until_unlocked(Path(f"{staging}{LOCK_SUFFIX}"))
+    assert remove_stale_staging(target) == [staging.name]
+    assert sorted(p.name for p in target.iterdir()) == ["a"]
+
+
+def test_a_closed_gate_calls_the_unpack_off_before_it_installs(tmp_path: Path) -> None:
+    gate = Gate("deadline passed")
+    target = tmp_path / "cache"
+
+    def close_then_verify() -> None:
+        gate.close()
+
+    with pytest.raises(Cancelled, match="deadline passed"):
+        unpack_tar_verified(io.BytesIO(make_tar(file("a"))), close_then_verify, target, gate=gate)
+    assert not target.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+# -- node caches: markers and the per-bundle lock ----------------------------------------------------------
+def test_marker_is_written_with_the_tree_and_read_back(target: Path) -> None:
+    marker = {"key": "cc1/k", "sha256": "a" * 64, "size": 10}
+    stats = unpack_tar_verified(io.BytesIO(make_tar(file("x"))), ok, target, marker=marker)
+    found = completed(target, "cc1/k", "a" * 64, 10)
+    assert found is not None and found["files"] == stats.files == 1
+    assert completed(target, "cc1/k", "b" * 64, 10) is None  # another bundle under the same key
+    assert completed(target, "cc1/k", None, 10) is None  # a store that records no digest: no shortcut
+    assert completed(target, "cc1/other", "a" * 64, 10) is None
+
+
+def test_bundle_lock_waits_for_its_holder_and_honours_the_gate(tmp_path: Path) -> None:
+    target = tmp_path / "cache"
+    code = (
+        "import sys, time; from pathlib import Path; from cachelib.unpack import Sharing, bundle_lock\n"
+        f"with bundle_lock(Path({str(target)!r}), 'cc1/k', Sharing()):\n"
+        "    print('held', flush=True); time.sleep(600)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        gate = Gate("deadline")
+        waited: list[bool] = []
+        timer = threading.Timer(0.5, gate.close)
+        timer.start()
+        with (
+            pytest.raises(Cancelled),
+            bundle_lock(target, "cc1/k", Sharing(), gate=gate, on_wait=lambda: waited.append(True)),
+        ):
+            pass
+        assert waited == [True]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with bundle_lock(target, "cc1/k", Sharing()):  # free once its holder is gone
+        pass
