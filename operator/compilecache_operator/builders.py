@@ -11,13 +11,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compilecache_operator import conditions as cond
+from compilecache_operator import reasons
 from compilecache_operator.names import (
     API_VERSION,
+    CACHE_LABEL,
     CACHE_MOUNT,
     CACHE_VOLUME,
     DONE_FILE,
     DONE_FILE_ENV,
     DONE_FILE_NAME,
+    ENV_FROM_ANNOTATION,
     EXCLUDED_NAMESPACES,
     GENERATION_LABEL,
     GPU_ANNOTATION,
@@ -34,7 +37,10 @@ from compilecache_operator.names import (
     PRELOAD_CONTAINER,
     PRELOAD_MODE_ANNOTATION,
     PRELOAD_MODE_REASON_ANNOTATION,
+    PRELOAD_SHARE_ANNOTATION,
+    PRELOAD_TMPDIR,
     SKIPPED_ANNOTATION,
+    SKIPPED_DETAIL_ANNOTATION,
     VARIANT_LABEL,
     WARMUP_LABEL,
     WORK_DIR,
@@ -42,6 +48,12 @@ from compilecache_operator.names import (
 )
 from compilecache_operator.plan import CPU, BundleRecord, Variant, bundles_from_status, plan_id, variant_id
 from compilecache_operator.results import COMPILE_CONTAINER, HARNESS_CONTAINER, PUBLISH_CONTAINER, JobState
+from compilecache_operator.security import (
+    PreloadIdentity,
+    preload_identity,
+    restricted_container_context,
+    restricted_pod_context,
+)
 from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.spec import (
     INIT_CONTAINER,
@@ -55,6 +67,7 @@ from compilecache_operator.spec import (
     StorageSpec,
     parse_spec,
 )
+from compilecache_operator.wiring import CACHE_DIR_ENV, cache_mount_point, env_from_overrides, unwired_containers
 
 from cachelib.keys import gpu_slug
 from cachelib.stores.urls import mask_url
@@ -133,13 +146,18 @@ def build_job(
     job_id: str,
     settings: JobSettings,
 ) -> dict[str, Any]:
-    """The warm-up Job of one variant.
+    """The warm-up Job of one variant, "restricted" by Pod Security Standards.
 
     Containers run in this order: ``harness`` (init, preloader image) copies harness.py into a
     shared volume; ``compile`` (init, the user's image) compiles into ``/work/out``; ``publish``
     (the one main container, preloader image) packs, verifies and publishes the bundle and
     reports it in its termination message. Init containers run one after another and all before
     the main container, which is what puts publish strictly after compile.
+
+    The pod runs as ``spec.warmup.securityContext`` (uid, gid, fsGroup; 65532 by default) with
+    the runtime's default seccomp profile; every container drops all capabilities and may not
+    escalate; harness and publish (the preloader image) have a read-only root file system and
+    publish packs in ``TMPDIR=/work``; compile (the user's image) keeps a writable one.
     """
     meta = owner.get("metadata") or {}
     namespace = str(meta.get("namespace"))
@@ -170,6 +188,8 @@ def build_job(
             {"name": WORK_VOLUME, "mountPath": WORK_DIR},
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        # The user's image: torch and its libraries write temporary files where they please.
+        "securityContext": restricted_container_context(read_only_root=False),
     }
     if resources:
         compile_container["resources"] = resources
@@ -182,6 +202,9 @@ def build_job(
 
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        "securityContext": restricted_pod_context(
+            run_as_user=warm.run_as_user, run_as_group=warm.run_as_group, fs_group=warm.fs_group
+        ),
         "volumes": [{"name": HARNESS_VOLUME, "emptyDir": {}}, {"name": WORK_VOLUME, "emptyDir": {}}],
         "initContainers": [
             {
@@ -190,6 +213,7 @@ def build_job(
                 "command": ["python", "-c", COPY_HARNESS, HARNESS_FILE],
                 "volumeMounts": [{"name": HARNESS_VOLUME, "mountPath": HARNESS_DIR}],
                 "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                "securityContext": restricted_container_context(),
             },
             compile_container,
         ],
@@ -198,10 +222,13 @@ def build_job(
                 "name": PUBLISH_CONTAINER,
                 "image": settings.preloader_image,
                 "command": ["compilecache", "publish", OUT_DIR, "--store", spec.storage.url],
-                "env": storage_env(spec.storage),
+                # The bundle is packed in a temporary directory: on the work volume, as the root file
+                # system is read-only.
+                "env": [{"name": "TMPDIR", "value": WORK_DIR}, *storage_env(spec.storage)],
                 "volumeMounts": [{"name": WORK_VOLUME, "mountPath": WORK_DIR}],
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                "securityContext": restricted_container_context(),
             }
         ],
     }
@@ -249,13 +276,15 @@ class CacheView:
 
 @dataclass(frozen=True)
 class PodPatch:
-    """The webhook's answer: new values for some pod fields, or a reason to leave the pod alone."""
+    """The webhook's answer: new values for some pod fields, or a reason to leave the pod alone;
+    and warnings for whoever creates the pod (the API server shows them to the client)."""
 
     skipped: str | None = None
     init_containers: list[dict[str, Any]] | None = None
     containers: list[dict[str, Any]] | None = None
     volumes: list[dict[str, Any]] | None = None
     annotations: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
     @property
     def changes(self) -> bool:
@@ -289,12 +318,17 @@ def pinned_gpu(pod: Mapping[str, Any], label_key: str) -> str | None:
     return values.pop() if len(values) == 1 else None
 
 
+def pod_images(pod: Mapping[str, Any]) -> list[str]:
+    """The images of the pod's app containers, in order, once each."""
+    return list(dict.fromkeys(str(c.get("image")) for c in (pod.get("spec") or {}).get("containers") or []))
+
+
 def select_keys(pod: Mapping[str, Any], view: CacheView) -> list[str]:
-    """Bundle keys to preload: those warmed with one of the pod's images, else the current plan's."""
-    images = {c.get("image") for c in (pod.get("spec") or {}).get("containers") or []}
-    by_image = [b for b in view.bundles if b.image in images]
-    chosen = by_image or [b for b in view.bundles if b.variant in view.current_variants] or list(view.bundles)
-    return sorted({b.key for b in chosen})
+    """Bundle keys to preload: those warmed with one of the pod's images (any generation still
+    kept). None when no bundle was: another image's bundle would be preloaded for nothing (its
+    torch may differ, and its keys never match), so it is never offered instead."""
+    images = set(pod_images(pod))
+    return sorted({b.key for b in view.bundles if b.image in images})
 
 
 @dataclass(frozen=True)
@@ -333,16 +367,23 @@ def uses_handoff_volume(preload: PreloadSpec, mode: PreloadMode) -> bool:
 
 
 def preload_command(
-    view: CacheView, keys: Sequence[str], gpu: str | None, *, done_file: str, sidecar: bool
+    view: CacheView,
+    keys: Sequence[str],
+    gpu: str | None,
+    *,
+    done_file: str,
+    sidecar: bool,
+    identity: PreloadIdentity,
 ) -> list[str]:
-    assert view.spec is not None
+    """``compilecache preload`` for one pod: its keys, the cache directory and the done file, then
+    the bounds (``--max-bytes``: ``preload.maxBytes``, else the cache volume's ``sizeLimit``;
+    ``--deadline``: ``preload.deadlineSeconds``) and how to leave the tree for the app
+    (``--share``, and ``--owner`` for a node cache)."""
+    assert view.spec is not None and keys
     preload = view.spec.preload
     command = ["compilecache", "preload", "--store", view.spec.storage.url]
-    if keys:
-        for key in keys:
-            command += ["--key", key]
-    else:
-        command += ["--cache", f"{view.namespace}/{view.name}"]
+    for key in keys:
+        command += ["--key", key]
     command += ["--target", INDUCTOR_DIR, "--done-file", done_file]
     if sidecar:
         command.append("--sidecar")
@@ -350,12 +391,14 @@ def preload_command(
         command += ["--gpu", gpu_slug(gpu)]
     if preload.strict and not sidecar:
         command.append("--strict")
-    if preload.max_bytes is not None:
-        command += ["--max-bytes", str(preload.max_bytes)]
+    command += ["--max-bytes", str(preload.byte_budget), "--deadline", str(preload.deadline_seconds)]
+    command += identity.flags()
     return command
 
 
 def cache_volume(view: CacheView) -> dict[str, Any]:
+    """The pod's cache volume: a hostPath under the node cache, else an emptyDir of
+    ``preload.sizeLimit`` (the kubelet evicts a pod whose volume grows past it)."""
     assert view.spec is not None
     path = view.spec.preload.node_cache_path
     if path:
@@ -363,7 +406,7 @@ def cache_volume(view: CacheView) -> dict[str, Any]:
             "name": CACHE_VOLUME,
             "hostPath": {"path": f"{path.rstrip('/')}/{view.namespace}/{view.name}", "type": "DirectoryOrCreate"},
         }
-    return {"name": CACHE_VOLUME, "emptyDir": {}}
+    return {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": view.spec.preload.size_limit}}
 
 
 def build_pod_patch(
@@ -378,42 +421,86 @@ def build_pod_patch(
     in line (an init container, or a native sidecar where the cache asks for one and ``sidecars``
     says the cluster has them), and in every app container the cache directory, the done file's
     path (plus job id and remote-cache settings). Idempotent: a pod that already has the preload
-    container gets nothing."""
+    container gets nothing.
+
+    A pod whose app would not read the preload is left alone, annotated with the reason (see
+    :mod:`compilecache_operator.reasons`): its cache is unknown or not Ready, an app container
+    cannot be wired (:mod:`compilecache_operator.wiring`), or no bundle was warmed with the pod's
+    images (``image-mismatch``)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
-    if meta.get("namespace") in excluded_namespaces:
+    namespace = str(meta.get("namespace", ""))
+    if namespace in excluded_namespaces:
         return PodPatch(skipped="excluded-namespace")
     init_containers = list(spec.get("initContainers") or [])
     if any(c.get("name") == PRELOAD_CONTAINER for c in init_containers):
         return PodPatch(skipped="already-injected")
+    cache = str((meta.get("labels") or {}).get(CACHE_LABEL, ""))
     if view is None:
-        return PodPatch(skipped="unknown-cache", annotations={SKIPPED_ANNOTATION: "unknown-cache"})
+        return left_alone(reasons.UNKNOWN_CACHE, f"no CompileCache {cache!r} in namespace {namespace!r}")
     if not view.ready or view.spec is None:
-        return PodPatch(skipped="not-ready", annotations={SKIPPED_ANNOTATION: "not-ready"})
+        return left_alone(reasons.NOT_READY, f"CompileCache {view.namespace}/{view.name} is not Ready")
+    app_containers = list(spec.get("containers") or [])
+    problems = unwired_containers(app_containers)
+    if problems:
+        return left_alone(problems[0].reason, "; ".join(p.message for p in problems))
+    keys = select_keys(pod, view)
+    if not keys:
+        warmed = sorted({b.image for b in view.bundles if b.image})
+        return left_alone(
+            reasons.IMAGE_MISMATCH,
+            f"no bundle of CompileCache {view.namespace}/{view.name} was warmed with the pod's image(s) "
+            f"{_listed(pod_images(pod))}; its bundles are for {_listed(warmed) or 'no image'} "
+            "(warm with the image you deploy: spec.image)",
+        )
 
     gpu = pinned_gpu(pod, view.spec.gpu_discovery.label_key)
-    keys = select_keys(pod, view)
     mode = preload_mode(view.spec.preload, sidecars)
     handoff = uses_handoff_volume(view.spec.preload, mode)
-    preload = _preload_container(view, keys, gpu, preloader_image, mode=mode, handoff=handoff)
+    identity = preload_identity(spec, app_containers, node_cache=bool(view.spec.preload.node_cache_path))
+    preload = _preload_container(view, keys, gpu, preloader_image, mode=mode, handoff=handoff, identity=identity)
     volumes = list(spec.get("volumes") or [])
     if not any(v.get("name") == CACHE_VOLUME for v in volumes):
         volumes.append(cache_volume(view))
     if handoff and not any(v.get("name") == HANDOFF_VOLUME for v in volumes):
         volumes.append({"name": HANDOFF_VOLUME, "emptyDir": {}})
-    containers = [
-        _with_cache(c, job_id=view.job_id, remote=view.spec.remote_cache, handoff=handoff)
-        for c in spec.get("containers") or []
-    ]
-    annotations = {INJECTED_ANNOTATION: view.name, **mode.annotations()}
+    containers: list[dict[str, Any]] = []
+    overridden: list[str] = []
+    warnings: list[str] = []
+    for container in app_containers:
+        wired, added = _with_cache(container, job_id=view.job_id, remote=view.spec.remote_cache, handoff=handoff)
+        containers.append(wired)
+        warning = env_from_overrides(container, added)
+        if warning:
+            overridden.append(str(container.get("name", "")))
+            warnings.append(f"compilecache: {warning}")
+    annotations = {INJECTED_ANNOTATION: view.name, **mode.annotations(), PRELOAD_SHARE_ANNOTATION: identity.share}
     if gpu:
         annotations[GPU_ANNOTATION] = gpu
+    if overridden:
+        annotations[ENV_FROM_ANNOTATION] = ",".join(overridden)
     return PodPatch(
         init_containers=[preload, *init_containers],
         containers=containers,
         volumes=volumes,
         annotations=annotations,
+        warnings=tuple(warnings),
     )
+
+
+def left_alone(reason: str, detail: str) -> PodPatch:
+    """The answer for a pod the webhook does not patch: the reason and its detail as annotations,
+    and a warning for the client that creates the pod."""
+    return PodPatch(
+        skipped=reason,
+        annotations={SKIPPED_ANNOTATION: reason, SKIPPED_DETAIL_ANNOTATION: detail},
+        warnings=(f"compilecache: pod starts without a preloaded cache ({reason}): {detail}",),
+    )
+
+
+def _listed(items: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(items[:limit])
+    return f"{shown} and {len(items) - limit} more" if len(items) > limit else shown
 
 
 def apply_pod_patch(pod: Mapping[str, Any], patch: PodPatch) -> dict[str, Any]:
@@ -432,7 +519,14 @@ def apply_pod_patch(pod: Mapping[str, Any], patch: PodPatch) -> dict[str, Any]:
 
 
 def _preload_container(
-    view: CacheView, keys: Sequence[str], gpu: str | None, image: str, *, mode: PreloadMode, handoff: bool
+    view: CacheView,
+    keys: Sequence[str],
+    gpu: str | None,
+    image: str,
+    *,
+    mode: PreloadMode,
+    handoff: bool,
+    identity: PreloadIdentity,
 ) -> dict[str, Any]:
     assert view.spec is not None
     preload: PreloadSpec = view.spec.preload
@@ -443,16 +537,15 @@ def _preload_container(
     container: dict[str, Any] = {
         "name": PRELOAD_CONTAINER,
         "image": image,
-        "command": preload_command(view, keys, gpu, done_file=done_file, sidecar=mode.sidecar),
+        "command": preload_command(view, keys, gpu, done_file=done_file, sidecar=mode.sidecar, identity=identity),
+        "env": [{"name": "TMPDIR", "value": PRELOAD_TMPDIR}, *storage_env(view.spec.storage)],
         "volumeMounts": mounts,
         "resources": _resources_dict(preload.resources) or copy.deepcopy(DEFAULT_PRELOAD_RESOURCES),
         "terminationMessagePolicy": "File",
+        "securityContext": identity.security_context(),
     }
     if mode.sidecar:
         container["restartPolicy"] = "Always"  # a native sidecar: the app starts once it has started
-    env = storage_env(view.spec.storage)
-    if env:
-        container["env"] = env
     return container
 
 
@@ -474,33 +567,38 @@ def done_file_seen_by(mounts: Sequence[Mapping[str, Any]]) -> str | None:
 
 def _with_cache(
     container: Mapping[str, Any], *, job_id: str, remote: RemoteCacheSpec | None, handoff: bool
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[str]]:
     """One app container with the cache directory mounted and the environment set, keeping
-    whatever it already sets; a ``TORCHINDUCTOR_CACHE_DIR`` of its own decides where the cache is
-    mounted, and so where the container finds the done file (``COMPILECACHE_PRELOAD_DONE``)."""
+    whatever it already sets in ``env``, and the names of the variables added. A
+    ``TORCHINDUCTOR_CACHE_DIR`` of its own decides where the cache is mounted, and so where the
+    container finds the done file (``COMPILECACHE_PRELOAD_DONE``). The container is one
+    :func:`wiring.unwired` accepts."""
     out = copy.deepcopy(dict(container))
     env = list(out.get("env") or [])
     names = {e.get("name") for e in env}
     mounts = list(out.get("volumeMounts") or [])
-    existing = next((e for e in env if e.get("name") == "TORCHINDUCTOR_CACHE_DIR"), None)
+    extra: dict[str, str] = {}
     if not any(m.get("name") == CACHE_VOLUME for m in mounts):
-        if existing is None:
-            env.append({"name": "TORCHINDUCTOR_CACHE_DIR", "value": INDUCTOR_DIR})
+        point = cache_mount_point(container)
+        if CACHE_DIR_ENV not in names:
+            extra[CACHE_DIR_ENV] = INDUCTOR_DIR
             mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT})
-        elif existing.get("value") and not any(m.get("mountPath") == existing["value"] for m in mounts):
-            mounts.append({"name": CACHE_VOLUME, "mountPath": existing["value"], "subPath": INDUCTOR_SUBDIR})
+        elif point is not None:
+            mounts.append({"name": CACHE_VOLUME, "mountPath": point, "subPath": INDUCTOR_SUBDIR})
     if handoff and not any(m.get("name") == HANDOFF_VOLUME for m in mounts):
         mounts.append({"name": HANDOFF_VOLUME, "mountPath": HANDOFF_DIR})
-    extra = {"TORCH_COMPILE_JOB_ID": job_id} if job_id else {}
+    if job_id:
+        extra["TORCH_COMPILE_JOB_ID"] = job_id
     done_file = HANDOFF_DONE_FILE if handoff else done_file_seen_by(mounts)
     if done_file is not None:
         extra[DONE_FILE_ENV] = done_file
     if remote is not None:
         extra.update(remote.env())
-    env += [{"name": k, "value": v} for k, v in extra.items() if k not in names]
+    added = [k for k in extra if k not in names]
+    env += [{"name": k, "value": extra[k]} for k in added]
     out["env"] = env
     out["volumeMounts"] = mounts
-    return out
+    return out, added
 
 
 def _resources_dict(resources: Resources) -> dict[str, dict[str, str]]:
@@ -621,7 +719,7 @@ def cache_view(body: Mapping[str, Any], defaults: Defaults) -> CacheView:
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     status = body.get("status") or {}
     try:
-        spec: CacheSpec | None = parse_spec(body.get("spec"), defaults)
+        spec: CacheSpec | None = parse_spec(body.get("spec"), defaults, name=name)
     except InvalidSpec:
         spec = None
     bundles = tuple(bundles_from_status(status))

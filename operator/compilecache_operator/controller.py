@@ -80,6 +80,8 @@ class State:
     """Whether pods may get the preload as a native sidecar (decided at start-up)."""
     fallbacks_logged: set[tuple[str, str]] = field(default_factory=set)
     """Caches whose Sidecar request was turned into an init container, already said in the log."""
+    warnings: dict[tuple[str, str], frozenset[WarningEvent]] = field(default_factory=dict)
+    """Per cache, the Warning events of problems still standing: each is posted when it begins."""
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self.locks.setdefault((namespace, name), asyncio.Lock())
@@ -99,6 +101,14 @@ class Outcome:
 
 
 Emit = Any  # a callable (body, type, reason, message) -> None; kopf.event in the operator
+
+
+@dataclass(frozen=True)
+class WarningEvent:
+    """A Warning event on the CompileCache: a problem its owner has to act on."""
+
+    reason: str
+    message: str
 
 
 # -- pure helpers -----------------------------------------------------------------------------------
@@ -125,6 +135,25 @@ def secret_credentials(storage: StorageSpec, data: Mapping[str, bytes] | None) -
     if not data:
         return {}
     return {c.env: data[c.key].decode() for c in storage.secret_keys if c.key in data}
+
+
+def fresh_warnings(standing: frozenset[WarningEvent], current: Sequence[WarningEvent]) -> list[WarningEvent]:
+    """The warnings of ``current`` to post: those not already standing since an earlier reconcile
+    (the resync loop reconciles every minute; one event per problem, not one per minute). A
+    problem that goes away and comes back is posted again."""
+    return [w for w in dict.fromkeys(current) if w not in standing]
+
+
+def failure_warning(failure: builders.Failure) -> WarningEvent:
+    """A failure that keeps the cache from being served (InvalidSpec, SecretNotFound,
+    SecretKeyMissing, NoGPUNodes) as a Warning event of the same reason."""
+    return WarningEvent(failure.reason, failure.message)
+
+
+def warmup_failed_warning(job: JobState, gpu: str) -> WarningEvent:
+    """A failed warm-up Job (posted once, when the Job is counted)."""
+    what = f"{job.reason}: {job.message}" if job.message else job.reason
+    return WarningEvent("WarmupFailed", f"Job {job.name} ({gpu}) failed: {what}")
 
 
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
@@ -177,15 +206,18 @@ async def _reconcile(state: State, namespace: str, name: str, *, emit: Emit | No
     status = body.get("status") or {}
 
     try:
-        spec = parse_spec(body.get("spec"), settings.defaults)
+        spec = parse_spec(body.get("spec"), settings.defaults, name=name)
     except InvalidSpec as exc:
-        await _write_failure(api, body, builders.Failure("InvalidSpec", str(exc)), storage=None)
+        failure = builders.Failure("InvalidSpec", str(exc))
+        await _write_failure(api, body, failure, storage=None)
+        post_warnings(state, body, [failure_warning(failure)], emit)
         return Outcome(invalid=str(exc))
 
     secret = await api.read_secret(namespace, spec.storage.secret_name) if spec.storage.secret_name else None
     problem = secret_problem(spec.storage, secret, namespace)
     if problem is not None:
         await _write_failure(api, body, problem, storage=spec.storage.url)
+        post_warnings(state, body, [failure_warning(problem)], emit)
         return Outcome(problem=problem.message, retry_after=settings.retry_seconds)
 
     discovered = await api.node_label_values(spec.gpu_discovery.label_key) if spec.gpu_discovery.auto else set()
@@ -195,6 +227,7 @@ async def _reconcile(state: State, namespace: str, name: str, *, emit: Emit | No
             "NoGPUNodes", f"spec.gpuDiscovery: no Node has the label {spec.gpu_discovery.label_key!r}"
         )
         await _write_failure(api, body, failure, storage=spec.storage.url)
+        post_warnings(state, body, [failure_warning(failure)], emit)
         return Outcome(problem=failure.message, retry_after=settings.retry_seconds)
 
     bundles = bundles_from_status(status)
@@ -221,9 +254,13 @@ async def _reconcile(state: State, namespace: str, name: str, *, emit: Emit | No
         else:
             job_states[variant.id] = await _create_job(api, body, spec, variant, generation, settings, emit)
             running = True
+    gpus = {v.id: v.gpu_label for v in variants}
     for _job, job_state in observed:
         if job_state.phase != "active":
-            await _count_job(state, unreadable.get(job_state.name, job_state), namespace, name)
+            counted = unreadable.get(job_state.name, job_state)
+            if await _count_job(state, counted, namespace, name) and counted.phase == "failed":
+                warning = warmup_failed_warning(counted, gpus.get(counted.variant, counted.variant or "unknown"))
+                _emit(emit, body, "Warning", warning.reason, warning.message)
 
     bundles = merge_bundles(bundles, new_records)
     bundles, prune_note = await _prune(body, spec, bundles, variants, secret)
@@ -247,6 +284,7 @@ async def _reconcile(state: State, namespace: str, name: str, *, emit: Emit | No
     state.metrics.set_bundles(namespace, name, bundles)
     for record in new_records:
         _emit(emit, body, "Normal", "BundlePublished", f"{record.gpu}: {record.key} ({record.bytes} bytes)")
+    post_warnings(state, body, [WarningEvent("StorePruneFailed", prune_note)] if prune_note else [], emit)
     ready = any(c.type == "Ready" and c.status for c in conditions)
     return Outcome(ready=ready, warming=running)
 
@@ -298,17 +336,19 @@ async def _record(
     return record, None
 
 
-async def _count_job(state: State, job_state: JobState, namespace: str, name: str) -> None:
-    """Count a finished Job in the metrics once: the Job is annotated when counted."""
+async def _count_job(state: State, job_state: JobState, namespace: str, name: str) -> bool:
+    """Count a finished Job in the metrics once: the Job is annotated when counted. True when
+    this call counted it."""
     if job_state.recorded or state.api is None:
-        return
+        return False
     result = "succeeded" if job_state.phase == "succeeded" else "failed"
     try:
         await state.api.annotate_job(namespace, job_state.name, {RECORDED_ANNOTATION: result})
     except Exception as exc:  # the Job may be gone; count it next time round
         logger.warning("could not mark Job %s/%s as counted: %s", namespace, job_state.name, exc)
-        return
+        return False
     state.metrics.count_warmup(namespace, name, result=result, seconds=job_state.duration)
+    return True
 
 
 async def _create_job(
@@ -384,6 +424,18 @@ def superseded_jobs(states: Sequence[JobState], planned: set[str]) -> list[str]:
     ]
 
 
+def post_warnings(state: State, body: Mapping[str, Any], current: Sequence[WarningEvent], emit: Emit | None) -> None:
+    """Post the warnings of ``current`` that are new for this cache, and remember what stands."""
+    meta = body.get("metadata") or {}
+    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    for warning in fresh_warnings(state.warnings.get(key, frozenset()), current):
+        _emit(emit, body, "Warning", warning.reason, warning.message)
+    if current:
+        state.warnings[key] = frozenset(current)
+    else:
+        state.warnings.pop(key, None)
+
+
 def _emit(emit: Emit | None, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     if emit is not None:
         try:
@@ -418,7 +470,7 @@ async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
     if pods:
         return CleanupOutcome(False, f"waiting for {len(pods)} warm-up pod(s) to stop", retry_after=5.0)
     try:
-        spec = parse_spec(body.get("spec"), state.settings.defaults)
+        spec = parse_spec(body.get("spec"), state.settings.defaults, name=name)
     except InvalidSpec as exc:
         return CleanupOutcome(True, f"spec is invalid, bundles left in place: {exc}")
     secret = await api.read_secret(namespace, spec.storage.secret_name) if spec.storage.secret_name else None

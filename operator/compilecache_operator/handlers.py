@@ -196,6 +196,7 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
     async def cache_event(type: str, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
         if type == "DELETED":
             _state(memo).metrics.forget_cache(namespace or "", name)
+            _state(memo).warnings.pop((namespace or "", name), None)
 
     @kopf.on.event(
         "v1", "pods",
@@ -246,8 +247,8 @@ async def count_preload(
     cache = str(body.metadata.labels.get(CACHE_LABEL, ""))
     gpu = gpu_slug(outcome.gpu) if outcome.gpu else "unknown"
     state.metrics.count_preload(
-        namespace, cache, gpu=gpu, result=outcome.result,
-        seconds=outcome.seconds if outcome.result != "skipped" else None, size=outcome.bytes,
+        namespace, cache, gpu=gpu, result=outcome.result, reason=outcome.code,
+        seconds=outcome.seconds if outcome.ran else None, size=outcome.bytes,
     )
     if state.api is not None and event_type != "DELETED":
         try:

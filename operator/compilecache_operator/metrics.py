@@ -1,8 +1,9 @@
 """Prometheus metrics of the operator, in a registry of their own.
 
-Label values stay bounded: namespaces and CompileCache names, GPU slugs, and fixed result sets.
-The hit rate a dashboard shows is hits ÷ (hits + misses + errors) of ``compilecache_preloads_total``;
-skipped pods are counted apart (they never asked the store).
+Label values stay bounded: namespaces and CompileCache names, GPU slugs, and fixed result and
+reason sets (:mod:`compilecache_operator.reasons`). The preload rate a dashboard shows is
+hits ÷ (hits + misses + errors) of ``compilecache_preloads_total``; skipped pods are counted apart
+(no preload was tried for them).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import contextlib
 from collections.abc import Iterable
 
 from compilecache_operator.plan import BundleRecord
+from compilecache_operator.reasons import REASONS, RESULTS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-PRELOAD_RESULTS = ("hit", "miss", "error", "skipped")
+PRELOAD_RESULTS = RESULTS
+UNKNOWN_REASON = "unknown"
 WARMUP_RESULTS = ("succeeded", "failed")
 PRELOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WARMUP_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
@@ -27,8 +30,8 @@ class Metrics:
         r = self.registry
         self.preloads = Counter(
             "compilecache_preloads",
-            "Opted-in pods by preload result: hit, miss, error (store or bundle problem) or skipped (not injected).",
-            ["namespace", "cache", "gpu", "result"],
+            "Opted-in pods by preload result (hit, miss, error, skipped) and its reason (a fixed set).",
+            ["namespace", "cache", "gpu", "result", "reason"],
             registry=r,
         )
         self.preload_duration = Histogram(
@@ -73,11 +76,21 @@ class Metrics:
 
     # -- pods ------------------------------------------------------------------------------------
     def count_preload(
-        self, namespace: str, cache: str, *, gpu: str, result: str, seconds: float | None = None, size: int = 0
+        self,
+        namespace: str,
+        cache: str,
+        *,
+        gpu: str,
+        result: str,
+        reason: str = UNKNOWN_REASON,
+        seconds: float | None = None,
+        size: int = 0,
     ) -> None:
         if result not in PRELOAD_RESULTS:
             result = "error"
-        self.preloads.labels(namespace, cache, gpu or "unknown", result).inc()
+        if reason not in REASONS:
+            reason = UNKNOWN_REASON
+        self.preloads.labels(namespace, cache, gpu or "unknown", result, reason).inc()
         if seconds is not None and result != "skipped":
             self.preload_duration.labels(namespace, cache, result).observe(max(0.0, seconds))
         if size > 0:

@@ -21,6 +21,14 @@ GENERATION_LABEL = f"{GROUP}/generation"
 
 INJECTED_ANNOTATION = f"{GROUP}/injected"
 SKIPPED_ANNOTATION = f"{GROUP}/skipped"
+"""On an opted-in pod the webhook did not patch: the reason (a bounded value, see docs/operator.md)."""
+SKIPPED_DETAIL_ANNOTATION = f"{GROUP}/skipped-detail"
+"""Beside ``skipped``: the same in words, naming the container and path where there is one."""
+ENV_FROM_ANNOTATION = f"{GROUP}/env-from-overridden"
+"""On an injected pod: the app containers with ``envFrom`` whose variables of the names the webhook sets
+are overridden by the webhook's (comma-separated container names)."""
+PRELOAD_SHARE_ANNOTATION = f"{GROUP}/preload-share"
+"""On an injected pod: how the preload leaves the tree for the app (``owner``, ``group`` or ``all``)."""
 COUNTED_ANNOTATION = f"{GROUP}/preload-counted"
 GPU_ANNOTATION = f"{GROUP}/gpu"
 """Set by users on a pod to name the GPU product whose bundle to preload."""
@@ -39,6 +47,8 @@ CACHE_MOUNT = "/var/cache/compilecache"
 INDUCTOR_SUBDIR = "inductor"
 INDUCTOR_DIR = f"{CACHE_MOUNT}/{INDUCTOR_SUBDIR}"
 PRELOAD_CONTAINER = "compilecache-preload"
+PRELOAD_TMPDIR = CACHE_MOUNT
+"""``TMPDIR`` of the preload container: its root file system is read-only, the cache volume is not."""
 
 # The hand-off between the preloader and the workload. Source: cachelib.handoff.DONE_FILE_ENV and
 # cachelib.handoff.DONE_FILE_NAME, copied as plain strings (tests/operator checks that they agree).

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from compilecache_operator.names import PRELOAD_CONTAINER
+from compilecache_operator import reasons
+from compilecache_operator.names import PRELOAD_CONTAINER, SKIPPED_ANNOTATION
 from compilecache_operator.plan import BundleRecord, Variant
 
 from cachelib.keys import CacheKey, InvalidKey
@@ -21,7 +22,8 @@ from cachelib.keys import CacheKey, InvalidKey
 HARNESS_CONTAINER = "harness"
 COMPILE_CONTAINER = "compile"
 PUBLISH_CONTAINER = "publish"
-PRELOAD_RESULTS = ("hit", "miss", "error")
+PRELOAD_RESULTS = (reasons.HIT, reasons.MISS, reasons.ERROR)
+"""What a preloader reports (the operator counts ``skipped`` too: pods without a preload)."""
 
 _FAILURE_REASONS = {
     HARNESS_CONTAINER: "HarnessCopyFailed",
@@ -37,11 +39,16 @@ class ResultError(ValueError):
 @dataclass(frozen=True)
 class PreloadResult:
     result: str
-    """hit, miss or error."""
+    """hit, miss, error or skipped (:mod:`compilecache_operator.reasons`)."""
     gpu: str = ""
     bytes: int = 0
     seconds: float = 0.0
     reason: str = ""
+    """In words, as the preloader or the webhook said it."""
+    code: str = ""
+    """The reason as one of :data:`reasons.REASONS` (a bounded metric label value)."""
+    ran: bool = True
+    """False for a pod the webhook did not give a preload container."""
 
 
 @dataclass(frozen=True)
@@ -106,16 +113,20 @@ def parse_preload(message: str | None) -> PreloadResult:
     try:
         data = parse_json_message(message)
     except ResultError as exc:
-        return PreloadResult(result="error", reason=str(exc))
+        return PreloadResult(result=reasons.ERROR, reason=str(exc), code=reasons.RESULT_UNREADABLE)
     result = data.get("result")
     if result not in PRELOAD_RESULTS:
-        return PreloadResult(result="error", reason=f"unknown preload result {result!r}")
+        return PreloadResult(result=reasons.ERROR, reason=f"unknown preload result {result!r}",
+                             code=reasons.RESULT_UNREADABLE)
+    text = str(data.get("reason") or "")
     return PreloadResult(
         result=str(result),
         gpu=str(data.get("gpu") or _keys_gpu(data.get("hits") or data.get("keys") or [])),
         bytes=_int(data.get("bytes")),
         seconds=_float(data.get("seconds")),
-        reason=str(data.get("reason") or ""),
+        reason=text,
+        code=reasons.preload_reason(str(result), text, code=str(data.get("code") or ""),
+                                    source=str(data.get("source") or "")),
     )
 
 
@@ -273,12 +284,15 @@ def _float(value: Any) -> float:
 
 
 def preload_outcome(pod: Mapping[str, Any], *, gpu_annotation: str) -> PreloadResult | None:
-    """What to count for an opted-in pod: its preload result once the init container has
-    terminated (None before), or ``skipped`` when the pod has no preload container."""
-    annotated_gpu = str(((pod.get("metadata") or {}).get("annotations") or {}).get(gpu_annotation) or "")
+    """What to count for an opted-in pod: its preload result once the preload container has
+    terminated (None before); for a pod without one, what the webhook's ``compilecache.io/skipped``
+    annotation says (``skipped``, or ``miss`` for ``image-mismatch``; ``not-injected`` without it)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotated_gpu = str(annotations.get(gpu_annotation) or "")
     init = (pod.get("spec") or {}).get("initContainers") or []
     if not any(c.get("name") == PRELOAD_CONTAINER for c in init):
-        return PreloadResult(result="skipped", gpu=annotated_gpu)
+        counted, code = reasons.not_injected(annotations.get(SKIPPED_ANNOTATION))
+        return PreloadResult(result=counted, gpu=annotated_gpu, code=code, ran=False)
     message = preload_termination(pod)
     if message is None:
         return None

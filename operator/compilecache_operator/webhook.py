@@ -4,11 +4,15 @@ Registered by :func:`compilecache_operator.handlers.build_registry`. The webhook
 selects only pods with the opt-in label and fails open
 (``failurePolicy: Ignore``). The handler computes the patch with
 :func:`builders.build_pod_patch` from the operator's in-memory index of CompileCaches, so
-admission never waits on the API server. A pod it does not inject gets an annotation saying
-why; the metrics handler counts it as ``skipped``. Whether the preload may run as a native
-sidecar was decided once at start-up (:mod:`compilecache_operator.sidecars`); a cache that asks
-for one on a cluster without them is said once in the log, and each of its pods carries the
-reason in an annotation.
+admission never waits on the API server. A pod it does not inject gets annotations saying
+why (``compilecache.io/skipped`` and ``compilecache.io/skipped-detail``) and the answer carries
+the same as an admission warning (``kubectl`` prints it; for a Deployment's pods the ReplicaSet
+controller receives it, so the annotations are what stays); the metrics handler counts the pod
+by that reason (:mod:`compilecache_operator.reasons`). An injected pod whose app containers
+take variables from ``envFrom`` gets a warning that the injected variables win. Whether the
+preload may run as a native sidecar was decided once at start-up
+(:mod:`compilecache_operator.sidecars`); a cache that asks for one on a cluster without them is
+said once in the log, and each of its pods carries the reason in an annotation.
 """
 
 from __future__ import annotations
@@ -57,9 +61,11 @@ async def inject_pods(
     memo: kopf.Memo,
     logger: kopf.Logger,
     caches: kopf.Index[tuple[str, str], builders.CacheView] | None = None,
+    warnings: list[str] | None = None,
     **_: Any,
 ) -> None:
-    """Add the preload container, the cache volume and the cache environment."""
+    """Add the preload container, the cache volume and the cache environment; say in the
+    admission response's ``warnings`` what the pod's author should know."""
     state: State = memo["state"]
     namespace = str(body.metadata.namespace or "")
     if not state.settings.in_scope(namespace):
@@ -75,6 +81,8 @@ async def inject_pods(
     )
     if result.skipped:
         logger.info(f"pod not injected ({result.skipped}) for CompileCache {namespace}/{cache}")
+    if warnings is not None:
+        warnings.extend(result.warnings)
     fallback = result.annotations.get(PRELOAD_MODE_REASON_ANNOTATION)
     if fallback and (namespace, cache) not in state.fallbacks_logged:
         state.fallbacks_logged.add((namespace, cache))

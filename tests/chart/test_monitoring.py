@@ -1,5 +1,6 @@
-"""The monitoring kit: PrometheusRule (checked and unit-tested with the real promtool), the Grafana dashboard,
-and that both only query metrics and labels the operator exports."""
+"""The monitoring kit: PrometheusRule (checked and unit-tested with the real promtool), the Grafana dashboard
+(its warm-start rate evaluated by promtool too), the workloads' PodMonitor, and that they only query metrics
+and labels the operator, or the workloads through the PodMonitor, export."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ import pytest
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
-from tests.chart.chart import CHART_DIR, Manifest, one
+from tests.chart.chart import CHART_DIR, CI_DIR, Manifest, of_kind, one, template
 
 pytestmark = pytest.mark.helm
 
+PODMONITOR_LABELS = {"namespace", "pod", "container", "endpoint", "job", "instance", "cache"}
+"""Labels Prometheus gives every series scraped through the chart's PodMonitor (``cache``: the pod's CompileCache)."""
+RUNTIME_LABELS = {"cache": "torch_cache"}
+"""The runtime metrics' own labels the PodMonitor renames (their ``cache`` collides with the target's)."""
 SELECTOR = re.compile(r"(?<![\w:])(compilecache_[a-z_]+)(?![\w:])(\{[^}]*\})?")
 LABEL_MATCHER = re.compile(r"([a-zA-Z_]\w*)\s*(=~|!~|!=|=)")
 
@@ -35,8 +40,25 @@ def promtool() -> Path:
     return Path(found)
 
 
+def runtime_series() -> dict[str, set[str]]:
+    """Series name -> label names of the workloads' runtime metrics as the PodMonitor stores them."""
+    from prometheus_client import CollectorRegistry
+
+    from cachelib import handoff, runtime
+
+    registry = CollectorRegistry()
+    counters = {"inductor": {"fxgraph_cache_hit": 1}, "frames": {"ok": 1}, "graph_break": {"x": 1}}
+    registry.register(runtime.TorchCompileCacheCollector(lambda: counters, lambda: handoff.Waited("hit", 0.5)))
+    out: dict[str, set[str]] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            labels = {RUNTIME_LABELS.get(k, k) for k in sample.labels}
+            out.setdefault(sample.name, set()).update(labels | PODMONITOR_LABELS)
+    return out
+
+
 def exported_series() -> dict[str, set[str]]:
-    """Series name -> label names, for every metric of the operator's registry."""
+    """Series name -> label names, for every metric of the operator's registry and the runtime metrics."""
     from compilecache_operator.metrics import Metrics
 
     metrics = Metrics()
@@ -53,7 +75,7 @@ def exported_series() -> dict[str, set[str]]:
             out[f"{name}_bucket"] = labels | {"le"}
         else:
             out[name] = labels
-    return out
+    return {**runtime_series(), **out}
 
 
 def selectors(expr: str) -> Iterator[tuple[str, set[str]]]:
@@ -110,8 +132,10 @@ def test_hit_rate_rule_and_alert_behave(renderings: dict[str, list[Manifest]], p
                 "summary": f"Pods of CompileCache ml/{cache} start cold.",
                 "description": (
                     f"Only {rate} of the preloads of CompileCache ml/{cache} hit over the last 30m while pods keep "
-                    "starting (threshold 0.9). Check `kubectl get cc -n ml` for a cache that is not Ready, and "
-                    "compare the pods' torch/triton versions and GPU with the bundles in its status."),
+                    "starting (threshold 0.9). The reason label of compilecache_preloads_total says why "
+                    "(image-mismatch: the pods run an image no bundle was warmed with; no-bundle, store-unavailable, "
+                    "deadline-exceeded, preload-failed). Check `kubectl get cc -n ml` for a cache that is not Ready, "
+                    "and compare the pods' images and GPU with the bundles in its status."),
             },
         }
 
@@ -168,7 +192,8 @@ def test_dashboard_panels_and_queries() -> None:
     assert dashboard["uid"] and dashboard["schemaVersion"] >= 30
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
     titles = {p["title"] for p in panels}
-    assert {"Hit rate", "Hit rate per cache", "Preloads by result", "Preload seconds", "Warm-up jobs",
+    assert {"Preload hit rate", "Warm-start rate", "Preload hit rate per cache", "Warm-start rate per cache",
+            "Preloads by result and reason", "Preload seconds", "torch cache lookups in workloads", "Warm-up jobs",
             "Bundle bytes"} <= titles
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
@@ -178,8 +203,97 @@ def test_dashboard_panels_and_queries() -> None:
     for panel in panels:
         assert panel["targets"], f"panel {panel['title']} has no query"
         assert panel["datasource"]["uid"] == "${datasource}"
-    hit_rate = next(p for p in panels if p["title"] == "Hit rate per cache")["targets"][0]["expr"]
+    hit_rate = next(p for p in panels if p["title"] == "Preload hit rate per cache")["targets"][0]["expr"]
     assert 'result="hit"' in hit_rate and 'result=~"hit|miss|error"' in hit_rate
     quantiles = next(p for p in panels if p["title"] == "Preload seconds")["targets"]
     assert all("histogram_quantile" in t["expr"] and "_bucket" in t["expr"] for t in quantiles)
     assert_queries_exported_series(exprs, "dashboard")
+
+
+# -- the workloads' warm starts -------------------------------------------------------------------------
+def dashboard_expr(title: str) -> str:
+    dashboard = json.loads((CHART_DIR / "dashboards" / "compilecache.json").read_text())
+    panel = next(p for p in dashboard["panels"] if p["title"] == title)
+    expr: str = panel["targets"][0]["expr"]
+    return expr
+
+
+def as_rule(expr: str) -> str:
+    """A dashboard query with Grafana's variables filled in, for promtool."""
+    for variable, value in (("$__rate_interval", "5m"), ("$__range", "1h"), ("$namespace", ".*"), ("$cache", ".*")):
+        expr = expr.replace(variable, value)
+    return expr
+
+
+def test_the_warm_start_rate_counts_only_pods_that_started_warm(promtool: Path, tmp_path: Path) -> None:
+    """Three pods of one cache as their runtime metrics arrive through the PodMonitor: one whose compile hit
+    the preloaded cache, one that compiled with another image's bundle (torch misses) and one that did not
+    see the preloaded directory (misses); a fourth has not compiled yet. Only the first counts as warm;
+    a cache whose pods all missed reads 0, not nothing."""
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": "dashboard:warm_start_rate", "expr": as_rule(dashboard_expr("Warm-start rate"))},
+        {"record": "dashboard:warm_start_rate_per_cache", "expr": as_rule(dashboard_expr("Warm-start rate per cache"))},
+    ]}]}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+
+    def pod(cache: str, pod_name: str, result: str, values: str) -> dict[str, str]:
+        labels = (f'namespace="ml",cache="{cache}",pod="{pod_name}",container="app",torch_cache="fxgraph",'
+                  f'result="{result}"')
+        return {"series": f"compilecache_runtime_cache_events_total{{{labels}}}", "values": values}
+
+    series = [
+        pod("mlp", "matching", "hit", "0 0 3x58"), pod("mlp", "matching", "miss", "0x60"),
+        pod("mlp", "other-image", "hit", "0x60"), pod("mlp", "other-image", "miss", "0 0 3x58"),
+        pod("mlp", "unwired", "hit", "0x60"), pod("mlp", "unwired", "miss", "0 0 2x58"),
+        pod("mlp", "idle", "hit", "0x60"), pod("mlp", "idle", "miss", "0x60"),
+        pod("cold", "a", "hit", "0x60"), pod("cold", "a", "miss", "0 1x59"),
+    ]
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            {"expr": "dashboard:warm_start_rate", "eval_time": "30m",
+             "exp_samples": [{"labels": "dashboard:warm_start_rate", "value": 0.25}]},
+            {"expr": "dashboard:warm_start_rate_per_cache", "eval_time": "30m", "exp_samples": [
+                {"labels": 'dashboard:warm_start_rate_per_cache{namespace="ml",cache="mlp"}', "value": 1 / 3},
+                {"labels": 'dashboard:warm_start_rate_per_cache{namespace="ml",cache="cold"}', "value": 0},
+            ]},
+        ],
+    }]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    proc = subprocess.run([str(promtool), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def with_pod_monitor(helm_bin: Path) -> list[Manifest]:
+    return template(helm_bin, CI_DIR / "monitoring-values.yaml", set_values=["metrics.podMonitor.enabled=true"])
+
+
+def test_the_pod_monitor_scrapes_opted_in_pods_by_port_name(with_pod_monitor: list[Manifest]) -> None:
+    monitor = one(with_pod_monitor, "PodMonitor")
+    assert monitor["metadata"]["name"].endswith("-workloads")
+    spec = monitor["spec"]
+    assert spec["selector"] == {"matchExpressions": [{"key": "compilecache.io/cache", "operator": "Exists"}]}
+    assert spec["namespaceSelector"] == {"any": True}
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["honorLabels"]) == ("compilecache", "/metrics", False)
+    assert endpoint["relabelings"] == [
+        {"sourceLabels": ["__meta_kubernetes_pod_label_compilecache_io_cache"], "targetLabel": "cache"}]
+    keep, rename, drop = endpoint["metricRelabelings"]
+    assert keep == {"sourceLabels": ["__name__"], "regex": "compilecache_runtime_.+", "action": "keep"}
+    assert rename["sourceLabels"] == ["exported_cache"] and rename["targetLabel"] == "torch_cache"
+    assert drop == {"regex": "exported_cache", "action": "labeldrop"}
+
+
+def test_the_pod_monitor_follows_the_watched_namespaces(helm_bin: Path, renderings: dict[str, list[Manifest]]) -> None:
+    assert not of_kind(renderings["monitoring"], "PodMonitor"), "off unless asked for"
+    watched = template(helm_bin, set_values=["metrics.podMonitor.enabled=true", "operator.watchNamespaces={a,b}"])
+    assert one(watched, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
+    chosen = template(helm_bin, set_values=["metrics.podMonitor.enabled=true", "operator.watchNamespaces={a,b}",
+                                            "metrics.podMonitor.namespaces={ml}", "metrics.podMonitor.portName=metrics",
+                                            "metrics.podMonitor.labels.release=prom"])
+    monitor = one(chosen, "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert monitor["metadata"]["labels"]["release"] == "prom"

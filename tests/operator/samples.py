@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from compilecache_operator import builders
+from compilecache_operator.names import CACHE_LABEL
+from compilecache_operator.plan import BundleRecord, plan_variants
+from compilecache_operator.sidecars import SidecarSupport
 from compilecache_operator.spec import CacheSpec, Defaults, parse_spec
+
+WITH_SIDECARS = SidecarSupport(True, "the API server is v1.30.1")
+SETTINGS = builders.JobSettings(preloader_image="ghcr.io/compilecache/preloader:1", image_pull_secrets=("regcred",))
+KEY = "cc1/team-a/mlp/0123456789abcdef/fedcba9876543210/{gpu}/{cap}/torch-2.13.0/triton-none/cuda-none/py-3.11.7"
 
 
 def raw_spec(**overrides: Any) -> dict[str, Any]:
@@ -28,3 +36,42 @@ def owner(name: str = "mlp", namespace: str = "team-a", generation: int = 3, **s
 
 def parsed(**overrides: Any) -> CacheSpec:
     return parse_spec(raw_spec(**overrides), Defaults())
+
+
+# -- pods and the webhook's view of a cache ---------------------------------------------------------------
+def view(ready: bool = True, **spec: Any) -> builders.CacheView:
+    parsed_spec = parsed(**spec)
+    variants = plan_variants("team-a", "mlp", parsed_spec)
+    bundles = tuple(
+        BundleRecord(variant=v.id, key=KEY.format(gpu=v.gpu_slug, cap="cpu"), gpu=v.gpu_label, image=v.image,
+                     job_id="cc-job")
+        for v in variants
+    )
+    return builders.CacheView(namespace="team-a", name="mlp", ready=ready, spec=parsed_spec, bundles=bundles,
+                              current_variants=frozenset(v.id for v in variants), job_id="cc-job")
+
+
+def pod(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "containers": [{"name": "app", "image": "registry.example/workload:1", "command": ["python", "app.py"]}]
+    }
+    base.update(spec)
+    return {"metadata": {"name": "p", "namespace": "team-a", "labels": {CACHE_LABEL: "mlp"}}, "spec": base}
+
+
+def inject(p: dict[str, Any], v: builders.CacheView | None,
+           sidecars: SidecarSupport = WITH_SIDECARS) -> builders.PodPatch:
+    return builders.build_pod_patch(p, v, preloader_image="ghcr.io/compilecache/preloader:1", sidecars=sidecars)
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+def flag(command: list[str], name: str) -> str | None:
+    """The value after ``name`` in a command line, None when the flag is absent."""
+    return command[command.index(name) + 1] if name in command else None
+
+
+BUDGET = str(16 * 2**30)
+"""The default ``--max-bytes``: the cache volume's default sizeLimit, 16Gi."""

@@ -17,20 +17,32 @@ from compilecache_operator.names import (
     PRELOAD_CONTAINER,
     PRELOAD_MODE_ANNOTATION,
     PRELOAD_MODE_REASON_ANNOTATION,
+    PRELOAD_SHARE_ANNOTATION,
     SKIPPED_ANNOTATION,
+    SKIPPED_DETAIL_ANNOTATION,
 )
 from compilecache_operator.plan import BundleRecord, Variant, plan_variants
 from compilecache_operator.results import JobState
 from compilecache_operator.sidecars import SidecarSupport
 from compilecache_operator.spec import Defaults, parse_spec
 
-from tests.operator.samples import owner, parsed, raw_spec
+from tests.operator.samples import (
+    BUDGET,
+    KEY,
+    SETTINGS,
+    WITH_SIDECARS,
+    env_of,
+    flag,
+    inject,
+    owner,
+    parsed,
+    pod,
+    raw_spec,
+    view,
+)
 
 DONE = "/var/cache/compilecache/inductor/.compilecache-preload.json"
-WITH_SIDECARS = SidecarSupport(True, "the API server is v1.30.1")
 WITHOUT_SIDECARS = SidecarSupport(False, "the API server is v1.20.2")
-SETTINGS = builders.JobSettings(preloader_image="ghcr.io/compilecache/preloader:1", image_pull_secrets=("regcred",))
-KEY = "cc1/team-a/mlp/0123456789abcdef/fedcba9876543210/{gpu}/{cap}/torch-2.13.0/triton-none/cuda-none/py-3.11.7"
 
 
 def job_for(gpu: str = "", **spec: Any) -> dict[str, Any]:
@@ -63,7 +75,8 @@ def test_job_runs_harness_copy_then_compile_then_publish() -> None:
     assert {"name": "TORCH_COMPILE_JOB_ID", "value": "cc-abc"} in compile_["env"]
     assert compile_["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert publish["command"] == ["compilecache", "publish", "/work/out", "--store", "redis://redis:6379/0"]
-    assert publish["env"] == [{"name": "COMPILECACHE_REDIS_PASSWORD",
+    assert publish["env"] == [{"name": "TMPDIR", "value": "/work"},
+                              {"name": "COMPILECACHE_REDIS_PASSWORD",
                                "valueFrom": {"secretKeyRef": {"name": "redis-creds", "key": "password"}}}]
     assert "env" not in harness and "COMPILECACHE_REDIS_PASSWORD" not in str(compile_)
 
@@ -120,35 +133,6 @@ def test_job_options_command_env_and_remote_cache() -> None:
 
 
 # -- pod patch ---------------------------------------------------------------------------------------
-def view(ready: bool = True, **spec: Any) -> builders.CacheView:
-    parsed_spec = parsed(**spec)
-    variants = plan_variants("team-a", "mlp", parsed_spec)
-    bundles = tuple(
-        BundleRecord(variant=v.id, key=KEY.format(gpu=v.gpu_slug, cap="cpu"), gpu=v.gpu_label, image=v.image,
-                     job_id="cc-job")
-        for v in variants
-    )
-    return builders.CacheView(namespace="team-a", name="mlp", ready=ready, spec=parsed_spec, bundles=bundles,
-                              current_variants=frozenset(v.id for v in variants), job_id="cc-job")
-
-
-def pod(**spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "containers": [{"name": "app", "image": "registry.example/workload:1", "command": ["python", "app.py"]}]
-    }
-    base.update(spec)
-    return {"metadata": {"name": "p", "namespace": "team-a", "labels": {CACHE_LABEL: "mlp"}}, "spec": base}
-
-
-def inject(p: dict[str, Any], v: builders.CacheView | None,
-           sidecars: SidecarSupport = WITH_SIDECARS) -> builders.PodPatch:
-    return builders.build_pod_patch(p, v, preloader_image="ghcr.io/compilecache/preloader:1", sidecars=sidecars)
-
-
-def env_of(container: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value") for e in container.get("env") or []}
-
-
 def test_pod_gets_volume_preload_first_and_cache_env() -> None:
     p = pod(initContainers=[{"name": "setup", "image": "busybox"}])
     result = inject(p, view(storage={"url": "redis://redis:6379/0", "secretRef": {"name": "creds"}}))
@@ -159,17 +143,21 @@ def test_pod_gets_volume_preload_first_and_cache_env() -> None:
     preload = init[0]
     key = KEY.format(gpu="cpu", cap="cpu")
     assert preload["command"] == ["compilecache", "preload", "--store", "redis://redis:6379/0", "--key", key,
-                                  "--target", "/var/cache/compilecache/inductor", "--done-file", DONE]
+                                  "--target", "/var/cache/compilecache/inductor", "--done-file", DONE,
+                                  "--max-bytes", BUDGET, "--deadline", "30", "--share", "all"]
     assert "restartPolicy" not in preload, "an init container: the app starts after it"
     assert preload["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/var/cache/compilecache"}]
-    assert preload["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "creds", "key": "password"}
-    assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {}}]
+    assert preload["env"][0] == {"name": "TMPDIR", "value": "/var/cache/compilecache"}
+    assert preload["env"][1]["valueFrom"]["secretKeyRef"] == {"name": "creds", "key": "password"}
+    assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {"sizeLimit": "16Gi"}}]
     app = out["spec"]["containers"][0]
     assert {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/var/cache/compilecache/inductor"} in app["env"]
     assert {"name": "TORCH_COMPILE_JOB_ID", "value": "cc-job"} in app["env"]
     assert {"name": "COMPILECACHE_PRELOAD_DONE", "value": DONE} in app["env"]
     assert app["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/var/cache/compilecache"}]
-    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp", PRELOAD_MODE_ANNOTATION: "InitContainer"}
+    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp", PRELOAD_MODE_ANNOTATION: "InitContainer",
+                                              PRELOAD_SHARE_ANNOTATION: "all"}
+    assert result.warnings == ()
 
 
 def test_injection_is_idempotent() -> None:
@@ -182,39 +170,39 @@ def test_injection_is_idempotent() -> None:
 
 def test_existing_cache_dir_is_respected_and_mounted_there() -> None:
     p = pod(containers=[
-        {"name": "app", "image": "img", "env": [{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/data/inductor"},
-                                                 {"name": "TORCH_COMPILE_JOB_ID", "value": "mine"}]},
-        {"name": "sidecar", "image": "img2", "env": [{"name": "TORCHINDUCTOR_CACHE_DIR",
-                                                      "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]},
+        {"name": "app", "image": "registry.example/workload:1",
+         "env": [{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/data/inductor/"},
+                 {"name": "TORCH_COMPILE_JOB_ID", "value": "mine"}],
+         "volumeMounts": [{"name": "data", "mountPath": "/datasets"}]},
     ])
     out = builders.apply_pod_patch(p, inject(p, view()))
-    app, sidecar = out["spec"]["containers"]
-    assert app["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/data/inductor",
+    (app,) = out["spec"]["containers"]
+    assert app["volumeMounts"] == [{"name": "data", "mountPath": "/datasets"},
+                                   {"name": "compilecache-cache", "mountPath": "/data/inductor",
                                     "subPath": "inductor"}]
     env = env_of(app)
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/data/inductor" and env["TORCH_COMPILE_JOB_ID"] == "mine"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/data/inductor/" and env["TORCH_COMPILE_JOB_ID"] == "mine"
     assert env["COMPILECACHE_PRELOAD_DONE"] == "/data/inductor/.compilecache-preload.json"
-    assert sidecar["volumeMounts"] == [], "a cache dir from elsewhere cannot be known: nothing is mounted"
-    assert "COMPILECACHE_PRELOAD_DONE" not in env_of(sidecar), "it cannot see the done file: no wait for it"
 
 
 def test_sidecar_mode_with_native_sidecars() -> None:
     p = pod(initContainers=[{"name": "setup", "image": "busybox"}],
             containers=[{"name": "app", "image": "registry.example/workload:1"},
-                        {"name": "own", "image": "img", "env": [{"name": "TORCHINDUCTOR_CACHE_DIR",
-                                                                  "value": "/data/inductor/"}]}])
+                        {"name": "own", "image": "registry.example/workload:1",
+                         "env": [{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/data/inductor/"}]}])
     out = builders.apply_pod_patch(p, inject(p, view(preload={"mode": "Sidecar", "maxBytes": 10})))
     preload, setup = out["spec"]["initContainers"]
     assert preload["name"] == PRELOAD_CONTAINER and setup["name"] == "setup", "the sidecar starts first"
     assert preload["restartPolicy"] == "Always"
     command = preload["command"]
-    assert command[command.index("--done-file") + 1] == DONE and "--sidecar" in command
-    assert "--strict" not in command and command[-2:] == ["--max-bytes", "10"]
+    assert flag(command, "--done-file") == DONE and "--sidecar" in command
+    assert "--strict" not in command and flag(command, "--max-bytes") == "10"
     app, own = out["spec"]["containers"]
     assert env_of(app)["COMPILECACHE_PRELOAD_DONE"] == DONE
     assert env_of(own)["COMPILECACHE_PRELOAD_DONE"] == "/data/inductor/.compilecache-preload.json"
-    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp", PRELOAD_MODE_ANNOTATION: "Sidecar"}
-    assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {}}]
+    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp", PRELOAD_MODE_ANNOTATION: "Sidecar",
+                                              PRELOAD_SHARE_ANNOTATION: "all"}
+    assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {"sizeLimit": "16Gi"}}]
     again = inject(out, view(preload={"mode": "Sidecar"}))
     assert again.skipped == "already-injected" and not again.changes
 
@@ -228,6 +216,12 @@ def test_the_sidecar_command_is_one_the_preloader_accepts() -> None:
         args = build_parser().parse_args(out["spec"]["initContainers"][0]["command"][1:])
         assert args.done_file == DONE and args.target == "/var/cache/compilecache/inductor"
         assert args.sidecar is (mode == "Sidecar" and sidecars.available)
+        assert (args.max_bytes, args.deadline, args.share, args.owner) == (16 * 2**30, 30.0, "all", None)
+    node = view(preload={"nodeCache": {"hostPath": "/cc"}, "deadlineSeconds": 5, "maxBytes": 99})
+    p = pod(securityContext={"runAsUser": 1000, "runAsGroup": 100})
+    args = build_parser().parse_args(builders.apply_pod_patch(p, inject(p, node))["spec"]["initContainers"][0]
+                                     ["command"][1:])
+    assert (args.max_bytes, args.deadline, args.share, args.owner) == (99, 5.0, "all", (1000, 100))
 
 
 def test_sidecar_mode_without_native_sidecars_falls_back_to_an_init_container() -> None:
@@ -240,6 +234,7 @@ def test_sidecar_mode_without_native_sidecars_falls_back_to_an_init_container() 
         INJECTED_ANNOTATION: "mlp",
         PRELOAD_MODE_ANNOTATION: "InitContainer",
         PRELOAD_MODE_REASON_ANNOTATION: "Sidecar needs Kubernetes 1.29+ native sidecars; the API server is v1.20.2",
+        PRELOAD_SHARE_ANNOTATION: "all",
     }
     plain = builders.apply_pod_patch(pod(), inject(pod(), view(), WITHOUT_SIDECARS))
     assert PRELOAD_MODE_REASON_ANNOTATION not in plain["metadata"]["annotations"], "nothing asked for a sidecar"
@@ -254,7 +249,7 @@ def test_a_sidecar_into_a_node_cache_hands_off_through_a_pod_volume() -> None:
     assert out["spec"]["volumes"][1] == {"name": "compilecache-handoff", "emptyDir": {}}
     preload, app = out["spec"]["initContainers"][0], out["spec"]["containers"][0]
     command = preload["command"]
-    assert command[command.index("--done-file") + 1] == handoff
+    assert flag(command, "--done-file") == handoff
     handoff_mount = {"name": "compilecache-handoff", "mountPath": "/run/compilecache"}
     assert handoff_mount in preload["volumeMounts"] and handoff_mount in app["volumeMounts"]
     assert env_of(app)["COMPILECACHE_PRELOAD_DONE"] == handoff
@@ -281,8 +276,8 @@ def test_done_file_as_a_container_sees_it(mounts: list[dict[str, str]], done: st
 
 
 def test_a_done_file_variable_of_the_container_is_kept() -> None:
-    p = pod(containers=[{"name": "app", "image": "img", "env": [{"name": "COMPILECACHE_PRELOAD_DONE",
-                                                                  "value": "/elsewhere/done.json"}]}])
+    p = pod(containers=[{"name": "app", "image": "registry.example/workload:1",
+                         "env": [{"name": "COMPILECACHE_PRELOAD_DONE", "value": "/elsewhere/done.json"}]}])
     out = builders.apply_pod_patch(p, inject(p, view(preload={"mode": "Sidecar"})))
     env = out["spec"]["containers"][0]["env"]
     assert [e for e in env if e["name"] == "COMPILECACHE_PRELOAD_DONE"] == [
@@ -290,12 +285,14 @@ def test_a_done_file_variable_of_the_container_is_kept() -> None:
 
 
 def test_not_ready_and_unknown_caches_are_skipped_with_a_reason() -> None:
-    for v, reason in ((view(ready=False), "not-ready"), (None, "unknown-cache")):
+    for v, reason, detail in ((view(ready=False), "not-ready", "CompileCache team-a/mlp is not Ready"),
+                              (None, "unknown-cache", "no CompileCache 'mlp' in namespace 'team-a'")):
         result = inject(pod(), v)
         assert result.skipped == reason
         out = builders.apply_pod_patch(pod(), result)
         assert out["spec"] == pod()["spec"]
-        assert out["metadata"]["annotations"] == {SKIPPED_ANNOTATION: reason}
+        assert out["metadata"]["annotations"] == {SKIPPED_ANNOTATION: reason, SKIPPED_DETAIL_ANNOTATION: detail}
+        assert result.warnings == (f"compilecache: pod starts without a preloaded cache ({reason}): {detail}",)
 
 
 def test_system_namespaces_are_left_alone() -> None:
@@ -326,10 +323,7 @@ def test_pinned_gpu_narrows_the_preload(pod_spec: dict[str, Any], annotations: d
     p["metadata"]["annotations"] = annotations
     assert builders.pinned_gpu(p, "nvidia.com/gpu.product") == gpu
     command = builders.apply_pod_patch(p, inject(p, view()))["spec"]["initContainers"][0]["command"]
-    if gpu:
-        assert command[-2:] == ["--gpu", gpu.lower()]
-    else:
-        assert "--gpu" not in command
+    assert flag(command, "--gpu") == (gpu.lower() if gpu else None)
 
 
 def test_keys_follow_the_pods_image() -> None:
@@ -350,10 +344,36 @@ def test_node_cache_remote_cache_strict_and_max_bytes() -> None:
     assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "hostPath": {
         "path": "/var/cache/cc/team-a/mlp", "type": "DirectoryOrCreate"}}]
     preload = out["spec"]["initContainers"][0]
-    assert preload["command"][-3:] == ["--strict", "--max-bytes", "1000"]
+    assert preload["command"][-9:] == ["--strict", "--max-bytes", "1000", "--deadline", "30",
+                                       "--share", "all", "--owner", "65532:65532"]
     assert preload["resources"] == {"limits": {"memory": "1Gi"}}
     env = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
     assert env["TORCHINDUCTOR_REDIS_HOST"] == "fleet-redis" and env["TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("preload", "size_limit", "max_bytes", "deadline"),
+    [
+        ({}, "16Gi", BUDGET, "30"),
+        ({"sizeLimit": "2Gi", "deadlineSeconds": 12}, "2Gi", str(2 * 2**30), "12"),
+        ({"sizeLimit": "500M", "maxBytes": 1000}, "500M", "1000", "30"),
+    ],
+)
+def test_preloads_are_bounded_by_the_volume_and_a_deadline(preload: dict[str, Any], size_limit: str,
+                                                           max_bytes: str, deadline: str) -> None:
+    """The cache emptyDir gets the sizeLimit; the preload may fetch and unpack no more than
+    maxBytes, else that size, and ends by the deadline (then the pod starts)."""
+    out = builders.apply_pod_patch(pod(), inject(pod(), view(preload=preload)))
+    assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {"sizeLimit": size_limit}}]
+    command = out["spec"]["initContainers"][0]["command"]
+    assert flag(command, "--max-bytes") == max_bytes and flag(command, "--deadline") == deadline
+
+
+def test_a_node_cache_has_no_size_limit_but_the_same_budget() -> None:
+    out = builders.apply_pod_patch(pod(), inject(pod(), view(preload={"nodeCache": {"hostPath": "/cc"},
+                                                                     "sizeLimit": "1Gi"})))
+    assert "emptyDir" not in out["spec"]["volumes"][0]
+    assert flag(out["spec"]["initContainers"][0]["command"], "--max-bytes") == str(2**30)
 
 
 def test_apply_does_not_modify_the_input() -> None:

@@ -146,16 +146,19 @@ def test_counted_pods_count_each_uid_once() -> None:
 # -- metrics ----------------------------------------------------------------------------------------
 def test_metrics_exposition() -> None:
     m = Metrics()
-    m.count_preload("team-a", "mlp", gpu="nvidia-l4", result="hit", seconds=0.4, size=1000)
-    m.count_preload("team-a", "mlp", gpu="", result="skipped")
-    m.count_preload("team-a", "mlp", gpu="cpu", result="bogus", seconds=1.0)
+    m.count_preload("team-a", "mlp", gpu="nvidia-l4", result="hit", reason="preloaded", seconds=0.4, size=1000)
+    m.count_preload("team-a", "mlp", gpu="", result="skipped", reason="volume-at-cache-dir")
+    m.count_preload("team-a", "mlp", gpu="cpu", result="bogus", reason="made up by a user", seconds=1.0)
     m.count_warmup("team-a", "mlp", result="succeeded", seconds=42.0)
     m.set_bundles("team-a", "mlp", [BundleRecord("a", "k1", gpu="NVIDIA-L4", bytes=10),
                                     BundleRecord("b", "k2", gpu="cpu", bytes=5)])
     text = m.exposition().decode()
-    assert 'compilecache_preloads_total{cache="mlp",gpu="nvidia-l4",namespace="team-a",result="hit"} 1.0' in text
-    assert 'compilecache_preloads_total{cache="mlp",gpu="unknown",namespace="team-a",result="skipped"} 1.0' in text
-    assert 'compilecache_preloads_total{cache="mlp",gpu="cpu",namespace="team-a",result="error"} 1.0' in text
+    assert ('compilecache_preloads_total{cache="mlp",gpu="nvidia-l4",namespace="team-a",reason="preloaded",'
+            'result="hit"} 1.0') in text
+    assert ('compilecache_preloads_total{cache="mlp",gpu="unknown",namespace="team-a",reason="volume-at-cache-dir",'
+            'result="skipped"} 1.0') in text
+    assert ('compilecache_preloads_total{cache="mlp",gpu="cpu",namespace="team-a",reason="unknown",'
+            'result="error"} 1.0') in text, "results and reasons outside the fixed sets are bounded"
     assert 'compilecache_preload_bytes_total{cache="mlp",namespace="team-a"} 1000.0' in text
     assert 'compilecache_preload_duration_seconds_count{cache="mlp",namespace="team-a",result="hit"} 1.0' in text
     assert 'compilecache_warmup_jobs_total{cache="mlp",namespace="team-a",result="succeeded"} 1.0' in text

@@ -123,7 +123,7 @@ def new_state(api: KubeAPI | None = None) -> State:
 
 
 def hits(state: State) -> float | None:
-    labels = {"namespace": "team-a", "cache": "mlp", "gpu": "cpu", "result": "hit"}
+    labels = {"namespace": "team-a", "cache": "mlp", "gpu": "cpu", "result": "hit", "reason": "preloaded"}
     return state.metrics.registry.get_sample_value("compilecache_preloads_total", labels)
 
 
