@@ -5,8 +5,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${COMPILECACHE_VENV:-$ROOT/.venv}"
 export COMPILECACHE_TEST_CACHE="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
-# pip's downloads (torch is several GB) stay outside the checkout, so a fresh clone reuses them.
-export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/compilecache-pip}"
+# torch and its dependencies (several GB) are downloaded once into a wheelhouse outside the checkout and
+# installed from there, so a fresh clone (CI's) does not download them again.
+WHEELHOUSE="${COMPILECACHE_WHEELHOUSE:-$HOME/.cache/compilecache-wheels}"
+TORCH_REQUIREMENT="torch==2.13.0"
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -41,6 +43,18 @@ pick_python() {
     echo "compilecache needs Python >= 3.11" >&2; return 1
 }
 
+install_torch() {
+    # install_torch : torch into $VENV from the wheelhouse, filling the wheelhouse first if it lacks it.
+    local stamp="$WHEELHOUSE/.${TORCH_REQUIREMENT}.complete"
+    if [ ! -f "$stamp" ]; then
+        log "downloading $TORCH_REQUIREMENT and its dependencies into $WHEELHOUSE (once)"
+        mkdir -p "$WHEELHOUSE"
+        "$VENV/bin/python" -m pip download -q -d "$WHEELHOUSE" "$TORCH_REQUIREMENT"
+        touch "$stamp"
+    fi
+    "$VENV/bin/python" -m pip install -q --no-index --find-links "$WHEELHOUSE" "$TORCH_REQUIREMENT"
+}
+
 ensure_venv() {
     # ensure_venv EXTRAS : venv with torch 2.13.0 (CPU) and the project installed with those extras.
     local extras="$1" py
@@ -54,7 +68,7 @@ ensure_venv() {
     if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
         log "installing torch==2.13.0 and compilecache[$extras] into $VENV"
         "$VENV/bin/python" -m pip install -q --upgrade pip
-        "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+        install_torch
         "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"
         touch "$stamp"
     fi

@@ -46,6 +46,13 @@ def app_pod(name: str, cache: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
             "spec": {"restartPolicy": "Never", "containers": [container], **pod_spec}}
 
 
+def restricted_app_pod(name: str, cache: str = "mlp", **pod_spec: Any) -> dict[str, Any]:
+    """``app_pod`` made "restricted"-compliant, running as uid 1000 with nothing in common with the preload."""
+    body = app_pod(name, cache, pod_spec)
+    body["spec"] = restricted(body["spec"])
+    return body
+
+
 def finished(client: KubeClient, namespace: str, name: str) -> dict[str, Any]:
     pod = wait_for(lambda: pod_terminated(client, namespace, name), WARM_UP_TIMEOUT, f"pod {name} to finish")
     return dict(pod)
@@ -104,3 +111,52 @@ def test_non_root_app_writes_the_preloaded_cache(
     pod_spec = {"securityContext": {"runAsUser": 1000, "runAsGroup": 1000}}
     kube_client.post(f"/api/v1/namespaces/{ns}/pods", app_pod("app", "mlp", pod_spec))
     assert_warm(finished(kube_client, ns, "app"), 1000)
+
+
+def test_the_hit_rate_counts_only_the_pod_that_reads_the_cache_preloaded_for_its_image(
+    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+) -> None:
+    """A matching pod is a hit and compiles warm; a pod of another image gets no bundle warmed for
+    something else (a miss, image-mismatch, left unpatched) and compiles cold; a pod whose cache directory
+    comes from ``valueFrom`` could not see a preload (skipped, cache-dir-value-from) and compiles cold."""
+    ns = kube_namespace
+    warm_cache(kube_client, ns, redis_server)
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    kube_client.post(pods, restricted_app_pod("matching"))
+
+    other = restricted_app_pod("other-image")
+    other["spec"]["containers"][0]["image"] = f"{WORKLOAD_IMAGE}-other"
+    created = kube_client.post(pods, other)
+    assert "initContainers" not in created["spec"]
+    assert created["metadata"]["annotations"]["compilecache.io/skipped"] == "image-mismatch"
+
+    kube_client.post(f"/api/v1/namespaces/{ns}/configmaps", {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "paths"},
+        "data": {"cache": "/scratch/inductor"}})
+    unwired = restricted_app_pod("unwired", volumes=[{"name": "scratch", "emptyDir": {}}])
+    (app,) = unwired["spec"]["containers"]
+    app["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]
+    app["env"] = [{"name": "TORCHINDUCTOR_CACHE_DIR",
+                   "valueFrom": {"configMapKeyRef": {"name": "paths", "key": "cache"}}},
+                  {"name": "TORCH_COMPILE_JOB_ID", "value": "unwired"}]
+    created = kube_client.post(pods, unwired)
+    assert "initContainers" not in created["spec"]
+    assert created["metadata"]["annotations"]["compilecache.io/skipped"] == "cache-dir-value-from"
+
+    assert_warm(finished(kube_client, ns, "matching"), 1000)
+    for name in ("other-image", "unwired"):
+        done = finished(kube_client, ns, name)
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+        report = terminated_message(done, "app")
+        assert report["cache"]["fxgraph_hit"] == 0 and report["cache"]["fxgraph_miss"] >= 1, (name, report)
+
+    def counted() -> bool:
+        return (
+            operator.sample("compilecache_preloads_total", namespace=ns, result="hit") == 1
+            and operator.sample("compilecache_preloads_total", namespace=ns, result="miss",
+                                reason="image-mismatch") == 1
+            and operator.sample("compilecache_preloads_total", namespace=ns, result="skipped",
+                                reason="cache-dir-value-from") == 1
+        )
+
+    wait_for(counted, 30, "one hit, one image-mismatch miss and one skipped pod in /metrics")
