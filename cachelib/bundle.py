@@ -114,9 +114,10 @@ class RatioExceeded(BundleError):
 
 
 def check_ratio(part: PartInfo, max_ratio: float | None) -> None:
-    """Refuse a part whose header announces more than ``max_ratio`` bytes per stored byte."""
-    if max_ratio is None:
-        return
+    """Refuse a part whose header announces more than ``max_ratio`` bytes per stored byte (and more than
+    :data:`RATIO_SLACK` bytes in all)."""
+    if max_ratio is None or part.size <= RATIO_SLACK:
+        return  # small parts cannot bomb anyone (an empty tar alone is 10 KiB stored in a few bytes)
     ratio = part.size / max(part.stored_size, 1)
     if ratio > max_ratio:
         raise RatioExceeded(

@@ -66,6 +66,7 @@ import posixpath
 import re
 import secrets
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -786,6 +787,25 @@ def prepare_cache_dir(target: Path, sharing: Sharing) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     sharing.make_dir(target)
     make_runtime_dirs(target, sharing)
+    if sharing.share == SHARE_ALL:
+        reopen_for_all(target, sharing)
+
+
+def reopen_for_all(root: Path, sharing: Sharing) -> None:
+    """Open again to every uid what earlier workloads left in a cache shared by apps of many uids (a
+    node cache): directories made at their umask (0755) and lock files (0644) that another uid could
+    not write. Only what this process may change (its own, or anything with CAP_FOWNER, as a node
+    cache's preload has); someone else's stays as it is. Links are never followed."""
+    for directory, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(directory, d))]
+        for name in dirnames:
+            sharing.adopt_dir(os.path.join(directory, name))
+        for name in filenames:
+            path = os.path.join(directory, name)
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                if stat.S_ISREG(info.st_mode) and info.st_mode & 0o666 != 0o666:
+                    os.chmod(path, (info.st_mode & 0o777) | 0o666)
 
 
 # -- staging, and removing what killed unpackers left -------------------------------------------------

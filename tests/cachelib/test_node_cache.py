@@ -12,8 +12,10 @@ import io
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,36 @@ def test_concurrent_preloads_of_different_bundles_merge(tmp_path: Path, share: s
     assert read_marker(target, str(KEY)) is not None and read_marker(target, str(OTHER)) is not None
     assert (target / "shared/same").read_bytes() == b"same"
     assert os.stat(target).st_mode & 0o7777 == (0o2775 if share == "group" else 0o777)
+
+
+def test_a_shared_preload_reopens_what_an_earlier_app_of_another_uid_left() -> None:
+    """A node cache outlives its pods: the first app (uid 1000) made lock files 0644 and a directory at its
+    umask; the next pod's preload (root, --share all) opens them again, so an app of uid 1001 can lock."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to play two app uids")
+    tmp_path = Path(tempfile.mkdtemp(prefix="compilecache-node-"))  # other uids must reach it
+    tmp_path.chmod(0o755)
+    try:
+        _reopen_for_another_uid(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _reopen_for_another_uid(tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'store'}"
+    key = make_key(name="node")
+    publish(make_outdir(tmp_path / "out", key, files=files(3, count=2)), url)
+    target = tmp_path / "node" / "inductor"
+    assert preload(url, [str(key)], target, share="all").result == "hit"
+    lock, made = target / "locks" / "abc.lock", target / "fxgraph" / "zz"
+    lock.write_text("")
+    made.mkdir()
+    for path, mode in ((lock, 0o644), (made, 0o755)):
+        os.chown(path, 1000, 1000)
+        path.chmod(mode)
+    second = preload(url, [str(key)], target, share="all")
+    assert second.result == "hit" and second.source == "node-cache"
+    assert lock.stat().st_mode & 0o777 == 0o666 and made.stat().st_mode & 0o777 == 0o777
+    opened = subprocess.run(["setpriv", "--reuid=1001", "--regid=1001", "--clear-groups", "--", "sh", "-c",
+                             f"echo > {lock} && touch {made}/entry"], capture_output=True, text=True)
+    assert opened.returncode == 0, opened.stderr

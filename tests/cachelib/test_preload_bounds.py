@@ -130,7 +130,9 @@ def test_cli_max_ratio_flag_and_its_validation(bomb: Path, tmp_path: Path) -> No
 
 def test_load_applies_the_ratio_to_the_megacache(tmp_path: Path) -> None:
     url = f"file://{tmp_path / 'store'}"
-    publish(make_outdir(tmp_path / "out", KEY, megacache=bytes(8 * 1024 * 1024)), url)
+    from cachelib.bundle import RATIO_SLACK
+
+    publish(make_outdir(tmp_path / "out", KEY, megacache=bytes(RATIO_SLACK + 1024 * 1024)), url)
     result = load(url, [str(KEY)], max_ratio=100)
     assert result.result == "error" and (result.reason or "").startswith("RatioExceeded: part 'megacache'")
 
@@ -344,3 +346,16 @@ def test_the_lying_header_passes_every_header_check(bomb: Path, tmp_path: Path) 
     header = read_header(io.BytesIO(lying_bundle(bomb, tmp_path / "l.ccb").read_bytes()))
     part = header.part(CACHEDIR_PART)
     assert part.size > BOMB_BYTES and part.size / part.stored_size < 20
+
+
+def test_a_small_part_is_never_judged_by_its_ratio(tmp_path: Path) -> None:
+    """A warm-up that compiled nothing publishes an empty cache directory: a 10 KiB tar of zeros stored in a
+    few bytes (ratio above 400). Parts within the slack of 64 MiB cannot bomb anyone and pass."""
+    from cachelib.bundle import RATIO_SLACK, PartInfo, RatioExceeded, check_ratio
+
+    def part(size: int, stored: int) -> PartInfo:
+        return PartInfo(CACHEDIR_PART, "zstd", size, stored, 0, "0" * 64, "0" * 64)
+
+    check_ratio(part(10240, 22), DEFAULT_MAX_RATIO)
+    with pytest.raises(RatioExceeded, match="over the limit"):
+        check_ratio(part(RATIO_SLACK + 1, 1000), DEFAULT_MAX_RATIO)

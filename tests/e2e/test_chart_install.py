@@ -8,6 +8,7 @@ last test runs the operator as a local process that authenticates as the chart's
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,15 +97,20 @@ def allowed(client: KubeClient, method: str, path: str, body: Any = None) -> boo
     """Whether the API server lets ``client`` make the call (create/delete as server-side dry runs)."""
     query = {"dryRun": "All"} if method in ("POST", "DELETE", "PATCH") else None
     content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
-    try:
-        client.request(method, path, body=body, query=query, content_type=content_type)
-    except KubeAPIError as error:
-        if error.status == 403:
-            return False
-        if error.status in (404, 409, 422):  # authorized, then refused for another reason
-            return True
-        raise
-    return True
+    for attempt in range(50):
+        try:
+            client.request(method, path, body=body, query=query, content_type=content_type)
+        except KubeAPIError as error:
+            if error.status == 403:
+                return False
+            if error.status in (404, 409, 422):  # authorized, then refused for another reason
+                return True
+            if error.status == 429 and attempt < 49:  # a just-installed CRD's storage is initializing
+                time.sleep(0.2)
+                continue
+            raise
+        return True
+    raise AssertionError("unreachable")
 
 
 def test_operator_rbac_acting_as_its_service_account(

@@ -16,6 +16,7 @@ from cachelib.stores import open_store
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.kube.cluster import free_port
 from tests.infra.kube.rest import KubeAPIError, KubeClient
+from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     OperatorProcess,
@@ -119,8 +120,8 @@ def test_missing_secret_waits_then_warms_with_its_credentials(
     kube_client.merge_patch(f"/api/v1/namespaces/{ns}/secrets/creds", {"stringData": {"password": "s3cret"}})
     (job,) = wait_for(lambda: jobs_of(kube_client, ns, "locked"), 60, "the warm-up Job once the Secret is complete")
     publish = job["spec"]["template"]["spec"]["containers"][0]
-    assert publish["env"] == [{"name": "COMPILECACHE_REDIS_PASSWORD",
-                               "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}}]
+    assert [e for e in publish["env"] if e["name"] != "TMPDIR"] == [  # TMPDIR: its read-only root's way out
+        {"name": "COMPILECACHE_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}}]
 
 
 def test_unreachable_store_fails_the_publish_step(
@@ -175,8 +176,8 @@ def test_deletion_honours_the_policy_even_mid_warm_up(
     created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "pre", "labels": {"compilecache.io/cache": "done"}},
-        "spec": {"restartPolicy": "Never", "initContainers": [existing],
-                 "containers": [{"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", "pass"]}]},
+        "spec": restricted({"restartPolicy": "Never", "initContainers": [existing], "containers": [
+            {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", "pass"]}]}),
     })
     assert [c["name"] for c in created["spec"]["initContainers"]] == ["compilecache-preload"]
     assert all(v["name"] != "compilecache-cache" for v in created["spec"].get("volumes") or [])

@@ -4,7 +4,7 @@ The operator reads the API server's version at start-up (1.29+ has native sideca
 the cache's pods the preload as an init container with ``restartPolicy: Always`` that runs beside the
 workload, in a namespace enforcing the "restricted" Pod Security Standard, with apps running as their
 own non-root uid. The app's ``wait_for_preload()`` finds the preload's hit in the done file where its
-own mount of the cache puts it. Sidecar mode with ``strict`` is an invalid spec. The warm-up runs
+own mount of the cache puts it. Sidecar mode with ``strict`` is refused by the API server. The warm-up runs
 ``model.command``, which keeps this short. The fallback to an init container on API servers older than
 1.29 is covered by tests/operator/test_sidecar_mode.py.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.kube.rest import KubeClient
+from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
@@ -77,13 +77,15 @@ def test_sidecar_mode_runs_the_preload_beside_the_app_and_the_app_waits_for_the_
     kube_client.post(cache_path(ns), compile_cache("side", {
         "image": WORKLOAD_IMAGE, "model": {"command": "python -c pass"}, "storage": store,
         "preload": {"mode": "Sidecar"}}))
-    kube_client.post(cache_path(ns), compile_cache("strict", {
-        "image": WORKLOAD_IMAGE, "model": {"command": "python -c pass"}, "storage": store,
-        "preload": {"mode": "Sidecar", "strict": True}}))
+    # Sidecar with strict: the API server itself refuses it (a CEL rule), naming the field
+    with pytest.raises(KubeAPIError) as refused:
+        kube_client.post(cache_path(ns), compile_cache("strict", {
+            "image": WORKLOAD_IMAGE, "model": {"command": "python -c pass"}, "storage": store,
+            "preload": {"mode": "Sidecar", "strict": True}}))
+    assert refused.value.status == 422
+    refusal = str(refused.value)
+    assert "spec.preload.strict: Invalid value: spec.preload.strict must be false with spec.preload.mode" in refusal
     wait_condition(kube_client, ns, "side", "Ready", "True", TIMEOUT)
-    invalid = wait_condition(kube_client, ns, "strict", "Ready", "False", 30, reason="InvalidSpec")
-    (ready,) = [c for c in invalid["status"]["conditions"] if c["type"] == "Ready"]
-    assert ready["message"].startswith("spec.preload.strict: must be false with spec.preload.mode Sidecar"), ready
 
     # one app container sees the cache at the default place, one at its own TORCHINDUCTOR_CACHE_DIR
     own = app_container("own", env=[{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/data/inductor"}])

@@ -16,6 +16,7 @@ import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.kube.rest import KubeClient
+from tests.infra.nodeagent import NodeAgent
 from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
@@ -168,3 +169,32 @@ def test_the_hit_rate_counts_only_the_pod_that_reads_the_cache_preloaded_for_its
         )
 
     wait_for(counted, 30, "one hit, one image-mismatch miss and one skipped pod in /metrics")
+
+
+@pytest.mark.parametrize("pod_security_level", ["privileged"])
+def test_node_cache_is_fetched_once_per_node_and_shared_by_apps_of_other_uids(
+    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
+    node_agent: NodeAgent,
+) -> None:
+    """``preload.nodeCache``: the kubelet makes the hostPath root 0755 (hostPath needs the "privileged"
+    level); the first pod's preload fills it and hands it to its app, the second pod on the node finds the
+    bundle complete and fetches nothing; both apps, of different uids, compile warm."""
+    ns = kube_namespace
+    kube_client.post(cache_path(ns), compile_cache("mlp", {
+        "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()},
+        "preload": {"nodeCache": {"hostPath": "/var/cache/compilecache-nodes"}}}))
+    wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
+    results = []
+    for name, uid in (("first", 1000), ("second", 1001)):
+        created = kube_client.post(f"/api/v1/namespaces/{ns}/pods",
+                                   app_pod(name, "mlp", restricted({}, uid=uid, gid=uid)))
+        (volume,) = [v for v in created["spec"]["volumes"] if "hostPath" in v]
+        assert volume["hostPath"]["path"] == f"/var/cache/compilecache-nodes/{ns}/mlp", volume
+        done = finished(kube_client, ns, name)
+        assert_warm(done, uid)
+        results.append(terminated_message(done, "compilecache-preload", init=True))
+    first, second = results
+    assert first["source"] == "store" and first["bytes"] > 0, first
+    assert second["source"] == "node-cache" and second["bytes"] == 0, second
+    host = node_agent.root / "hostpath" / "var/cache/compilecache-nodes" / ns / "mlp"
+    assert (host / "inductor").is_dir() or any(host.iterdir()), sorted(host.iterdir())

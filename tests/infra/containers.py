@@ -416,6 +416,20 @@ def setup_empty_dir(path: Path, fs_group: int | None) -> Path:
     return path
 
 
+def setup_sub_path(volume: Path, sub_path: str) -> Path:
+    """A volumeMount's ``subPath`` inside a volume: a missing one is created (with parents) with the mode of
+    the volume's root, owned by the kubelet's user (root), as the kubelet does before the container starts
+    (so inside an emptyDir it is 0777, or 2777 with an fsGroup)."""
+    path = volume / sub_path.strip("/")
+    if not path.exists():
+        mode = volume.stat().st_mode & 0o7777
+        missing = [p for p in (path, *path.parents) if not p.exists()]
+        for directory in reversed(missing):
+            directory.mkdir()
+            directory.chmod(mode)
+    return path
+
+
 def setup_host_path(path: Path, host_path_type: str = "") -> Path:
     """A hostPath volume's host side, checked like the kubelet checks its type: ``DirectoryOrCreate`` makes a
     missing directory (and parents) 0755, owned by the kubelet's user (root); ``Directory`` must exist;

@@ -292,8 +292,7 @@ class PodRunner(threading.Thread):
         for mount in run.spec.get("volumeMounts") or []:
             host = self.volumes[mount["name"]]
             if mount.get("subPath"):
-                host = host / mount["subPath"]
-                host.mkdir(parents=True, exist_ok=True)
+                host = containers.setup_sub_path(host, mount["subPath"])
             pairs.append((mount["mountPath"], str(host)))
         return podspec.path_table(pairs)
 
@@ -422,8 +421,7 @@ class PodRunner(threading.Thread):
         for mount in run.spec.get("volumeMounts") or []:
             host = self.volumes[mount["name"]]
             if mount.get("subPath"):
-                host = host / mount["subPath"]
-                host.mkdir(parents=True, exist_ok=True)
+                host = containers.setup_sub_path(host, mount["subPath"])
             mounts[mount["mountPath"]] = containers.VolumeMount(host, bool(mount.get("readOnly")))
         termination = containers.prepare_termination_file(run.termination_path)
         env = self.agent.env.build_for_container(self.pod, run.spec, runtime)

@@ -324,6 +324,17 @@ def test_empty_dir_with_fs_group_is_root_fs_group_2777_through_the_tree(tmp_path
     assert (volume / "link").lstat().st_gid == 2000
 
 
+def test_sub_path_takes_the_mode_of_the_volume_root(tmp_path: Path) -> None:
+    volume = containers.setup_empty_dir(tmp_path / "vol", None)
+    made = containers.setup_sub_path(volume, "inductor/deeper")
+    for path in (made, made.parent):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o777  # an app of any uid writes where kubelet made it
+    (made / "keep").write_text("x")
+    made.chmod(0o700)
+    assert containers.setup_sub_path(volume, "/inductor/deeper/") == made  # an existing one stays as it is
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
 def test_host_path_directory_or_create_is_made_0755(tmp_path: Path) -> None:
     old = os.umask(0o077)
     try:
