@@ -479,6 +479,8 @@ def _run(
     started = time.perf_counter()
     result = PreloadResult(MISS, target=str(target) if target else None, mode=mode, deadline=deadline)
     sharing: Sharing | None = None
+    # A directory that already holds a cache (a node cache) may hold what earlier workloads wrote.
+    reused = mode == "preload" and target is not None and _holds_anything(target)
     try:
         result.gpu = choose_gpu(gpu, env)
         sharing = Sharing(share, owner)
@@ -491,20 +493,28 @@ def _run(
     except Exception as exc:  # a bad argument (share, gpu): still a result, never a crash
         result.result, result.reason = ERROR, f"{type(exc).__name__}: {exc}"
     if mode == "preload" and target is not None and sharing is not None:
-        _prepare(target, sharing)
+        _prepare(target, sharing, reused)
     result.seconds = time.perf_counter() - started
     if strict and result.result != HIT:
         raise PreloadFailed(result)
     return result
 
 
-def _prepare(target: Path, sharing: Sharing) -> None:
+def _holds_anything(directory: Path) -> bool:
+    try:
+        with os.scandir(directory) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
+
+
+def _prepare(target: Path, sharing: Sharing, reused: bool) -> None:
     """Leave a cache directory the workload can write, whatever the result (best effort: a
     directory that cannot be made is the workload's to make; without CAP_CHOWN, no owner)."""
     try:
-        prepare_cache_dir(target, sharing)
+        prepare_cache_dir(target, sharing, reused=reused)
     except OwnershipError:
-        _prepare(target, replace(sharing, owner=None))
+        _prepare(target, replace(sharing, owner=None), reused)
     except (OSError, UnpackError) as exc:
         log.warning("cannot prepare the cache directory %s for the workload: %s", target, exc)
 

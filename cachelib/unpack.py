@@ -780,14 +780,17 @@ def make_runtime_dirs(root: Path, sharing: Sharing) -> None:
         sharing.made_dir(path)
 
 
-def prepare_cache_dir(target: Path, sharing: Sharing) -> None:
+def prepare_cache_dir(target: Path, sharing: Sharing, *, reused: bool = False) -> None:
     """Make sure the cache directory exists and the workload can write what torch writes at run
-    time, whatever the preload's result (a miss leaves an empty but usable cache directory)."""
+    time, whatever the preload's result (a miss leaves an empty but usable cache directory).
+    ``reused``: the directory held a cache before this preload (a node cache), so with ``share all``
+    what earlier workloads left there is opened again (:func:`reopen_for_all`); a fresh tree needs
+    no such walk."""
     target = Path(target).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     sharing.make_dir(target)
     make_runtime_dirs(target, sharing)
-    if sharing.share == SHARE_ALL:
+    if reused and sharing.share == SHARE_ALL:
         reopen_for_all(target, sharing)
 
 

@@ -47,10 +47,11 @@ def app_pod(name: str, cache: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
             "spec": {"restartPolicy": "Never", "containers": [container], **pod_spec}}
 
 
-def restricted_app_pod(name: str, cache: str = "mlp", **pod_spec: Any) -> dict[str, Any]:
-    """``app_pod`` made "restricted"-compliant, running as uid 1000 with nothing in common with the preload."""
-    body = app_pod(name, cache, pod_spec)
-    body["spec"] = restricted(body["spec"])
+def restricted_app_pod(name: str, uid: int = 1000, fs_group: int | None = None, **pod_spec: Any) -> dict[str, Any]:
+    """``app_pod`` of the cache ``mlp`` made "restricted"-compliant, running as ``uid`` (gid the same), by
+    default with nothing in common with the preload."""
+    body = app_pod(name, "mlp", pod_spec)
+    body["spec"] = restricted(body["spec"], uid=uid, gid=uid, fs_group=fs_group)
     return body
 
 
@@ -86,18 +87,16 @@ def test_restricted_namespace_admits_injected_pods_of_any_uid_and_they_start_war
     ns = kube_namespace  # enforces "restricted": the warm-up Job's pod had to pass it too
     warm_cache(kube_client, ns, redis_server)
     pods = {
-        "own-uid": app_pod("own-uid", "mlp", restricted({}, uid=1000, gid=1000)),  # nothing in common with us
-        "fs-group": app_pod("fs-group", "mlp", restricted({}, uid=1001, gid=1001, fs_group=4000)),
-        "container-uid": app_pod("container-uid", "mlp", restricted({}, uid=1002, gid=1002)),
+        "own-uid": restricted_app_pod("own-uid"),  # uid 1000, nothing in common with the preload
+        "fs-group": restricted_app_pod("fs-group", uid=1001, fs_group=4000),
+        "container-uid": restricted_app_pod("container-uid"),
     }
     # the uid stated by the app container alone, not by the pod
     container_uid = pods["container-uid"]["spec"]
-    container_uid["containers"] = restricted(container_uid)["containers"]
-    for key in ("runAsUser", "runAsGroup"):
-        container_uid["containers"][0]["securityContext"][key] = container_uid["securityContext"].pop(key)
+    del container_uid["securityContext"]["runAsUser"], container_uid["securityContext"]["runAsGroup"]
+    container_uid["containers"][0]["securityContext"].update(runAsUser=1002, runAsGroup=1002)
     uids = {"own-uid": 1000, "fs-group": 1001, "container-uid": 1002}
-    for name, body in pods.items():
-        body["spec"] = restricted(body["spec"]) if name != "container-uid" else body["spec"]
+    for body in pods.values():
         created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", body)
         (preload,) = created["spec"]["initContainers"]
         context = preload["securityContext"]
@@ -186,8 +185,7 @@ def test_node_cache_is_fetched_once_per_node_and_shared_by_apps_of_other_uids(
     wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
     results = []
     for name, uid in (("first", 1000), ("second", 1001)):
-        created = kube_client.post(f"/api/v1/namespaces/{ns}/pods",
-                                   app_pod(name, "mlp", restricted({}, uid=uid, gid=uid)))
+        created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", restricted_app_pod(name, uid=uid))
         (volume,) = [v for v in created["spec"]["volumes"] if "hostPath" in v]
         assert volume["hostPath"]["path"] == f"/var/cache/compilecache-nodes/{ns}/mlp", volume
         done = finished(kube_client, ns, name)

@@ -188,13 +188,35 @@ def user_flag(run_as_user: int | None, run_as_group: int | None, image_user: str
     return ["--user", user if run_as_group is None else f"{user}:{run_as_group}"]
 
 
-def group_flags(pod_context: Mapping[str, Any]) -> list[str]:
-    """``--group-add`` for the pod's fsGroup and supplementalGroups (each once, fsGroup first)."""
+def supplementary_groups(pod_context: Mapping[str, Any]) -> list[int]:
+    """The pod's fsGroup and supplementalGroups, each once, fsGroup first."""
     groups: list[int] = []
     if pod_context.get("fsGroup") is not None:
         groups.append(int(pod_context["fsGroup"]))
     groups += [int(g) for g in pod_context.get("supplementalGroups") or []]
-    return [flag for g in dict.fromkeys(groups) for flag in ("--group-add", str(g))]
+    return list(dict.fromkeys(groups))
+
+
+def group_flags(pod_context: Mapping[str, Any]) -> list[str]:
+    """``--group-add`` for the pod's fsGroup and supplementalGroups (each once, fsGroup first)."""
+    return [flag for g in supplementary_groups(pod_context) for flag in ("--group-add", str(g))]
+
+
+def process_identity(
+    pod: Mapping[str, Any], container: Mapping[str, Any], image_user: tuple[int, int] = (0, 0)
+) -> tuple[int, int, tuple[int, ...]]:
+    """(uid, gid, supplementary groups) of a container run as a local process rather than under podman:
+    runAsUser / runAsGroup (the container's over the pod's), else the image's USER; the pod's groups.
+    Raises ContainerConfigError as the kubelet refuses what runAsNonRoot forbids."""
+    pod_context = (pod.get("spec") or {}).get("securityContext") or {}
+    own = container.get("securityContext") or {}
+    run_as_user, run_as_group = _effective(own, pod_context, "runAsUser"), _effective(own, pod_context, "runAsGroup")
+    check_run_as_non_root(_effective(own, pod_context, "runAsNonRoot"), run_as_user,
+                          f"{image_user[0]}:{image_user[1]}", format_pod(pod.get("metadata") or {}),
+                          str(container.get("name", "")))  # fmt: skip
+    uid = image_user[0] if run_as_user is None else int(run_as_user)
+    gid = image_user[1] if run_as_group is None else int(run_as_group)
+    return uid, gid, tuple(g for g in supplementary_groups(pod_context) if g != gid)
 
 
 def _capability_names(values: Sequence[Any], where: str) -> list[str]:

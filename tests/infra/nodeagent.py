@@ -442,11 +442,11 @@ class PodRunner(threading.Thread):
         permission mismatch fails here as it would on a node. The container's private directories (working
         directory, termination file) are handed to that uid, as a container's own root file system would be."""
         try:
-            uid, gid, groups = podspec.container_identity(self.pod, run.spec, runtime.user)
-        except podspec.RunAsRootRefused as refused:
-            raise ContainerBlocked("CreateContainerConfigError", str(refused)) from refused
-        if (uid, gid, groups) == (os.getuid(), os.getgid(), ()) and os.getuid() == 0:
-            return argv
+            uid, gid, groups = containers.process_identity(self.pod, run.spec, runtime.user)
+        except containers.ContainerConfigError as refused:
+            raise ContainerBlocked(refused.reason, str(refused)) from refused
+        if (uid, gid, groups) == (os.getuid(), os.getgid(), ()):
+            return argv  # already who the pod says
         for path in own:
             os.chown(path, uid, gid)
         group_flag = ["--groups", ",".join(map(str, groups))] if groups else ["--clear-groups"]

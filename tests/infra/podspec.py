@@ -187,39 +187,9 @@ def unready_message(kind: str, names: Sequence[str]) -> str:
 # -- identity and volumes, as a kubelet applies them -------------------------------------------------------
 
 
-class RunAsRootRefused(ValueError):
-    """runAsNonRoot is set and the container would run as uid 0: a kubelet refuses to start it."""
-
-
 def is_native_sidecar(container: Mapping[str, Any]) -> bool:
     """An init container with ``restartPolicy: Always`` (Kubernetes 1.29+): it keeps running beside the app."""
     return container.get("restartPolicy") == "Always"
-
-
-def _security_value(pod: Mapping[str, Any], container: Mapping[str, Any], key: str) -> Any:
-    own = (container.get("securityContext") or {}).get(key)
-    return own if own is not None else ((pod.get("spec") or {}).get("securityContext") or {}).get(key)
-
-
-def container_identity(
-    pod: Mapping[str, Any], container: Mapping[str, Any], image_user: tuple[int, int] = (0, 0)
-) -> tuple[int, int, tuple[int, ...]]:
-    """(uid, gid, supplementary groups) a container's processes run with: runAsUser / runAsGroup (the
-    container's over the pod's) else the image's USER; fsGroup and supplementalGroups as extra groups.
-    Raises RunAsRootRefused with the kubelet's wording when runAsNonRoot forbids the result."""
-    uid = _security_value(pod, container, "runAsUser")
-    gid = _security_value(pod, container, "runAsGroup")
-    uid = int(image_user[0] if uid is None else uid)
-    gid = int(image_user[1] if gid is None else gid)
-    if uid == 0 and _security_value(pod, container, "runAsNonRoot"):
-        raise RunAsRootRefused("container has runAsNonRoot and image will run as root "
-                               f"(pod: \"{(pod.get('metadata') or {}).get('name', '')}\", "
-                               f"container: {container.get('name', '')})")
-    pod_context = (pod.get("spec") or {}).get("securityContext") or {}
-    groups = [int(g) for g in pod_context.get("supplementalGroups") or []]
-    if pod_context.get("fsGroup") is not None:
-        groups.insert(0, int(pod_context["fsGroup"]))
-    return uid, gid, tuple(dict.fromkeys(g for g in groups if g != gid))
 
 
 def pod_fs_group(pod: Mapping[str, Any]) -> int | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.infra import podspec
+from tests.infra import containers, podspec
 from tests.infra.kube.cluster import versions
 
 
@@ -13,21 +13,21 @@ def pod(context: dict[str, object] | None = None) -> dict[str, object]:
 
 
 def test_identity_takes_the_container_over_the_pod_over_the_image() -> None:
-    assert podspec.container_identity(pod(), {"name": "c"}, (65532, 65532)) == (65532, 65532, ())
-    assert podspec.container_identity(pod({"runAsUser": 10, "runAsGroup": 20}), {"name": "c"}) == (10, 20, ())
+    assert containers.process_identity(pod(), {"name": "c"}, (65532, 65532)) == (65532, 65532, ())
+    assert containers.process_identity(pod({"runAsUser": 10, "runAsGroup": 20}), {"name": "c"}) == (10, 20, ())
     container = {"name": "c", "securityContext": {"runAsUser": 11}}
-    assert podspec.container_identity(pod({"runAsUser": 10, "runAsGroup": 20}), container) == (11, 20, ())
+    assert containers.process_identity(pod({"runAsUser": 10, "runAsGroup": 20}), container) == (11, 20, ())
 
 
 def test_identity_adds_fs_group_and_supplemental_groups() -> None:
     context = {"runAsUser": 1, "runAsGroup": 2, "fsGroup": 3, "supplementalGroups": [4, 2, 3]}
-    assert podspec.container_identity(pod(context), {"name": "c"}) == (1, 2, (3, 4))
+    assert containers.process_identity(pod(context), {"name": "c"}) == (1, 2, (3, 4))
 
 
 def test_run_as_non_root_refuses_uid_zero_like_a_kubelet() -> None:
-    with pytest.raises(podspec.RunAsRootRefused, match="container has runAsNonRoot and image will run as root"):
-        podspec.container_identity(pod({"runAsNonRoot": True}), {"name": "c"}, (0, 0))
-    assert podspec.container_identity(pod({"runAsNonRoot": True}), {"name": "c"}, (65532, 1))[0] == 65532
+    with pytest.raises(containers.ContainerConfigError, match="container has runAsNonRoot and image will run as root"):
+        containers.process_identity(pod({"runAsNonRoot": True}), {"name": "c"}, (0, 0))
+    assert containers.process_identity(pod({"runAsNonRoot": True}), {"name": "c"}, (65532, 1))[0] == 65532
 
 
 def test_native_sidecar_is_an_init_container_that_restarts_always() -> None:
