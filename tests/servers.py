@@ -3,11 +3,14 @@
 Fixtures (register with ``pytest_plugins = ["tests.servers"]`` or import them into a conftest):
 
 - ``redis_server`` (session): Debian's ``redis-server`` binary, no persistence, in a temp dir.
+- ``redis_cluster`` (session): three ``redis-server`` primaries in cluster mode (no replicas),
+  their 16384 slots split by ``redis-cli --cluster create``.
 - ``s3_server`` (session): moto's server mode in a subprocess; dummy AWS credentials are put
   in ``os.environ`` for the session (and restored after) and also offered as ``.env`` for
   child processes.
 - ``store_url`` (function): parametrised over ``file``, ``redis`` and ``s3``; a fresh, empty
-  store for each test (a temp dir, a unique Redis key prefix, a new bucket).
+  store for each test (a temp dir, a unique Redis key prefix, a new bucket). The kind
+  ``redis-cluster`` (a fresh prefix on ``redis_cluster``) is there for suites that add it.
 
 A missing binary or package skips the tests that need it, with the reason; with ``CI=true``
 in the environment it fails them instead, so that CI never passes by skipping.
@@ -15,6 +18,7 @@ in the environment it fails them instead, so that CI never passes by skipping.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -114,21 +118,24 @@ def _redis_ping(port: int, password: str | None) -> bool:
         return False
 
 
-@contextmanager
-def start_redis(directory: Path, *, password: str | None = None) -> Iterator[RedisServer]:
-    """Run a throw-away redis-server on a free loopback port (no RDB, no AOF)."""
-    binary = shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
-    )
+def _redis_binary(name: str) -> str:
+    binary = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
     if binary is None:
-        missing("redis-server is not installed (Debian: apt-get install -y redis-server)")
+        missing(f"{name} is not installed (Debian: apt-get install -y redis-server redis-tools)")
+    return binary
+
+
+@contextmanager
+def start_redis(directory: Path, *, password: str | None = None, extra: tuple[str, ...] = ()) -> Iterator[RedisServer]:
+    """Run a throw-away redis-server on a free loopback port (no RDB, no AOF)."""
+    binary = _redis_binary("redis-server")
     directory.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = directory / "redis.log"
     args = [binary, "--bind", LOOPBACK, "--port", str(port), "--dir", str(directory), "--save", "",
-            "--appendonly", "no", "--daemonize", "no", "--logfile", str(log)]  # fmt: skip
+            "--appendonly", "no", "--daemonize", "no", "--logfile", str(log), *extra]  # fmt: skip
     if password:
-        args += ["--requirepass", password]
+        args += ["--requirepass", password, "--masterauth", password]
     process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         _wait_until(lambda: _redis_ping(port, password), process, "redis-server", log)
@@ -141,6 +148,67 @@ def start_redis(directory: Path, *, password: str | None = None) -> Iterator[Red
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     with start_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server
+
+
+@dataclass
+class RedisCluster:
+    """Primaries of one Redis Cluster on loopback; ``nodes[0]`` is the seed in :attr:`url`."""
+
+    nodes: list[RedisServer]
+    password: str | None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis-cluster://{auth}{self.nodes[0].host}:{self.nodes[0].port}"
+
+    def store_url(self, **options: str) -> str:
+        """A URL with a fresh key prefix (an empty store) plus any extra query options."""
+        query = {"prefix": f"t{uuid.uuid4().hex[:12]}", **options}
+        return self.url + "?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
+def _cli(node: RedisServer, *command: str) -> str:
+    auth = ["--no-auth-warning", "-a", node.password] if node.password else []
+    proc = subprocess.run([_redis_binary("redis-cli"), "-h", node.host, "-p", str(node.port), *auth, *command],
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return proc.stdout
+
+
+def _cluster_ok(nodes: list[RedisServer]) -> bool:
+    return all("cluster_state:ok" in _cli(node, "cluster", "info") for node in nodes)
+
+
+@contextmanager
+def start_redis_cluster(directory: Path, *, primaries: int = 3, password: str | None = None) -> Iterator[RedisCluster]:
+    """Run ``primaries`` cluster-mode redis-servers and join them into one cluster (no replicas).
+
+    A node that stops is marked failed by the others after 2 s (``cluster-node-timeout``);
+    every slot must be served for the cluster to answer (``cluster-require-full-coverage``).
+    """
+    extra = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+    with contextlib.ExitStack() as stack:
+        nodes = [
+            stack.enter_context(
+                start_redis(directory / f"node{i}", password=password,
+                            extra=(*extra, "--cluster-port", str(free_port())))  # the bus: not port + 10000
+            )
+            for i in range(primaries)
+        ]  # fmt: skip
+        addresses = [f"{node.host}:{node.port}" for node in nodes]
+        _cli(nodes[0], "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes")
+        deadline = time.monotonic() + START_TIMEOUT
+        while not _cluster_ok(nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster of {addresses} did not reach cluster_state:ok")
+            time.sleep(0.1)
+        yield RedisCluster(nodes, password)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    with start_redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
 
 
 # -- s3 (moto) ------------------------------------------------------------------------------
@@ -244,12 +312,15 @@ def fresh_store_url(kind: str, request: pytest.FixtureRequest, **options: str) -
     if kind == "s3":
         s3: S3Server = request.getfixturevalue("s3_server")
         return s3.new_bucket(**options)
-    raise ValueError(f"unknown store kind {kind!r}; expected one of {STORE_KINDS}")
+    if kind == "redis-cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        return cluster.store_url(**options)
+    raise ValueError(f"unknown store kind {kind!r}; expected one of {(*STORE_KINDS, 'redis-cluster')}")
 
 
-def store_params() -> list[object]:
+def store_params(kinds: tuple[str, ...] = STORE_KINDS) -> list[object]:
     """The store kinds as fixture parameters; those that start a server are marked ``slow``."""
-    return [kind if kind == "file" else pytest.param(kind, marks=pytest.mark.slow) for kind in STORE_KINDS]
+    return [kind if kind == "file" else pytest.param(kind, marks=pytest.mark.slow) for kind in kinds]
 
 
 @pytest.fixture(params=store_params())

@@ -2,6 +2,7 @@
 
 - ``file:///path`` — files under a directory (the embedded default);
 - ``redis://host:port/db`` and ``rediss://`` — chunked values, an index for listing;
+- ``redis-cluster://host:port`` and ``rediss-cluster://`` — the same on a Redis Cluster;
 - ``s3://bucket/prefix`` — S3 or an S3-compatible server (``?endpoint=``).
 
 The Redis and S3 client libraries are imported only when such a store is opened
@@ -43,6 +44,8 @@ CREDENTIAL_NAMES: dict[str, tuple[str, ...]] = {
     "file": (),
     "redis": (REDIS_PASSWORD_ENV,),
     "rediss": (REDIS_PASSWORD_ENV,),
+    "redis-cluster": (REDIS_PASSWORD_ENV,),
+    "rediss-cluster": (REDIS_PASSWORD_ENV,),
     "s3": S3_CREDENTIAL_NAMES,
 }
 """The credentials ``open_store(url, credentials=...)`` accepts per scheme (named like their variables)."""
@@ -101,7 +104,7 @@ def _scheme_of(config: StoreURL) -> str:
     if isinstance(config, FileStoreURL):
         return "file"
     if isinstance(config, RedisStoreURL):
-        return "rediss" if config.tls else "redis"
+        return ("rediss" if config.tls else "redis") + ("-cluster" if config.cluster else "")
     return "s3"
 
 

@@ -1,10 +1,21 @@
-"""``redis://`` and ``rediss://``: objects as chunked values behind a manifest.
+"""``redis://`` and ``rediss://``, and Redis Cluster: objects as chunked values behind a manifest.
 
-Layout under the URL's ``prefix`` (default ``compilecache``)::
+Layout under the URL's ``prefix`` (default ``compilecache``), standalone Redis::
 
     <prefix>:m:<key>                 hash: size, chunks, chunk_size, upload, created, sha256
     <prefix>:c:<key>:<upload>:<i>    string: chunk i of one upload
     <prefix>:index                   sorted set of every key (score 0), read with ZRANGEBYLEX
+
+Redis Cluster (``redis-cluster://``, ``rediss-cluster://``): the same names with the object key
+in a hash tag, so that an object's manifest and all its chunks hash to one slot, and no index
+(one sorted set would be one slot on one node, outside every publish's slot)::
+
+    <prefix>:m:{<key>}               the manifest
+    <prefix>:c:{<key>}:<upload>:<i>  its chunks
+
+A cluster is listed by scanning the manifests on every primary; a primary that does not
+answer fails the listing (never a partial one). Object keys hold no braces, so the tag is
+always the whole key.
 
 A publish writes the chunks under a fresh upload id (with a pending expiry, so a
 publisher that dies half-way leaves nothing behind for long), then one Lua script
@@ -14,24 +25,29 @@ the manifest once and then only chunks of that upload id: it finishes with the v
 it started on, or, when that version's chunks are gone (grace period over, expired),
 fails with :class:`ObjectChanged`. Two versions are never spliced.
 
-The scripts touch chunk keys they derive themselves, so the store needs a standalone Redis
-(or a managed one without cluster mode); Redis Cluster is not supported.
+The scripts touch chunk keys they derive themselves: on a cluster these share the manifest's
+slot, so each script runs on one node, atomically, like on a standalone server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import secrets
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar, cast
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from cachelib.progress import Progress
@@ -50,7 +66,10 @@ from cachelib.stores.urls import RedisStoreURL
 PENDING_SECONDS = 24 * 3600
 """Expiry of chunks not yet published: what a publisher that died mid-upload leaves behind."""
 _LIST_PAGE = 500
+_SCAN_COUNT = 1000
 _T = TypeVar("_T")
+_CLUSTER_ONLY = ("MOVED", "ASK", "CROSSSLOT")
+"""Replies that only a Redis Cluster node (or a proxy in front of one) gives."""
 
 # Chunks of a version that is being replaced or deleted: kept ``grace`` seconds for
 # readers already in flight (never longer than they would have lived anyway), or
@@ -69,8 +88,8 @@ local function retire(chunk_prefix, upload, count, grace)
 end
 """
 
-# KEYS: manifest, index. ARGV: key, upload, chunks, size, chunk_size, created, ttl (0: none),
-# grace, chunk key prefix (<prefix>:c:<key>:), sha256 of the object.
+# KEYS: manifest[, index] (no index on a cluster). ARGV: key, upload, chunks, size, chunk_size,
+# created, ttl (0: none), grace, chunk key prefix (<prefix>:c:<key>:), sha256 of the object.
 _PUBLISH = (
     _RETIRE
     + """
@@ -91,17 +110,17 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'size', ARGV[4], 'chunks', ARGV[3], 'chunk_size', ARGV[5],
            'upload', ARGV[2], 'created', ARGV[6], 'sha256', ARGV[10])
 if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
-redis.call('ZADD', KEYS[2], 0, ARGV[1])
+if KEYS[2] then redis.call('ZADD', KEYS[2], 0, ARGV[1]) end
 if old_upload and old_upload ~= ARGV[2] then retire(ARGV[9], old_upload, old_count, tonumber(ARGV[8])) end
 return 1
 """
 )
 
-# KEYS: manifest, index. ARGV: key, grace, chunk key prefix.
+# KEYS: manifest[, index]. ARGV: key, grace, chunk key prefix.
 _DELETE = (
     _RETIRE
     + """
-redis.call('ZREM', KEYS[2], ARGV[1])
+if KEYS[2] then redis.call('ZREM', KEYS[2], ARGV[1]) end
 local upload = redis.call('HGET', KEYS[1], 'upload')
 if not upload then return 0 end
 local count = tonumber(redis.call('HGET', KEYS[1], 'chunks') or '0')
@@ -148,39 +167,103 @@ class _RetryOutages(Retry):
             raise refused.error from None
 
 
+@dataclass(frozen=True)
+class KeyLayout:
+    """The Redis key names of a store's objects (see the module's docstring)."""
+
+    prefix: str
+    cluster: bool = False
+
+    def _name(self, key: str) -> str:
+        return f"{{{key}}}" if self.cluster else key
+
+    def manifest_key(self, key: str) -> str:
+        return f"{self.prefix}:m:{self._name(key)}"
+
+    def chunk_prefix(self, key: str) -> str:
+        return f"{self.prefix}:c:{self._name(key)}:"
+
+    def chunk_key(self, key: str, upload: str, index: int) -> str:
+        return f"{self.chunk_prefix(key)}{upload}:{index}"
+
+    @property
+    def index(self) -> str | None:
+        """The sorted set of every key; none on a cluster."""
+        return None if self.cluster else f"{self.prefix}:index"
+
+    def script_keys(self, key: str) -> list[str]:
+        """KEYS of the publish and delete scripts: the manifest, and the index where there is one."""
+        return [self.manifest_key(key)] + ([self.index] if self.index else [])
+
+    def manifest_match(self, prefix: str) -> str:
+        """A SCAN pattern for the cluster manifests of keys starting with ``prefix``.
+
+        Neither the store prefix nor object keys hold glob characters (``*?[]\\``).
+        """
+        return f"{self.prefix}:m:{{{prefix}*}}"
+
+    def key_of_manifest(self, name: str) -> str:
+        """The object key of a cluster manifest name (the inverse of :meth:`manifest_key`)."""
+        return name[len(self.prefix) + 4 : -1]
+
+
+def connect(config: RedisStoreURL) -> redis.Redis | RedisCluster:
+    """A client for the URL's server; a cluster client reads the cluster's topology (I/O) here."""
+    common: dict[str, Any] = {
+        "host": config.host,
+        "port": config.port,
+        "username": config.username,
+        "password": config.password,
+        "ssl": config.tls,
+        "ssl_ca_certs": config.ca,
+        "socket_timeout": config.timeout,
+        "socket_connect_timeout": config.timeout,
+        "retry": _RetryOutages(ExponentialBackoff(cap=1.0, base=0.1), config.retries),
+    }
+    if not config.cluster:
+        return redis.Redis(db=config.db, health_check_interval=30, **common)
+    if int(redis.__version__.split(".")[0]) < 6:  # later versions take the count from ``retry``
+        common["cluster_error_retry_attempts"] = config.retries
+    return RedisCluster(require_full_coverage=True, **common)
+
+
 class RedisStore(Store):
-    """Chunked objects in one Redis database under a key prefix."""
+    """Chunked objects in one Redis database, or one Redis Cluster, under a key prefix.
+
+    Opening does not connect: the client is made on first use (a cluster client reads the
+    cluster's topology then), so every failure surfaces from an operation, as a store error.
+    """
 
     def __init__(self, config: RedisStoreURL, url: str) -> None:
         self.config = config
         self.url = url
-        self._client = redis.Redis(
-            host=config.host,
-            port=config.port,
-            db=config.db,
-            username=config.username,
-            password=config.password,
-            ssl=config.tls,
-            ssl_ca_certs=config.ca,
-            socket_timeout=config.timeout,
-            socket_connect_timeout=config.timeout,
-            retry=_RetryOutages(ExponentialBackoff(cap=1.0, base=0.1), config.retries),
-            health_check_interval=30,
-        )
-        self._publish = self._client.register_script(_PUBLISH)
-        self._delete = self._client.register_script(_DELETE)
-        self._prune = self._client.register_script(_PRUNE)
-        self._index = f"{config.prefix}:index"
+        self.layout = KeyLayout(config.prefix, config.cluster)
+        self._lock = threading.Lock()
+        self._connected: redis.Redis | RedisCluster | None = None
+        self._publish = functools.partial(self._run_script, _PUBLISH)
+        self._delete = functools.partial(self._run_script, _DELETE)
+        self._prune = functools.partial(self._run_script, _PRUNE)
+
+    @property
+    def _client(self) -> redis.Redis | RedisCluster:
+        with self._lock:
+            if self._connected is None:
+                self._connected = connect(self.config)
+            return self._connected
+
+    def _run_script(self, script: str, *, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA, loading the script on the key's node when it does not know it yet."""
+        return self._client.register_script(script)(keys=keys, args=args)
 
     # -- names ----------------------------------------------------------------------------
     def manifest_key(self, key: str) -> str:
-        return f"{self.config.prefix}:m:{key}"
+        return self.layout.manifest_key(key)
 
     def chunk_prefix(self, key: str) -> str:
-        return f"{self.config.prefix}:c:{key}:"
+        return self.layout.chunk_prefix(key)
 
     def chunk_key(self, key: str, upload: str, index: int) -> str:
-        return f"{self.chunk_prefix(key)}{upload}:{index}"
+        return self.layout.chunk_key(key, upload, index)
 
     # -- put ------------------------------------------------------------------------------
     def put(self, key: str, stream: BinaryIO, size: int | None = None, *, progress: bool = False) -> ObjectInfo:
@@ -204,7 +287,7 @@ class RedisStore(Store):
                     count += 1
                 created = time.time()
                 self._publish(
-                    keys=[self.manifest_key(key), self._index],
+                    keys=self.layout.script_keys(key),
                     args=[
                         key,
                         upload,
@@ -225,7 +308,8 @@ class RedisStore(Store):
 
     def _discard_upload(self, key: str, upload: str, upper: int) -> None:
         """Best-effort removal of the chunks of an upload that was not published."""
-        with contextlib.suppress(redis.RedisError):  # otherwise they expire after PENDING_SECONDS
+        # Otherwise they expire after PENDING_SECONDS.
+        with contextlib.suppress(redis.RedisError, RedisClusterException):
             self._client.delete(*[self.chunk_key(key, upload, i) for i in range(max(1, upper))])
 
     # -- get / head -----------------------------------------------------------------------
@@ -272,12 +356,16 @@ class RedisStore(Store):
 
     # -- list -----------------------------------------------------------------------------
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        if self.config.cluster:
+            yield from self._list_cluster(prefix)
+            return
+        index = f"{self.config.prefix}:index"
         # Keys are ASCII, so "\x7f" sorts after every character a key may hold.
         low = f"[{prefix}".encode()
         high = f"[{prefix}\x7f".encode() if prefix else b"+"
         while True:
             with self._errors(prefix):
-                members = cast(list[bytes], self._client.zrangebylex(self._index, low, high, start=0, num=_LIST_PAGE))
+                members = cast(list[bytes], self._client.zrangebylex(index, low, high, start=0, num=_LIST_PAGE))
                 if not members:
                     return
                 pipe = self._client.pipeline(transaction=False)
@@ -288,24 +376,50 @@ class RedisStore(Store):
                 key = member.decode()
                 if size is None or created is None:
                     with self._errors(key):
-                        self._prune(keys=[self.manifest_key(key), self._index], args=[key])
+                        self._prune(keys=[self.manifest_key(key), index], args=[key])
                     continue
                 yield ObjectInfo(key=key, size=int(size), modified=float(created))
             if len(members) < _LIST_PAGE:
                 return
             low = b"(" + members[-1]
 
+    def _list_cluster(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Scan every primary for manifests, then read them in pages, in key order."""
+        with self._errors(prefix):
+            keys = sorted(self._scan_manifests(cast(RedisCluster, self._client), prefix))
+        for start in range(0, len(keys), _LIST_PAGE):
+            page = keys[start : start + _LIST_PAGE]
+            with self._errors(prefix):
+                pipe = self._client.pipeline(transaction=False)
+                for key in page:
+                    pipe.hmget(self.manifest_key(key), "size", "created")
+                rows: list[list[bytes | None]] = pipe.execute()
+            for key, (size, created) in zip(page, rows, strict=True):
+                if size is not None and created is not None:  # else expired since the scan
+                    yield ObjectInfo(key=key, size=int(size), modified=float(created))
+
+    def _scan_manifests(self, client: RedisCluster, prefix: str) -> set[str]:
+        match = self.layout.manifest_match(prefix)
+        found: set[str] = set()
+        for node in client.get_primaries():  # type: ignore[no-untyped-call]
+            for name in client.get_redis_connection(node).scan_iter(match=match, count=_SCAN_COUNT):
+                found.add(self.layout.key_of_manifest(cast(bytes, name).decode()))
+        return found
+
     # -- delete ---------------------------------------------------------------------------
     def delete(self, key: str) -> bool:
         with self._errors(key):
             deleted = self._delete(
-                keys=[self.manifest_key(check_key(key)), self._index],
+                keys=self.layout.script_keys(check_key(key)),
                 args=[key, self.config.grace, self.chunk_prefix(key)],
             )
         return bool(deleted)
 
     def close(self) -> None:
-        self._client.close()
+        with self._lock:
+            if self._connected is not None:
+                self._connected.close()
+                self._connected = None
 
     # -- errors ---------------------------------------------------------------------------
     @contextmanager
@@ -314,12 +428,45 @@ class RedisStore(Store):
             yield
         except (redis.ConnectionError, redis.TimeoutError) as exc:  # includes authentication failures
             raise StoreUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+        except redis.exceptions.ClusterDownError as exc:
+            raise StoreUnavailable(f"{self.url}: the cluster is down: {exc}") from exc
         except redis.ResponseError as exc:
             if str(exc).startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
                 raise StoreUnavailable(f"{self.url}: {exc}") from exc
+            if not self.config.cluster and _cluster_reply(exc):
+                raise StoreError(
+                    f"{self.url}: the server is a Redis Cluster node (it answered {_reply_code(exc)}): "
+                    "use a redis-cluster:// or rediss-cluster:// URL"
+                ) from exc
             raise StoreError(f"{self.url}: {key!r}: {exc}") from exc
+        except RedisClusterException as exc:
+            raise _cluster_error(self.url, exc) from exc
         except redis.RedisError as exc:
             raise StoreError(f"{self.url}: {key!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _reply_code(exc: redis.ResponseError) -> str:
+    if isinstance(exc, redis.exceptions.AskError):  # parsed: its text holds no code
+        return "MOVED" if isinstance(exc, redis.exceptions.MovedError) else "ASK"
+    return str(exc).split(" ", 1)[0]
+
+
+def _cluster_reply(exc: redis.ResponseError) -> bool:
+    """Whether a reply is one only a cluster gives (redis-py parses MOVED and ASK into their own types)."""
+    return isinstance(exc, redis.exceptions.AskError) or str(exc).startswith(_CLUSTER_ONLY)
+
+
+def _cluster_error(url: str, exc: RedisClusterException) -> StoreError:
+    """A cluster client's own failure: a server that is no cluster, or no node that answers."""
+    text = str(exc)
+    if "not enabled" in text:
+        return StoreError(
+            f"{url}: the server is not a Redis Cluster (cluster mode is not enabled on it): "
+            "use a redis:// or rediss:// URL for a standalone server"
+        )
+    if "cannot be connected" in text or "covered" in text:
+        return StoreUnavailable(f"{url}: {text}")
+    return StoreError(f"{url}: {text}")
 
 
 def _bounded_parallel(work: Callable[[int, bytes], _T], pieces: Iterator[bytes], workers: int) -> Iterator[_T]:

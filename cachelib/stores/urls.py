@@ -5,6 +5,8 @@ Accepted forms::
     file:///absolute/path
     redis://[[user]:password@]host[:port][/db][?prefix=&ttl=&chunk=&workers=&grace=&timeout=&retries=]
     rediss://...same...[&ca=/path/to/ca.pem]
+    redis-cluster://[[user]:password@]host[:port][?...same as redis://...]   (Redis Cluster; database 0)
+    rediss-cluster://...same...[&ca=/path/to/ca.pem]
     s3://bucket[/prefix][?endpoint=&region=&part=&range=&workers=&timeout=&retries=&addressing=]
 
 Sizes take an optional binary suffix: ``64K``, ``4M``, ``1G`` (KiB, MiB, GiB); ``4MiB`` and a
@@ -19,7 +21,9 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from cachelib.stores.base import StoreURLError
 
-ACCEPTED_SCHEMES = ("file", "redis", "rediss", "s3")
+ACCEPTED_SCHEMES = ("file", "redis", "rediss", "redis-cluster", "rediss-cluster", "s3")
+REDIS_SCHEMES = ("redis", "rediss", "redis-cluster", "rediss-cluster")
+"""Standalone Redis, then Redis Cluster (any node of the cluster as the seed); ``ss``: TLS."""
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -70,7 +74,7 @@ class FileStoreURL:
 
 @dataclass(frozen=True)
 class RedisStoreURL:
-    """``redis://`` or ``rediss://`` (TLS)."""
+    """``redis://`` or ``rediss://`` (TLS); ``redis-cluster://`` or ``rediss-cluster://`` for Redis Cluster."""
 
     host: str
     port: int = REDIS_DEFAULT_PORT
@@ -90,6 +94,8 @@ class RedisStoreURL:
     retries: int = REDIS_DEFAULT_RETRIES
     ca: str | None = None
     """CA bundle for ``rediss://``; the system's trust store when absent."""
+    cluster: bool = False
+    """Redis Cluster: ``host:port`` is one node, the client discovers the others."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ def parse_store_url(url: str) -> StoreURL:
     scheme = parts.scheme.lower()
     if scheme == "file":
         return _parse_file(url, parts)
-    if scheme in ("redis", "rediss"):
+    if scheme in REDIS_SCHEMES:
         return _parse_redis(url, parts)
     if scheme == "s3":
         return _parse_s3(url, parts)
@@ -173,7 +179,9 @@ def _parse_file(url: str, parts: SplitResult) -> FileStoreURL:
 # -- redis --------------------------------------------------------------------------------
 def _parse_redis(url: str, parts: SplitResult) -> RedisStoreURL:
     shown = mask_url(url)
-    tls = parts.scheme.lower() == "rediss"
+    scheme = parts.scheme.lower()
+    tls = scheme.startswith("rediss")
+    cluster = scheme.endswith("-cluster")
     try:
         port = parts.port or REDIS_DEFAULT_PORT
     except ValueError:
@@ -184,6 +192,8 @@ def _parse_redis(url: str, parts: SplitResult) -> RedisStoreURL:
     db_text = parts.path.strip("/")
     if db_text and not db_text.isdigit():
         raise StoreURLError(f"store URL {shown!r}: the path must be a database number, got {db_text!r}")
+    if cluster and db_text.strip("0"):
+        raise StoreURLError(f"store URL {shown!r}: Redis Cluster has only database 0, got /{db_text}")
     if parts.fragment:
         raise StoreURLError(f"store URL {shown!r}: unexpected fragment #{parts.fragment}")
     accepted = ("prefix", "ttl", "chunk", "workers", "grace", "timeout", "retries") + (("ca",) if tls else ())
@@ -208,6 +218,7 @@ def _parse_redis(url: str, parts: SplitResult) -> RedisStoreURL:
             timeout=_seconds(opts, "timeout", REDIS_DEFAULT_TIMEOUT),
             retries=_int(opts, "retries", REDIS_DEFAULT_RETRIES, low=0, high=10),
             ca=opts.get("ca"),
+            cluster=cluster,
         )
     except ValueError as exc:
         raise StoreURLError(f"store URL {shown!r}: {exc}") from None

@@ -1,5 +1,7 @@
 """One behaviour suite, run against every backend on real servers (file, redis-server, moto S3).
 
+It runs on a three-primary Redis Cluster on loopback too (``redis-cluster``).
+
 The stores are opened with small pieces (64 KiB Redis chunks; 5 MiB S3 parts and 256 KiB
 ranges) so that a 6 MiB object spans many chunks, parts and ranges.
 """
@@ -23,9 +25,14 @@ from cachelib.stores import (
     Store,
     open_store,
 )
-from tests.servers import fresh_store_url, store_params
+from tests.servers import STORE_KINDS, fresh_store_url, store_params
 
-SMALL_PIECES = {"file": {}, "redis": {"chunk": "64K"}, "s3": {"part": "5M", "range": "256K"}}
+SMALL_PIECES = {
+    "file": {},
+    "redis": {"chunk": "64K"},
+    "redis-cluster": {"chunk": "64K"},
+    "s3": {"part": "5M", "range": "256K"},
+}
 BIG = 6 * 1024 * 1024 + 123
 """More than one S3 part, ~97 Redis chunks, 25 S3 ranges."""
 KEY = str(
@@ -44,7 +51,7 @@ KEY = str(
 )
 
 
-@pytest.fixture(params=store_params())
+@pytest.fixture(params=store_params((*STORE_KINDS, "redis-cluster")))
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

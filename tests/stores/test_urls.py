@@ -53,6 +53,23 @@ def test_redis_url_with_everything() -> None:
     )
 
 
+def test_redis_cluster_urls() -> None:
+    assert parse_store_url("redis-cluster://node-0.cache.svc") == RedisStoreURL(host="node-0.cache.svc", cluster=True)
+    config = parse_store_url("rediss-cluster://app:pw@clustercfg.example.com:6379/0?prefix=cc&ca=/etc/ca.pem&ttl=60")
+    assert config == RedisStoreURL(
+        host="clustercfg.example.com",
+        port=6379,
+        tls=True,
+        username="app",
+        password="pw",
+        prefix="cc",
+        ttl=60,
+        ca="/etc/ca.pem",
+        cluster=True,
+    )
+    assert parse_store_url("REDIS-CLUSTER://h:7000/") == RedisStoreURL(host="h", port=7000, cluster=True)
+
+
 def test_s3_url() -> None:
     assert parse_store_url("s3://my-bucket") == S3StoreURL(bucket="my-bucket")
     config = parse_store_url(
@@ -85,8 +102,8 @@ def test_sizes(text: str, value: int) -> None:
     ("url", "message"),
     [
         ("", "empty"),
-        ("/var/cache", "no scheme; accepted schemes: file://, redis://, rediss://, s3://"),
-        ("ftp://host/x", "scheme 'ftp'; accepted schemes: file://, redis://, rediss://, s3://"),
+        ("/var/cache", "no scheme; accepted schemes: file://, redis://, rediss://, redis-cluster://, rediss-cluster://, s3://"),
+        ("ftp://host/x", "scheme 'ftp'; accepted schemes: file://, redis://, rediss://, redis-cluster://, rediss-cluster://, s3://"),
         ("file://relative/path", "absolute path"),
         ("file:relative", "absolute path"),
         ("file:///x?ttl=3", "take no options"),
@@ -106,6 +123,9 @@ def test_sizes(text: str, value: int) -> None:
         ("redis://host/0?timeout=x", "not a number of seconds"),
         ("redis://host/0?prefix=", "prefix='' must be non-empty"),
         ("redis://host/0?prefix=a%20b", "prefix='a b'"),
+        ("redis-cluster://host:7000/1", "Redis Cluster has only database 0, got /1"),
+        ("redis-cluster://:7000", "no host"),
+        ("redis-cluster://host?ca=/x.pem", "unknown option 'ca'"),
         ("s3://", "no bucket"),
         ("s3://Bad_Bucket/x", "bucket 'Bad_Bucket' is not a valid S3 bucket name"),
         ("s3://ab", "not a valid S3 bucket name"),
