@@ -46,7 +46,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 
 import redis
 from redis.backoff import ExponentialBackoff
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
@@ -68,8 +68,13 @@ PENDING_SECONDS = 24 * 3600
 _LIST_PAGE = 500
 _SCAN_COUNT = 1000
 _T = TypeVar("_T")
-_CLUSTER_ONLY = ("MOVED", "ASK", "CROSSSLOT")
-"""Replies that only a Redis Cluster node (or a proxy in front of one) gives."""
+_CLUSTER_ONLY = (
+    ("MOVED", redis.exceptions.MovedError),
+    ("ASK", redis.exceptions.AskError),
+    ("CROSSSLOT", redis.exceptions.ClusterCrossSlotError),
+)
+"""Error replies that only a Redis Cluster node (or a proxy in front of one) gives, and the class
+redis-py parses each into (newer versions; older ones leave a plain reply starting with the code)."""
 
 # Chunks of a version that is being replaced or deleted: kept ``grace`` seconds for
 # readers already in flight (never longer than they would have lived anyway), or
@@ -224,7 +229,9 @@ def connect(config: RedisStoreURL) -> redis.Redis | RedisCluster:
         return redis.Redis(db=config.db, health_check_interval=30, **common)
     if int(redis.__version__.split(".")[0]) < 6:  # later versions take the count from ``retry``
         common["cluster_error_retry_attempts"] = config.retries
-    return RedisCluster(require_full_coverage=True, **common)
+    seeds = [ClusterNode(host, port) for host, port in ((config.host, config.port), *config.nodes)]  # type: ignore[no-untyped-call]
+    del common["host"], common["port"]
+    return RedisCluster(startup_nodes=seeds, require_full_coverage=True, **common)
 
 
 class RedisStore(Store):
@@ -433,9 +440,12 @@ class RedisStore(Store):
         except redis.ResponseError as exc:
             if str(exc).startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
                 raise StoreUnavailable(f"{self.url}: {exc}") from exc
-            if not self.config.cluster and _cluster_reply(exc):
+            if str(exc).startswith("CLUSTERDOWN"):  # unparsed by older redis-py
+                raise StoreUnavailable(f"{self.url}: the cluster is down: {exc}") from exc
+            code = _cluster_reply(exc)
+            if code and not self.config.cluster:
                 raise StoreError(
-                    f"{self.url}: the server is a Redis Cluster node (it answered {_reply_code(exc)}): "
+                    f"{self.url}: the server is a Redis Cluster node (it answered {code}): "
                     "use a redis-cluster:// or rediss-cluster:// URL"
                 ) from exc
             raise StoreError(f"{self.url}: {key!r}: {exc}") from exc
@@ -445,15 +455,12 @@ class RedisStore(Store):
             raise StoreError(f"{self.url}: {key!r}: {type(exc).__name__}: {exc}") from exc
 
 
-def _reply_code(exc: redis.ResponseError) -> str:
-    if isinstance(exc, redis.exceptions.AskError):  # parsed: its text holds no code
-        return "MOVED" if isinstance(exc, redis.exceptions.MovedError) else "ASK"
-    return str(exc).split(" ", 1)[0]
-
-
-def _cluster_reply(exc: redis.ResponseError) -> bool:
-    """Whether a reply is one only a cluster gives (redis-py parses MOVED and ASK into their own types)."""
-    return isinstance(exc, redis.exceptions.AskError) or str(exc).startswith(_CLUSTER_ONLY)
+def _cluster_reply(exc: redis.ResponseError) -> str | None:
+    """The code of an error reply that only a cluster gives, or ``None``."""
+    for code, kind in _CLUSTER_ONLY:
+        if isinstance(exc, kind) or str(exc).startswith(f"{code} "):
+            return code
+    return None
 
 
 def _cluster_error(url: str, exc: RedisClusterException) -> StoreError:

@@ -5,7 +5,8 @@ Accepted forms::
     file:///absolute/path
     redis://[[user]:password@]host[:port][/db][?prefix=&ttl=&chunk=&workers=&grace=&timeout=&retries=]
     rediss://...same...[&ca=/path/to/ca.pem]
-    redis-cluster://[[user]:password@]host[:port][?...same as redis://...]   (Redis Cluster; database 0)
+    redis-cluster://[[user]:password@]host[:port][?...same as redis://...][&nodes=host:port,...]
+                                                   (Redis Cluster; database 0; nodes: more seeds)
     rediss-cluster://...same...[&ca=/path/to/ca.pem]
     s3://bucket[/prefix][?endpoint=&region=&part=&range=&workers=&timeout=&retries=&addressing=]
 
@@ -96,6 +97,8 @@ class RedisStoreURL:
     """CA bundle for ``rediss://``; the system's trust store when absent."""
     cluster: bool = False
     """Redis Cluster: ``host:port`` is one node, the client discovers the others."""
+    nodes: tuple[tuple[str, int], ...] = ()
+    """More cluster nodes to start from (``?nodes=host:port,...``) when ``host:port`` does not answer."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,7 @@ def _parse_redis(url: str, parts: SplitResult) -> RedisStoreURL:
     if parts.fragment:
         raise StoreURLError(f"store URL {shown!r}: unexpected fragment #{parts.fragment}")
     accepted = ("prefix", "ttl", "chunk", "workers", "grace", "timeout", "retries") + (("ca",) if tls else ())
+    accepted += ("nodes",) if cluster else ()
     opts = _query(shown, parts.query, accepted)
     try:
         prefix = opts.get("prefix", REDIS_DEFAULT_PREFIX)
@@ -219,9 +223,25 @@ def _parse_redis(url: str, parts: SplitResult) -> RedisStoreURL:
             retries=_int(opts, "retries", REDIS_DEFAULT_RETRIES, low=0, high=10),
             ca=opts.get("ca"),
             cluster=cluster,
+            nodes=_nodes(opts.get("nodes", "")),
         )
     except ValueError as exc:
         raise StoreURLError(f"store URL {shown!r}: {exc}") from None
+
+
+def _nodes(text: str) -> tuple[tuple[str, int], ...]:
+    """``host:port,host:port`` (``[v6]:port`` for IPv6) -> ((host, port), ...)."""
+    nodes = []
+    for item in text.split(",") if text else ():
+        try:
+            parts = urlsplit(f"//{item.strip()}")
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            host, port = None, None
+        if not host or not port or parts.path or parts.username or parts.password:
+            raise ValueError(f"nodes: {item!r} is not host:port")
+        nodes.append((host, port))
+    return tuple(nodes)
 
 
 # -- s3 -----------------------------------------------------------------------------------

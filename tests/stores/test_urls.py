@@ -68,6 +68,8 @@ def test_redis_cluster_urls() -> None:
         cluster=True,
     )
     assert parse_store_url("REDIS-CLUSTER://h:7000/") == RedisStoreURL(host="h", port=7000, cluster=True)
+    seeded = parse_store_url("redis-cluster://h:7000?nodes=n1:7001,[fd00::2]:7002")
+    assert isinstance(seeded, RedisStoreURL) and seeded.nodes == (("n1", 7001), ("fd00::2", 7002))
 
 
 def test_s3_url() -> None:
@@ -102,8 +104,14 @@ def test_sizes(text: str, value: int) -> None:
     ("url", "message"),
     [
         ("", "empty"),
-        ("/var/cache", "no scheme; accepted schemes: file://, redis://, rediss://, redis-cluster://, rediss-cluster://, s3://"),
-        ("ftp://host/x", "scheme 'ftp'; accepted schemes: file://, redis://, rediss://, redis-cluster://, rediss-cluster://, s3://"),
+        (
+            "/var/cache",
+            "no scheme; accepted schemes: file://, redis://, rediss://, redis-cluster://, rediss-cluster://, s3://",
+        ),
+        (
+            "ftp://host/x",
+            "scheme 'ftp'; accepted schemes: file://, redis://, rediss://, redis-cluster://, rediss-cluster://, s3://",
+        ),
         ("file://relative/path", "absolute path"),
         ("file:relative", "absolute path"),
         ("file:///x?ttl=3", "take no options"),
@@ -126,6 +134,10 @@ def test_sizes(text: str, value: int) -> None:
         ("redis-cluster://host:7000/1", "Redis Cluster has only database 0, got /1"),
         ("redis-cluster://:7000", "no host"),
         ("redis-cluster://host?ca=/x.pem", "unknown option 'ca'"),
+        ("redis://host?nodes=a:1", "unknown option 'nodes'"),
+        ("redis-cluster://host?nodes=a", "nodes: 'a' is not host:port"),
+        ("redis-cluster://host?nodes=a:1,,b:2", "nodes: '' is not host:port"),
+        ("redis-cluster://host?nodes=a:99999", "nodes: 'a:99999' is not host:port"),
         ("s3://", "no bucket"),
         ("s3://Bad_Bucket/x", "bucket 'Bad_Bucket' is not a valid S3 bucket name"),
         ("s3://ab", "not a valid S3 bucket name"),
