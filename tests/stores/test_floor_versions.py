@@ -7,8 +7,9 @@ installs exactly those floors (each direct requirement of the core and of the ``
 kept outside the checkout, under ``$COMPILECACHE_TEST_CACHE`` (default
 ``~/.cache/compilecache-test``), keyed by the pins and the Python version so that later runs
 reuse it. Then this checkout's ``compilecache`` runs in that environment against a real
-redis-server and the S3 endpoint: publish, preload, a node-cache hit, a refused password, an
-unreachable store.
+redis-server, a three-primary Redis Cluster and the S3 endpoint: publish, preload, a
+node-cache hit, a listing across the cluster's primaries, a refused password, an unreachable
+store.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 from packaging.version import Version
 
 from tests.cachelib.helpers import ROOT, last_json, make_key, make_outdir
-from tests.servers import RedisServer, S3Server, free_port, missing, start_redis
+from tests.servers import RedisCluster, RedisServer, S3Server, free_port, missing, start_redis
 
 pytestmark = pytest.mark.slow
 
@@ -115,6 +116,26 @@ def test_redis_store_at_the_floor(floor_python: Path, redis_server: RedisServer,
     again = run_floor(floor_python, "preload", "--store", url, "--key", str(KEY), "--target", str(target))
     assert last_json(again.stdout)["source"] == "node-cache"
     assert (target / "fxgraph/ab/fabc/entry").read_bytes() == b"graph" * 100
+
+
+def test_redis_cluster_store_at_the_floor(floor_python: Path, redis_cluster: RedisCluster, tmp_path: Path) -> None:
+    url = redis_cluster.store_url(chunk="64K")
+    keys = [make_key(torch=f"2.{minor}.0") for minor in range(10, 14)]
+    for index, key in enumerate(keys):
+        published = run_floor(floor_python, "publish", str(make_outdir(tmp_path / f"out{index}", key)), "--store", url)
+        assert published.returncode == 0, published.stderr
+    listed = run_floor(floor_python, "ls", "--store", url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(json.loads(line)["key"] for line in listed.stdout.splitlines()) == sorted(map(str, keys))
+    target = tmp_path / "cache"
+    proc = run_floor(floor_python, "preload", "--store", url, "--key", str(keys[-1]), "--target", str(target))
+    assert proc.returncode == 0, proc.stderr
+    assert last_json(proc.stdout)["result"] == "hit" and last_json(proc.stdout)["source"] == "store"
+    assert (target / "fxgraph/ab/fabc/entry").read_bytes() == b"graph" * 100
+    pruned = run_floor(floor_python, "gc", "--store", url, "--keep", "1")
+    assert pruned.returncode == 0, pruned.stderr
+    listed = run_floor(floor_python, "ls", "--store", url, "--json")
+    assert [json.loads(line)["key"] for line in listed.stdout.splitlines()] == [str(keys[-1])]
 
 
 def test_redis_failures_at_the_floor_are_results(floor_python: Path, tmp_path: Path) -> None:
