@@ -152,25 +152,33 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 @dataclass
 class RedisCluster:
-    """Primaries of one Redis Cluster on loopback; ``nodes[0]`` is the seed in :attr:`url`."""
+    """Primaries of one Redis Cluster on loopback; ``nodes[0]`` is the seed in :attr:`url`.
+
+    With ``ca`` the nodes also serve TLS on ``tls_ports`` (and talk TLS among themselves), and
+    :attr:`url` is a ``rediss-cluster://`` URL to the first TLS port, trusting ``ca``.
+    """
 
     nodes: list[RedisServer]
     password: str | None
+    ca: Path | None = None
+    tls_ports: list[int] = field(default_factory=list)
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.ca:
+            return f"rediss-cluster://{auth}{self.nodes[0].host}:{self.tls_ports[0]}?ca={self.ca}"
         return f"redis-cluster://{auth}{self.nodes[0].host}:{self.nodes[0].port}"
 
     def store_url(self, **options: str) -> str:
         """A URL with a fresh key prefix (an empty store) plus any extra query options."""
         query = {"prefix": f"t{uuid.uuid4().hex[:12]}", **options}
-        return self.url + "?" + "&".join(f"{k}={v}" for k, v in query.items())
+        return self.url + ("&" if "?" in self.url else "?") + "&".join(f"{k}={v}" for k, v in query.items())
 
 
-def _cli(node: RedisServer, *command: str) -> str:
+def _cli(node: RedisServer, *command: str, tls: tuple[str, ...] = ()) -> str:
     auth = ["--no-auth-warning", "-a", node.password] if node.password else []
-    proc = subprocess.run([_redis_binary("redis-cli"), "-h", node.host, "-p", str(node.port), *auth, *command],
+    proc = subprocess.run([_redis_binary("redis-cli"), "-h", node.host, "-p", str(node.port), *auth, *tls, *command],
                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     return proc.stdout
 
@@ -180,29 +188,49 @@ def _cluster_ok(nodes: list[RedisServer]) -> bool:
 
 
 @contextmanager
-def start_redis_cluster(directory: Path, *, primaries: int = 3, password: str | None = None) -> Iterator[RedisCluster]:
+def start_redis_cluster(
+    directory: Path, *, primaries: int = 3, password: str | None = None, tls: bool = False
+) -> Iterator[RedisCluster]:
     """Run ``primaries`` cluster-mode redis-servers and join them into one cluster (no replicas).
 
     A node that stops is marked failed by the others after 2 s (``cluster-node-timeout``);
     every slot must be served for the cluster to answer (``cluster-require-full-coverage``).
+    With ``tls`` a throw-away CA signs each node's certificate for 127.0.0.1; the cluster is
+    created over TLS, so it announces its TLS ports.
     """
     extra = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+    ca_path: Path | None = None
+    tls_ports = [free_port() for _ in range(primaries)] if tls else []
+    tls_args: list[tuple[str, ...]] = [() for _ in range(primaries)]
+    if tls:
+        from tests.infra.kube.pki import CertificateAuthority
+
+        ca = CertificateAuthority(directory / "pki", "compilecache-test-redis-ca")
+        ca_path = ca.cert_path
+        for i in range(primaries):
+            pair = ca.issue(f"node{i}", "127.0.0.1", server_names=(LOOPBACK,))
+            tls_args[i] = ("--tls-port", str(tls_ports[i]), "--tls-cert-file", str(pair.cert),
+                           "--tls-key-file", str(pair.key), "--tls-ca-cert-file", str(ca_path),
+                           "--tls-cluster", "yes", "--tls-replication", "yes", "--tls-auth-clients", "no")  # fmt: skip
     with contextlib.ExitStack() as stack:
         nodes = [
             stack.enter_context(
                 start_redis(directory / f"node{i}", password=password,
-                            extra=(*extra, "--cluster-port", str(free_port())))  # the bus: not port + 10000
+                            extra=(*extra, "--cluster-port", str(free_port()), *tls_args[i]))  # bus: not port + 10000
             )
             for i in range(primaries)
         ]  # fmt: skip
-        addresses = [f"{node.host}:{node.port}" for node in nodes]
-        _cli(nodes[0], "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes")
+        client_tls = ("--tls", "--cacert", str(ca_path)) if ca_path else ()
+        ports = tls_ports or [node.port for node in nodes]
+        addresses = [f"{node.host}:{port}" for node, port in zip(nodes, ports, strict=True)]
+        seed = RedisServer(nodes[0].host, ports[0], password, nodes[0].process, nodes[0].directory)
+        _cli(seed, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes", tls=client_tls)
         deadline = time.monotonic() + START_TIMEOUT
         while not _cluster_ok(nodes):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the cluster of {addresses} did not reach cluster_state:ok")
             time.sleep(0.1)
-        yield RedisCluster(nodes, password)
+        yield RedisCluster(nodes, password, ca_path, tls_ports)
 
 
 @pytest.fixture(scope="session")

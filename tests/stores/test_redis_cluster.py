@@ -216,6 +216,27 @@ def test_bad_password_is_unavailable_and_masked(password_cluster: RedisCluster, 
     assert "wrong-pw" not in str(caught.value)
 
 
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    with start_redis_cluster(tmp_path_factory.mktemp("cluster-tls"), password="tls-pw", tls=True) as cluster:
+        yield cluster
+
+
+def test_tls_and_password(tls_cluster: RedisCluster) -> None:
+    """rediss-cluster:// with the CA in ``ca=``: every node the client discovers is reached over TLS."""
+    assert tls_cluster.url.startswith("rediss-cluster://:tls-pw@")
+    store = open_cluster_store(tls_cluster)
+    keys = spread_keys(tls_cluster, store, count=1)
+    for key in keys:
+        store.put(key, io.BytesIO(os.urandom(SIZE)), SIZE)
+    assert [i.key for i in store.list()] == sorted(keys)
+    with store.get(keys[-1]) as stream:
+        assert len(stream.read()) == SIZE
+    untrusted = tls_cluster.store_url().replace(f"ca={tls_cluster.ca}", "ca=/etc/ssl/certs/ca-certificates.crt")
+    with open_store(untrusted + "&retries=0") as other, pytest.raises(StoreUnavailable, match="certificate"):
+        other.head(keys[0])
+
+
 # -- a primary goes down ---------------------------------------------------------------------------
 def test_a_primary_down_fails_cleanly_and_leaves_nothing_partial(tmp_path: Path) -> None:
     with start_redis_cluster(tmp_path / "cluster") as cluster:
