@@ -251,6 +251,8 @@ class Defaults:
 _CREDENTIALS: dict[str, tuple[tuple[str, str, str, bool], ...]] = {
     "redis": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
     "rediss": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
+    "redis-cluster": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
+    "rediss-cluster": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
     "s3": (
         ("accessKeyId", "AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID", False),
         ("secretAccessKey", "AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", False),

@@ -251,6 +251,12 @@ def test_operator_defaults_fill_what_the_spec_leaves_out() -> None:
     assert spec.preload.node_cache_path == "/mnt/cc"
 
 
+@pytest.mark.parametrize("url", ["redis-cluster://node-0.cache:6379", "rediss-cluster://cfg.cache:6379?ca=/ca.pem"])
+def test_a_redis_cluster_store_takes_the_redis_password(url: str) -> None:
+    spec = parsed(storage={"url": url, "secretRef": {"name": "creds"}})
+    assert [(k.env, k.key) for k in spec.storage.secret_keys] == [("COMPILECACHE_REDIS_PASSWORD", "password")]
+
+
 def test_yaml_booleans_for_dynamic_are_understood() -> None:
     assert parsed(model={"target": "m:f", "compile": {"dynamic": True}}).model.compile.dynamic == "true"
 
@@ -330,6 +336,7 @@ def test_crd_accepts_what_the_operator_accepts() -> None:
                  retention={"keepGenerations": 3}, deletionPolicy="Delete",
                  remoteCache={"host": "r", "port": 6380}, preload={"strict": True, "nodeCache": {"hostPath": "/x"}}),
         raw_spec(preload={"mode": "Sidecar", "maxBytes": 1 << 30}),
+        raw_spec(storage={"url": "rediss-cluster://clustercfg.cache:6379?prefix=cc", "secretRef": {"name": "c"}}),
         raw_spec(preload={"deadlineSeconds": 600, "sizeLimit": "1.5Gi"},
                  warmup={"securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000}}),
     ]
