@@ -382,7 +382,7 @@ def _store_arg(parser: argparse.ArgumentParser, required_hint: str = "") -> None
     parser.add_argument(
         "--store",
         metavar="URL",
-        help="file:///path, redis://host:6379/0, rediss://..., s3://bucket/prefix "
+        help="file:///path, redis://host:6379/0, rediss://..., redis-cluster://host:port, s3://bucket/prefix "
         f"(default: ${STORE_ENV}){required_hint}",
     )
 
