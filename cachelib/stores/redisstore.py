@@ -47,6 +47,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.commands.core import Script
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
@@ -229,8 +230,9 @@ def connect(config: RedisStoreURL) -> redis.Redis | RedisCluster:
         return redis.Redis(db=config.db, health_check_interval=30, **common)
     if int(redis.__version__.split(".")[0]) < 6:  # later versions take the count from ``retry``
         common["cluster_error_retry_attempts"] = config.retries
-    seeds = [ClusterNode(host, port) for host, port in ((config.host, config.port), *config.nodes)]  # type: ignore[no-untyped-call]
     del common["host"], common["port"]
+    addresses = ((config.host, config.port), *config.nodes)
+    seeds = [ClusterNode(host, port) for host, port in addresses]  # type: ignore[no-untyped-call]
     return RedisCluster(startup_nodes=seeds, require_full_coverage=True, **common)
 
 
@@ -247,6 +249,7 @@ class RedisStore(Store):
         self.layout = KeyLayout(config.prefix, config.cluster)
         self._lock = threading.Lock()
         self._connected: redis.Redis | RedisCluster | None = None
+        self._scripts: dict[str, Script] = {}
         self._publish = functools.partial(self._run_script, _PUBLISH)
         self._delete = functools.partial(self._run_script, _DELETE)
         self._prune = functools.partial(self._run_script, _PRUNE)
@@ -255,12 +258,15 @@ class RedisStore(Store):
     def _client(self) -> redis.Redis | RedisCluster:
         with self._lock:
             if self._connected is None:
-                self._connected = connect(self.config)
+                client = connect(self.config)
+                self._scripts = {text: client.register_script(text) for text in (_PUBLISH, _DELETE, _PRUNE)}
+                self._connected = client
             return self._connected
 
     def _run_script(self, script: str, *, keys: list[str], args: list[Any]) -> Any:
-        """EVALSHA, loading the script on the key's node when it does not know it yet."""
-        return self._client.register_script(script)(keys=keys, args=args)
+        """EVALSHA on the node of the keys' slot (loading the script there when it does not know it)."""
+        client = self._client  # connects first: that registers the scripts
+        return self._scripts[script](keys=keys, args=args, client=client)
 
     # -- names ----------------------------------------------------------------------------
     def manifest_key(self, key: str) -> str:
@@ -363,10 +369,10 @@ class RedisStore(Store):
 
     # -- list -----------------------------------------------------------------------------
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        if self.config.cluster:
+        index = self.layout.index
+        if index is None:  # a cluster keeps no index
             yield from self._list_cluster(prefix)
             return
-        index = f"{self.config.prefix}:index"
         # Keys are ASCII, so "\x7f" sorts after every character a key may hold.
         low = f"[{prefix}".encode()
         high = f"[{prefix}\x7f".encode() if prefix else b"+"
