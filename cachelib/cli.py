@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachelib import __version__
+from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments, options_from_args
 from cachelib.handoff import DONE_FILE_NAME
 
 if TYPE_CHECKING:
@@ -122,13 +123,7 @@ def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
     argv = [sys.executable, harness.__file__]
     argv += ["--target", args.target] if args.target else ["--command", args.command]
     argv += ["--out", str(out), "--namespace", args.namespace, "--name", args.name]
-    argv += ["--mode", args.mode, "--dynamic", args.dynamic, "--backend", args.backend]
-    for flag in ("fullgraph", "compiled_autograd", "backward"):
-        if getattr(args, flag):
-            argv.append("--" + flag.replace("_", "-"))
-    for item in args.inductor_config:
-        argv += ["--inductor-config", item]
-    return argv
+    return argv + options_from_args(args).harness_args()
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
@@ -433,24 +428,10 @@ def _deadline_arg(parser: argparse.ArgumentParser, default: float, covers: str) 
 
 
 def _compile_args(parser: argparse.ArgumentParser) -> None:
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--target", help="module:function, or tiny_mlp | transformer_block | small_convnet")
-    what.add_argument("--command", help="a command to run with TORCHINDUCTOR_CACHE_DIR set, instead of a target")
+    add_model_arguments(parser)
     parser.add_argument("--namespace", default="default", help="namespace of the cache (default: %(default)s)")
     parser.add_argument("--name", required=True, help="name of the cache")
-    parser.add_argument("--mode", default="default", help="torch.compile mode (default: %(default)s)")
-    parser.add_argument("--dynamic", default="auto", choices=("true", "false", "auto"), help="dynamic shapes")
-    parser.add_argument("--fullgraph", action="store_true", help="torch.compile(fullgraph=True)")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: %(default)s)")
-    parser.add_argument("--compiled-autograd", action="store_true", help="compile forward+backward as one step")
-    parser.add_argument("--backward", action="store_true", help="also run the backward pass (training)")
-    parser.add_argument(
-        "--inductor-config",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set torch._inductor.config.NAME for the compile (part of the key)",
-    )
+    add_compile_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -651,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--target",
         default="tiny_mlp",
-        choices=("tiny_mlp", "transformer_block", "small_convnet"),
+        choices=BUILTIN_TARGETS,
         help="built-in model (default: %(default)s)",
     )
     p.add_argument("--keep", action="store_true", help="keep the demo's working directory")

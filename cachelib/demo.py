@@ -38,8 +38,9 @@ def workload(target: str, cache_dir: Path, options: dict[str, Any], job_id: str)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     os.environ["TORCH_COMPILE_JOB_ID"] = job_id
     from cachelib import harness, runtime
+    from cachelib.compilekey import CompileOptions
 
-    opts = harness.CompileOptions(
+    opts = CompileOptions(
         **{**options, "inductor_config": tuple((options.get("inductor_config") or {}).items())}
     )
     harness.apply_options(opts, job_id)

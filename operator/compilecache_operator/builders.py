@@ -73,12 +73,12 @@ from cachelib.keys import gpu_slug
 from cachelib.stores.urls import mask_url
 
 HARNESS_FILE = f"{HARNESS_DIR}/harness.py"
-# Copies cachelib's harness module, and the built-in targets it loads from beside itself, out of the
-# preloader image without importing them (they need torch).
+# Copies cachelib's harness module, the key and options module it imports from beside itself and the
+# built-in targets it loads from there, out of the preloader image without importing them (they need torch).
 COPY_HARNESS = (
     "import importlib.util, os, shutil, sys; "
     "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
-    "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) for m in ('harness', 'targets')]"
+    "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) for m in ('harness', 'compilekey', 'targets')]"
 )
 DEFAULT_PRELOAD_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 
@@ -131,10 +131,7 @@ def harness_command(namespace: str, name: str, spec: CacheSpec) -> list[str]:
     model = spec.model
     what = ["--target", model.target] if model.target is not None else ["--command", model.command or ""]
     args = ["python", HARNESS_FILE, *what, "--out", OUT_DIR, "--namespace", namespace, "--name", name]
-    args += model.compile.harness_args()
-    if model.backward:
-        args.append("--backward")
-    return args
+    return args + model.compile.harness_args()
 
 
 def build_job(
@@ -501,21 +498,6 @@ def left_alone(reason: str, detail: str) -> PodPatch:
 def _listed(items: Sequence[str], limit: int = 3) -> str:
     shown = ", ".join(items[:limit])
     return f"{shown} and {len(items) - limit} more" if len(items) > limit else shown
-
-
-def apply_pod_patch(pod: Mapping[str, Any], patch: PodPatch) -> dict[str, Any]:
-    """The pod as it will be after ``patch`` (for tests and for computing JSON patches)."""
-    out = copy.deepcopy(dict(pod))
-    spec = out.setdefault("spec", {})
-    if patch.init_containers is not None:
-        spec["initContainers"] = copy.deepcopy(patch.init_containers)
-    if patch.containers is not None:
-        spec["containers"] = copy.deepcopy(patch.containers)
-    if patch.volumes is not None:
-        spec["volumes"] = copy.deepcopy(patch.volumes)
-    if patch.annotations:
-        out.setdefault("metadata", {}).setdefault("annotations", {}).update(patch.annotations)
-    return out
 
 
 def _preload_container(

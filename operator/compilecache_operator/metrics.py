@@ -17,7 +17,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 PRELOAD_RESULTS = RESULTS
 UNKNOWN_REASON = "unknown"
-WARMUP_RESULTS = ("succeeded", "failed")
 PRELOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WARMUP_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
 
