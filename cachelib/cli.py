@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cachelib import __version__
 from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments, options_from_args
 from cachelib.handoff import DONE_FILE_NAME
+from cachelib.units import human_bytes, parse_size
 
 if TYPE_CHECKING:
     from cachelib.preload import PreloadResult
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 STORE_ENV = "COMPILECACHE_STORE"
 log = logging.getLogger("compilecache")
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 class CommandError(Exception):
@@ -39,13 +37,12 @@ class CommandError(Exception):
 
 
 # -- helpers ----------------------------------------------------------------------------------------
-def parse_size(text: str) -> int:
+def parse_size_arg(text: str) -> int:
     """``1073741824``, ``512M``, ``10Gi``, ``2GB`` -> bytes (binary units)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 10G, got {text!r}")
-    unit = (match.group(2) or "").lower()[:1]
-    return int(match.group(1)) * _SIZE_UNITS[unit]
+    try:
+        return parse_size(text, what="--max-bytes")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def print_json(payload: Any) -> None:
@@ -286,7 +283,7 @@ def _prefix(args: argparse.Namespace) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from cachelib.inventory import format_age, format_size, list_bundles
+    from cachelib.inventory import format_age, list_bundles
     from cachelib.stores import open_store
 
     with open_store(store_url(args)) as store:
@@ -310,14 +307,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 k.triton,
                 k.cuda,
                 k.py,
-                format_size(e.size),
+                human_bytes(e.size),
                 format_age(e.age(now)),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-    print(f"{len(found)} bundle(s), {format_size(sum(e.size for e in found))}", file=sys.stderr)
+    print(f"{len(found)} bundle(s), {human_bytes(sum(e.size for e in found))}", file=sys.stderr)
     return 0
 
 
@@ -401,7 +398,7 @@ def _selection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true", help="exit 1 unless every bundle was a hit")
     parser.add_argument(
         "--max-bytes",
-        type=parse_size,
+        type=parse_size_arg,
         default=64 * 1024**3,
         metavar="N",
         help="refuse to unpack more than N bytes in all (default 64G)",

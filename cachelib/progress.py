@@ -12,18 +12,9 @@ import threading
 import time
 from typing import TextIO
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+from cachelib.units import human_bytes
+
 _REDRAW_SECONDS = 0.1
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``1.5 KiB``; binary units, one decimal above bytes."""
-    value = float(n)
-    for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_duration(seconds: float) -> str:

@@ -42,7 +42,8 @@ from cachelib.stores.base import (
     StoreUnavailable,
     check_key,
 )
-from cachelib.stores.urls import S3_MAX_PART, S3_MAX_PARTS, MiB, S3StoreURL
+from cachelib.stores.urls import S3_MAX_PART, S3_MAX_PARTS, S3StoreURL
+from cachelib.units import MiB
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -320,7 +320,7 @@ def pod_images(pod: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(str(c.get("image")) for c in (pod.get("spec") or {}).get("containers") or []))
 
 
-def select_keys(pod: Mapping[str, Any], view: CacheView) -> list[str]:
+def keys_for_pod_images(pod: Mapping[str, Any], view: CacheView) -> list[str]:
     """Bundle keys to preload: those warmed with one of the pod's images (any generation still
     kept). None when no bundle was: another image's bundle would be preloaded for nothing (its
     torch may differ, and its keys never match), so it is never offered instead."""
@@ -441,7 +441,7 @@ def build_pod_patch(
     problems = unwired_containers(app_containers)
     if problems:
         return left_alone(problems[0].reason, "; ".join(p.message for p in problems))
-    keys = select_keys(pod, view)
+    keys = keys_for_pod_images(pod, view)
     if not keys:
         warmed = sorted({b.image for b in view.bundles if b.image})
         return left_alone(

@@ -332,9 +332,9 @@ def test_keys_follow_the_pods_image() -> None:
     old = BundleRecord(variant="oldvariant", key=KEY.format(gpu="nvidia-l4", cap="sm89"), image="img:old")
     v2 = builders.CacheView(namespace=v.namespace, name=v.name, ready=True, spec=v.spec, bundles=(*v.bundles, old),
                             current_variants=v.current_variants, job_id=v.job_id)
-    current = builders.select_keys(pod(), v2)
+    current = builders.keys_for_pod_images(pod(), v2)
     assert len(current) == 2 and old.key not in current
-    assert builders.select_keys(pod(containers=[{"name": "a", "image": "img:old"}]), v2) == [old.key]
+    assert builders.keys_for_pod_images(pod(containers=[{"name": "a", "image": "img:old"}]), v2) == [old.key]
 
 
 def test_node_cache_remote_cache_strict_and_max_bytes() -> None:

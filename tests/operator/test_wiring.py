@@ -126,10 +126,10 @@ def test_keys_come_only_from_the_pods_images() -> None:
     old = BundleRecord(variant="oldvariant", key=KEY.format(gpu="nvidia-l4", cap="sm89"), image="img:old")
     with_old = builders.CacheView(namespace=v.namespace, name=v.name, ready=True, spec=v.spec,
                                   bundles=(*v.bundles, old), current_variants=v.current_variants, job_id=v.job_id)
-    assert builders.select_keys(pod(containers=[app(image="img:new")]), with_old) == []
-    assert builders.select_keys(pod(containers=[app(image="img:old")]), with_old) == [old.key]
+    assert builders.keys_for_pod_images(pod(containers=[app(image="img:new")]), with_old) == []
+    assert builders.keys_for_pod_images(pod(containers=[app(image="img:old")]), with_old) == [old.key]
     both = pod(containers=[app(image="img:old"), app(name="b")])
-    assert len(builders.select_keys(both, with_old)) == 3
+    assert len(builders.keys_for_pod_images(both, with_old)) == 3
 
 
 # -- envFrom ------------------------------------------------------------------------------------------
