@@ -33,6 +33,7 @@ from cachelib.compilekey import (
     parse_dynamic,
 )
 from cachelib.keys import gpu_slug
+from cachelib.stores import CREDENTIALS
 from cachelib.stores.base import MAX_SEGMENT_LENGTH, StoreURLError
 from cachelib.stores.urls import parse_store_url
 
@@ -235,19 +236,6 @@ class Defaults:
     node_cache_path: str | None = None
 
 
-# Credentials per store scheme: (spec key, environment variable, default Secret key, optional).
-_CREDENTIALS: dict[str, tuple[tuple[str, str, str, bool], ...]] = {
-    "redis": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
-    "rediss": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
-    "s3": (
-        ("accessKeyId", "AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID", False),
-        ("secretAccessKey", "AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", False),
-        ("sessionToken", "AWS_SESSION_TOKEN", "AWS_SESSION_TOKEN", True),
-    ),
-    "file": (),
-}
-
-
 class _Errors:
     """Collects field errors so that one pass reports all of them."""
 
@@ -424,19 +412,19 @@ def _parse_storage(raw: Any, defaults: Defaults, errors: _Errors) -> StorageSpec
     name = _string(secret, "name", f"{path}.secretRef", errors, required=True, max_length=253)
     if name is not None and not _DNS_SUBDOMAIN.match(name):
         errors.add(f"{path}.secretRef.name", f"{name!r} is not a Secret name")
-    credentials = _CREDENTIALS.get(scheme, ())
+    credentials = CREDENTIALS.get(scheme, ())
     if not credentials:
         errors.add(f"{path}.secretRef", f"{scheme}:// stores take no credentials")
         return None
     keys_raw = _mapping(secret.get("keys"), f"{path}.secretRef.keys", errors)
-    known = {spec_key for spec_key, *_ in credentials}
+    known = {c.name for c in credentials}
     for extra in sorted(set(keys_raw) - known):
         accepted = ", ".join(sorted(known))
         errors.add(f"{path}.secretRef.keys.{extra}", f"not a credential of {scheme}:// stores ({accepted})")
     keys = tuple(
-        SecretKey(env=env, key=_secret_key(keys_raw, spec_key, f"{path}.secretRef.keys", errors) or default,
-                  optional=opt)
-        for spec_key, env, default, opt in credentials
+        SecretKey(env=c.env, key=_secret_key(keys_raw, c.name, f"{path}.secretRef.keys", errors) or c.default_key,
+                  optional=c.optional)
+        for c in credentials
     )
     return StorageSpec(url=url, secret_name=name, secret_keys=keys)
 
