@@ -56,6 +56,8 @@ from cachelib.unpack import (
 )
 
 HIT, MISS, ERROR = "hit", "miss", "error"
+RESULTS = (HIT, MISS, ERROR)
+"""What a preload (or load) reports as its ``result``."""
 SOURCE_STORE, SOURCE_NODE_CACHE, SOURCE_MIXED = "store", "node-cache", "mixed"
 GPU_ENV = "COMPILECACHE_GPU"
 TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
