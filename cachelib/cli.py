@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cachelib import __version__
 from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments, options_from_args
 from cachelib.handoff import DONE_FILE_NAME
+from cachelib.progress import stderr_bar
 from cachelib.units import human_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from cachelib.publish import publish
 
     try:
-        published = publish(Path(args.source), store_url(args), level=args.level, progress=True)
+        published = publish(Path(args.source), store_url(args), level=args.level, watch=stderr_bar)
     except Exception as exc:
         write_termination_message({"result": "error", "stage": "publish", "reason": f"{type(exc).__name__}: {exc}"})
         raise
@@ -134,7 +135,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         status = subprocess.run(argv, stdout=sys.stderr, check=False).returncode
         if status != 0:
             raise CommandError(f"the warm-up harness failed (exit status {status}); see its message above", status)
-        published = publish(out, url, level=args.level, progress=True)
+        published = publish(out, url, level=args.level, watch=stderr_bar)
     print_json(published.to_dict())
     return 0
 
@@ -193,7 +194,7 @@ def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:
             "max_bytes": args.max_bytes,
             "max_ratio": args.max_ratio or None,
             "deadline": args.deadline or None,
-            "progress": True,
+            "watch": stderr_bar,
         }
         url = store_url(args)
         if mode == "preload":
