@@ -1,7 +1,9 @@
 """The compilecache warm-up harness: compile models into a fresh inductor cache directory.
 
-It runs inside the user's own image, so this one module needs nothing but the standard
-library and torch (torch is imported only once the cache directory is set)::
+It runs inside the user's own image, so it needs nothing but the standard library, torch
+(imported only once the cache directory is set) and ``compilecache``'s stdlib-only
+:mod:`cachelib.compilekey` (the compile options, key fields and digests the operator and the
+CLI share), which the warm-up Job copies beside it::
 
     python harness.py --target mypkg.models:warmup --out /out --namespace team-a --name llama \\
         [--mode M] [--dynamic true|false|auto] [--fullgraph] [--backend inductor] \\
@@ -51,39 +53,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING or __package__:  # imported as cachelib.harness
-    from cachelib.compilekey import (
-        BUILTIN_MODULE,
-        CPU,
-        EXIT_USAGE,
-        NONE,
-        CompileOptions,
-        UsageError,
-        add_compile_arguments,
-        add_model_arguments,
-        canonical_target,
-        default_job_id,
-        key_fields,
-        key_string,
-        model_digest,
-        options_from_args,
-    )
+    from cachelib import compilekey
 else:  # run as a script in the warm-up pod: the warm-up Job copies compilekey.py beside this file
-    from compilekey import (
-        BUILTIN_MODULE,
-        CPU,
-        EXIT_USAGE,
-        NONE,
-        CompileOptions,
-        UsageError,
-        add_compile_arguments,
-        add_model_arguments,
-        canonical_target,
-        default_job_id,
-        key_fields,
-        key_string,
-        model_digest,
-        options_from_args,
-    )
+    import compilekey
 
 HARNESS_VERSION = "1"
 RESULT_FORMAT = 1
@@ -98,6 +70,7 @@ TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 EXIT_OK = 0
+EXIT_USAGE = compilekey.EXIT_USAGE
 EXIT_IMPORT = 3
 EXIT_FAILED = 4
 EXIT_SHAPE = 5
@@ -126,12 +99,12 @@ def detect_versions() -> dict[str, str]:
 
         triton_version = str(triton.__version__)
     except ImportError:
-        triton_version = NONE
+        triton_version = compilekey.NONE
     cuda = torch.version.cuda or (f"hip{torch.version.hip}" if getattr(torch.version, "hip", None) else None)
     return {
         "torch": str(torch.__version__),
         "triton": triton_version,
-        "cuda": str(cuda) if cuda else NONE,
+        "cuda": str(cuda) if cuda else compilekey.NONE,
         "python": platform.python_version(),
     }
 
@@ -149,7 +122,7 @@ def detect_device() -> dict[str, Any]:
             "capability": f"{major}.{minor}",
             "count": torch.cuda.device_count(),
         }
-    return {"type": CPU, "product": CPU, "capability": None, "count": 0}
+    return {"type": compilekey.CPU, "product": compilekey.CPU, "capability": None, "count": 0}
 
 
 def counters_snapshot() -> dict[str, dict[str, int]]:
@@ -179,7 +152,7 @@ Entry = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 def load_target(target: str) -> Callable[..., Any]:
     """Import ``module:function``; the built-in targets also load from ``targets.py`` beside this file."""
-    spec = canonical_target(target)
+    spec = compilekey.canonical_target(target)
     module_name, _, function_name = spec.partition(":")
     try:
         module = _import(module_name)
@@ -198,7 +171,7 @@ def _import(module_name: str) -> Any:
         return importlib.import_module(module_name)
     except ImportError:
         beside = Path(__file__).with_name("targets.py")
-        if module_name != BUILTIN_MODULE or not beside.is_file():
+        if module_name != compilekey.BUILTIN_MODULE or not beside.is_file():
             raise
     spec = importlib.util.spec_from_file_location("compilecache_targets", beside)
     assert spec is not None and spec.loader is not None
@@ -231,7 +204,7 @@ def normalise_entries(target: str, returned: Any) -> list[Entry] | None:
     return entries
 
 
-def make_compile(options: CompileOptions) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def make_compile(options: compilekey.CompileOptions) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``torch.compile`` with the options applied (the function given to self-running targets)."""
     import torch
 
@@ -263,7 +236,7 @@ def _scalar_loss(output: Any) -> Any:
     return total
 
 
-def compile_entry(fn: Callable[..., Any], options: CompileOptions) -> Callable[..., Any]:
+def compile_entry(fn: Callable[..., Any], options: compilekey.CompileOptions) -> Callable[..., Any]:
     """The compiled callable for one entry; with compiled autograd, a whole training step."""
     compile_fn = make_compile(options)
     if not options.compiled_autograd:
@@ -278,7 +251,7 @@ def compile_entry(fn: Callable[..., Any], options: CompileOptions) -> Callable[.
 
 
 def run_entry(
-    compiled: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: CompileOptions
+    compiled: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: compilekey.CompileOptions
 ) -> None:
     """One first call: inference under no_grad, or forward and backward."""
     import torch
@@ -299,7 +272,7 @@ def describe(fn: Callable[..., Any]) -> str:
 
 
 def run_target(
-    target: str, options: CompileOptions, function: Callable[..., Any] | None = None
+    target: str, options: compilekey.CompileOptions, function: Callable[..., Any] | None = None
 ) -> list[dict[str, Any]]:
     """Import (unless given) and run a target; the first-call seconds of each compiled entry."""
     function = function or load_target(target)
@@ -314,7 +287,8 @@ def run_target(
         raise HarnessError(f"target {target!r} failed: {type(exc).__name__}: {exc}", EXIT_FAILED) from exc
     entries = normalise_entries(target, returned)
     if entries is None:
-        return [{"index": 0, "name": canonical_target(target), "seconds": round(time.perf_counter() - started, 4)}]
+        seconds = round(time.perf_counter() - started, 4)
+        return [{"index": 0, "name": compilekey.canonical_target(target), "seconds": seconds}]
     timings = []
     for index, (fn, args, kwargs) in enumerate(entries):
         try:
@@ -364,7 +338,7 @@ class Request:
     out: Path
     namespace: str
     name: str
-    options: CompileOptions
+    options: compilekey.CompileOptions
     target: str | None = None
     command: str | None = None
     cache_dir: Path | None = None
@@ -385,7 +359,7 @@ def prepare_environment(request: Request, job_id: str) -> dict[str, str]:
     return dict(os.environ)
 
 
-def apply_options(options: CompileOptions, job_id: str) -> None:
+def apply_options(options: compilekey.CompileOptions, job_id: str) -> None:
     import torch
 
     torch.compiler.config.job_id = job_id
@@ -415,15 +389,15 @@ def save_megacache(out: Path) -> dict[str, Any]:
 
 def warm_up(request: Request) -> dict[str, Any]:
     """Compile the target (or run the command) and write the output directory; the result."""
-    model = model_digest(request.target, request.command)
+    model = compilekey.model_digest(request.target, request.command)
     options_digest = request.options.digest()
-    job_id = os.environ.get(JOB_ID_ENV) or default_job_id(request.namespace, request.name)
+    job_id = os.environ.get(JOB_ID_ENV) or compilekey.default_job_id(request.namespace, request.name)
     env = prepare_environment(request, job_id)
     function = load_target(request.target) if request.target is not None else None
     apply_options(request.options, job_id)
     versions = detect_versions()
     device = detect_device()
-    fields = key_fields(request.namespace, request.name, model, options_digest, device, versions)
+    fields = compilekey.key_fields(request.namespace, request.name, model, options_digest, device, versions)
 
     started = time.perf_counter()
     if request.command is not None:
@@ -440,9 +414,9 @@ def warm_up(request: Request) -> dict[str, Any]:
         "producer": f"compilecache-harness/{HARNESS_VERSION}",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "key": fields,
-        "key_string": key_string(fields),
+        "key_string": compilekey.key_string(fields),
         "job_id": job_id,
-        "target": canonical_target(request.target) if request.target else None,
+        "target": compilekey.canonical_target(request.target) if request.target else None,
         "command": request.command,
         "options": request.options.to_dict(),
         "versions": versions,
@@ -489,11 +463,11 @@ def build_parser() -> argparse.ArgumentParser:
         '  python harness.py --command "python serve.py --warmup-only" --out /out --namespace ml --name serve',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_arguments(parser)
+    compilekey.add_model_arguments(parser)
     parser.add_argument("--out", required=True, type=Path, help="output directory (created; must be empty)")
     parser.add_argument("--namespace", required=True, help="namespace of the CompileCache")
     parser.add_argument("--name", required=True, help="name of the CompileCache")
-    add_compile_arguments(parser)
+    compilekey.add_compile_arguments(parser)
     parser.add_argument(
         "--cache-dir",
         type=Path,
@@ -504,9 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
-    options = options_from_args(args)
+    options = compilekey.options_from_args(args)
     if args.target is not None:
-        canonical_target(args.target)
+        compilekey.canonical_target(args.target)
     for label, value in (("namespace", args.namespace), ("name", args.name)):
         if not _K8S_NAME.fullmatch(value) or (label == "namespace" and "." in value):
             raise HarnessError(f"--{label} {value!r} is not a Kubernetes name", EXIT_USAGE)
@@ -534,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         result = warm_up(request_from_args(args))
-    except (HarnessError, UsageError) as exc:
+    except (HarnessError, compilekey.UsageError) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         write_termination_log({"result": "error", "stage": "compile", "reason": str(exc)})
         return exc.exit_code

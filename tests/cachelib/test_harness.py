@@ -266,7 +266,10 @@ def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> Non
         if isinstance(node, ast.Import):
             roots.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            roots.add(node.module if node.module.startswith("cachelib.") else node.module.split(".")[0])
+            if node.module == "cachelib":
+                roots.update(f"cachelib.{alias.name}" for alias in node.names)
+            else:
+                roots.add(node.module.split(".")[0])
     assert roots - set(sys.stdlib_module_names) <= {"torch", "triton"} | COMPANIONS[module.__name__], roots
 
 
