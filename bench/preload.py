@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from cachelib.keys import CacheKey  # noqa: E402
 from cachelib.stores import open_store  # noqa: E402
-from cachelib.stores.urls import parse_size  # noqa: E402
+from cachelib.units import parse_size  # noqa: E402
 
 MB = 1_000_000
 MiB = 1024 * 1024

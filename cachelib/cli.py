@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachelib import __version__
+from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments, options_from_args
 from cachelib.handoff import DONE_FILE_NAME
+from cachelib.progress import stderr_bar
+from cachelib.units import human_bytes, parse_size
 
 if TYPE_CHECKING:
     from cachelib.preload import PreloadResult
@@ -25,8 +27,6 @@ if TYPE_CHECKING:
 STORE_ENV = "COMPILECACHE_STORE"
 log = logging.getLogger("compilecache")
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 class CommandError(Exception):
@@ -38,13 +38,12 @@ class CommandError(Exception):
 
 
 # -- helpers ----------------------------------------------------------------------------------------
-def parse_size(text: str) -> int:
+def parse_size_arg(text: str) -> int:
     """``1073741824``, ``512M``, ``10Gi``, ``2GB`` -> bytes (binary units)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 10G, got {text!r}")
-    unit = (match.group(2) or "").lower()[:1]
-    return int(match.group(1)) * _SIZE_UNITS[unit]
+    try:
+        return parse_size(text, what="--max-bytes")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def print_json(payload: Any) -> None:
@@ -105,7 +104,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from cachelib.publish import publish
 
     try:
-        published = publish(Path(args.source), store_url(args), level=args.level, progress=True)
+        published = publish(Path(args.source), store_url(args), level=args.level, watch=stderr_bar)
     except Exception as exc:
         write_termination_message({"result": "error", "stage": "publish", "reason": f"{type(exc).__name__}: {exc}"})
         raise
@@ -122,13 +121,7 @@ def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
     argv = [sys.executable, harness.__file__]
     argv += ["--target", args.target] if args.target else ["--command", args.command]
     argv += ["--out", str(out), "--namespace", args.namespace, "--name", args.name]
-    argv += ["--mode", args.mode, "--dynamic", args.dynamic, "--backend", args.backend]
-    for flag in ("fullgraph", "compiled_autograd", "backward"):
-        if getattr(args, flag):
-            argv.append("--" + flag.replace("_", "-"))
-    for item in args.inductor_config:
-        argv += ["--inductor-config", item]
-    return argv
+    return argv + options_from_args(args).harness_args()
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
@@ -142,7 +135,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         status = subprocess.run(argv, stdout=sys.stderr, check=False).returncode
         if status != 0:
             raise CommandError(f"the warm-up harness failed (exit status {status}); see its message above", status)
-        published = publish(out, url, level=args.level, progress=True)
+        published = publish(out, url, level=args.level, watch=stderr_bar)
     print_json(published.to_dict())
     return 0
 
@@ -201,7 +194,7 @@ def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:
             "max_bytes": args.max_bytes,
             "max_ratio": args.max_ratio or None,
             "deadline": args.deadline or None,
-            "progress": True,
+            "watch": stderr_bar,
         }
         url = store_url(args)
         if mode == "preload":
@@ -291,7 +284,7 @@ def _prefix(args: argparse.Namespace) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from cachelib.inventory import format_age, format_size, list_bundles
+    from cachelib.inventory import format_age, list_bundles
     from cachelib.stores import open_store
 
     with open_store(store_url(args)) as store:
@@ -315,14 +308,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 k.triton,
                 k.cuda,
                 k.py,
-                format_size(e.size),
+                human_bytes(e.size),
                 format_age(e.age(now)),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-    print(f"{len(found)} bundle(s), {format_size(sum(e.size for e in found))}", file=sys.stderr)
+    print(f"{len(found)} bundle(s), {human_bytes(sum(e.size for e in found))}", file=sys.stderr)
     return 0
 
 
@@ -406,7 +399,7 @@ def _selection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true", help="exit 1 unless every bundle was a hit")
     parser.add_argument(
         "--max-bytes",
-        type=parse_size,
+        type=parse_size_arg,
         default=64 * 1024**3,
         metavar="N",
         help="refuse to unpack more than N bytes in all (default 64G)",
@@ -433,24 +426,10 @@ def _deadline_arg(parser: argparse.ArgumentParser, default: float, covers: str) 
 
 
 def _compile_args(parser: argparse.ArgumentParser) -> None:
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--target", help="module:function, or tiny_mlp | transformer_block | small_convnet")
-    what.add_argument("--command", help="a command to run with TORCHINDUCTOR_CACHE_DIR set, instead of a target")
+    add_model_arguments(parser)
     parser.add_argument("--namespace", default="default", help="namespace of the cache (default: %(default)s)")
     parser.add_argument("--name", required=True, help="name of the cache")
-    parser.add_argument("--mode", default="default", help="torch.compile mode (default: %(default)s)")
-    parser.add_argument("--dynamic", default="auto", choices=("true", "false", "auto"), help="dynamic shapes")
-    parser.add_argument("--fullgraph", action="store_true", help="torch.compile(fullgraph=True)")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: %(default)s)")
-    parser.add_argument("--compiled-autograd", action="store_true", help="compile forward+backward as one step")
-    parser.add_argument("--backward", action="store_true", help="also run the backward pass (training)")
-    parser.add_argument(
-        "--inductor-config",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set torch._inductor.config.NAME for the compile (part of the key)",
-    )
+    add_compile_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -651,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--target",
         default="tiny_mlp",
-        choices=("tiny_mlp", "transformer_block", "small_convnet"),
+        choices=BUILTIN_TARGETS,
         help="built-in model (default: %(default)s)",
     )
     p.add_argument("--keep", action="store_true", help="keep the demo's working directory")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from cachelib.inventory import format_size
+from cachelib.units import human_bytes
 
 NAMESPACE, NAME = "default", "demo"
 
@@ -38,8 +38,9 @@ def workload(target: str, cache_dir: Path, options: dict[str, Any], job_id: str)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     os.environ["TORCH_COMPILE_JOB_ID"] = job_id
     from cachelib import harness, runtime
+    from cachelib.compilekey import CompileOptions
 
-    opts = harness.CompileOptions(
+    opts = CompileOptions(
         **{**options, "inductor_config": tuple((options.get("inductor_config") or {}).items())}
     )
     harness.apply_options(opts, job_id)
@@ -165,14 +166,14 @@ def run_demo(store: str | None = None, target: str = "tiny_mlp", keep: bool = Fa
         say(f"    first call (cold compile)   {cold:.2f} s   (harness process {time.perf_counter() - started:.1f} s)")
         say(f"    torch cache counters        {_counters(warm['cache'])}")
         say(f"    published                   {published.key}")
-        say(f"                                {format_size(published.bytes)}, sha256 {published.sha256[:16]}…")
+        say(f"                                {human_bytes(published.bytes)}, sha256 {published.sha256[:16]}…")
         say()
         cache_dir = work / "pod" / "inductor-cache"
         cache_dir.mkdir(parents=True)
         say("2/3 pod init container: compilecache preload into an empty cache directory (no torch)")
         pre = preload_as_init_container(url, cache_dir, work)
         say(
-            f"    result                      {pre['result']}: {format_size(pre['bytes'])} fetched, "
+            f"    result                      {pre['result']}: {human_bytes(pre['bytes'])} fetched, "
             f"{pre['files']} files unpacked in {pre['seconds']:.2f} s"
         )
         say()

@@ -1,7 +1,9 @@
 """The compilecache warm-up harness: compile models into a fresh inductor cache directory.
 
-It runs inside the user's own image, so this one module needs nothing but the standard
-library and torch (torch is imported only once the cache directory is set)::
+It runs inside the user's own image, so it needs nothing but the standard library, torch
+(imported only once the cache directory is set) and ``compilecache``'s stdlib-only
+:mod:`cachelib.compilekey` (the compile options, key fields and digests the operator and the
+CLI share), which the warm-up Job copies beside it::
 
     python harness.py --target mypkg.models:warmup --out /out --namespace team-a --name llama \\
         [--mode M] [--dynamic true|false|auto] [--fullgraph] [--backend inductor] \\
@@ -48,16 +50,15 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING or __package__:  # imported as cachelib.harness
+    from cachelib import compilekey
+else:  # run as a script in the warm-up pod: the warm-up Job copies compilekey.py beside this file
+    import compilekey
 
 HARNESS_VERSION = "1"
 RESULT_FORMAT = 1
-KEY_FORMAT = "cc1"
-NONE = "none"
-CPU = "cpu"
-
-BUILTIN_MODULE = "cachelib.targets"
-BUILTIN_TARGETS = ("tiny_mlp", "transformer_block", "small_convnet")
 
 RESULT_FILE = "result.json"
 MEGACACHE_FILE = "megacache.bin"
@@ -69,16 +70,15 @@ TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 EXIT_OK = 0
-EXIT_USAGE = 2
+EXIT_USAGE = compilekey.EXIT_USAGE
 EXIT_IMPORT = 3
 EXIT_FAILED = 4
 EXIT_SHAPE = 5
 EXIT_OUTPUT = 6
 
-MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 COUNTER_GROUPS = ("inductor", "aot_autograd", "dynamo_cache", "compiled_autograd", "frames", "stats")
 
-_SEGMENT_BAD = re.compile(r"[^A-Za-z0-9._+-]+")
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 class HarnessError(Exception):
@@ -87,102 +87,6 @@ class HarnessError(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-# -- identity: the same functions as cachelib.keys (this module must stand alone) ------------
-def digest(payload: Any) -> str:
-    """A 16-hex-digit digest of a JSON-serialisable value, independent of dict order."""
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def gpu_slug(product: str) -> str:
-    """``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``; empty -> ``cpu``."""
-    slug = re.sub(r"[^a-z0-9.]+", "-", product.strip().lower()).strip("-.")
-    return slug or CPU
-
-
-def capability_slug(capability: tuple[int, int] | None) -> str:
-    """``(9, 0)`` -> ``sm90``; ``None`` (no GPU) -> ``cpu``."""
-    return CPU if capability is None else f"sm{capability[0]}{capability[1]}"
-
-
-def version_segment(version: str) -> str:
-    """A version string made safe for a key segment (``[A-Za-z0-9._+-]``)."""
-    return _SEGMENT_BAD.sub("-", version.strip()).strip("-") or NONE
-
-
-def key_string(fields: Mapping[str, str]) -> str:
-    """``cc1/<ns>/<name>/<model>/<options>/<gpu>/<capability>/torch-V/triton-V/cuda-V/py-V``."""
-    head = [KEY_FORMAT] + [fields[f] for f in ("namespace", "name", "model", "options", "gpu", "capability")]
-    return "/".join(head + [f"{f}-{fields[f]}" for f in ("torch", "triton", "cuda", "py")])
-
-
-def canonical_target(target: str) -> str:
-    """``tiny_mlp`` -> ``cachelib.targets:tiny_mlp``; other targets must read ``module:function``."""
-    if target in BUILTIN_TARGETS:
-        return f"{BUILTIN_MODULE}:{target}"
-    module, sep, function = target.partition(":")
-    if not sep or not module or not function.isidentifier():
-        raise HarnessError(
-            f"--target {target!r}: expected 'module:function' or one of {', '.join(BUILTIN_TARGETS)}", EXIT_USAGE
-        )
-    return target
-
-
-def model_digest(target: str | None = None, command: str | None = None) -> str:
-    """The model identity digest of a key: the canonical target, or the command line."""
-    if (target is None) == (command is None):
-        raise HarnessError("give exactly one of a target or a command", EXIT_USAGE)
-    if target is not None:
-        return digest({"target": canonical_target(target)})
-    return digest({"command": command})
-
-
-def default_job_id(namespace: str, name: str) -> str:
-    """The stable ``torch.compiler.config.job_id`` of a cache, used when none is given."""
-    return f"compilecache-{namespace}.{name}"
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileOptions:
-    """Everything passed to ``torch.compile`` or set around it; all of it enters the digest."""
-
-    mode: str = "default"
-    dynamic: bool | None = None
-    fullgraph: bool = False
-    backend: str = "inductor"
-    compiled_autograd: bool = False
-    backward: bool = False
-    inductor_config: tuple[tuple[str, Any], ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.compiled_autograd and not self.backward:
-            object.__setattr__(self, "backward", True)  # compiled autograd captures the backward pass
-        object.__setattr__(self, "inductor_config", tuple(sorted(self.inductor_config)))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "dynamic": self.dynamic,
-            "fullgraph": self.fullgraph,
-            "backend": self.backend,
-            "compiled_autograd": self.compiled_autograd,
-            "backward": self.backward,
-            "inductor_config": dict(self.inductor_config),
-        }
-
-    def digest(self) -> str:
-        return digest(self.to_dict())
-
-    def compile_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``torch.compile``."""
-        return {
-            "mode": None if self.mode == "default" else self.mode,
-            "dynamic": self.dynamic,
-            "fullgraph": self.fullgraph,
-            "backend": self.backend,
-        }
 
 
 # -- environment detection (needs torch) ---------------------------------------------------
@@ -195,12 +99,12 @@ def detect_versions() -> dict[str, str]:
 
         triton_version = str(triton.__version__)
     except ImportError:
-        triton_version = NONE
+        triton_version = compilekey.NONE
     cuda = torch.version.cuda or (f"hip{torch.version.hip}" if getattr(torch.version, "hip", None) else None)
     return {
         "torch": str(torch.__version__),
         "triton": triton_version,
-        "cuda": str(cuda) if cuda else NONE,
+        "cuda": str(cuda) if cuda else compilekey.NONE,
         "python": platform.python_version(),
     }
 
@@ -218,29 +122,7 @@ def detect_device() -> dict[str, Any]:
             "capability": f"{major}.{minor}",
             "count": torch.cuda.device_count(),
         }
-    return {"type": CPU, "product": CPU, "capability": None, "count": 0}
-
-
-def key_fields(
-    namespace: str, name: str, model: str, options: str, device: Mapping[str, Any], versions: Mapping[str, str]
-) -> dict[str, str]:
-    """The fields of the cache key this warm-up produces (``cachelib.keys.CacheKey``'s)."""
-    capability = str(device.get("capability") or "")
-    major, _, minor = capability.partition(".")
-    cap = (int(major), int(minor)) if capability else None
-    py_major_minor = ".".join(versions["python"].split(".")[:2])
-    return {
-        "namespace": namespace,
-        "name": name,
-        "model": model,
-        "options": options,
-        "gpu": gpu_slug("" if device.get("type") == CPU else str(device.get("product", ""))),
-        "capability": capability_slug(cap),
-        "torch": version_segment(versions["torch"]),
-        "triton": version_segment(versions["triton"]),
-        "cuda": version_segment(versions["cuda"]),
-        "py": version_segment(py_major_minor),
-    }
+    return {"type": compilekey.CPU, "product": compilekey.CPU, "capability": None, "count": 0}
 
 
 def counters_snapshot() -> dict[str, dict[str, int]]:
@@ -270,7 +152,7 @@ Entry = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 def load_target(target: str) -> Callable[..., Any]:
     """Import ``module:function``; the built-in targets also load from ``targets.py`` beside this file."""
-    spec = canonical_target(target)
+    spec = compilekey.canonical_target(target)
     module_name, _, function_name = spec.partition(":")
     try:
         module = _import(module_name)
@@ -289,7 +171,7 @@ def _import(module_name: str) -> Any:
         return importlib.import_module(module_name)
     except ImportError:
         beside = Path(__file__).with_name("targets.py")
-        if module_name != BUILTIN_MODULE or not beside.is_file():
+        if module_name != compilekey.BUILTIN_MODULE or not beside.is_file():
             raise
     spec = importlib.util.spec_from_file_location("compilecache_targets", beside)
     assert spec is not None and spec.loader is not None
@@ -322,7 +204,7 @@ def normalise_entries(target: str, returned: Any) -> list[Entry] | None:
     return entries
 
 
-def make_compile(options: CompileOptions) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def make_compile(options: compilekey.CompileOptions) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``torch.compile`` with the options applied (the function given to self-running targets)."""
     import torch
 
@@ -354,7 +236,7 @@ def _scalar_loss(output: Any) -> Any:
     return total
 
 
-def compile_entry(fn: Callable[..., Any], options: CompileOptions) -> Callable[..., Any]:
+def compile_entry(fn: Callable[..., Any], options: compilekey.CompileOptions) -> Callable[..., Any]:
     """The compiled callable for one entry; with compiled autograd, a whole training step."""
     compile_fn = make_compile(options)
     if not options.compiled_autograd:
@@ -369,7 +251,7 @@ def compile_entry(fn: Callable[..., Any], options: CompileOptions) -> Callable[.
 
 
 def run_entry(
-    compiled: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: CompileOptions
+    compiled: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: compilekey.CompileOptions
 ) -> None:
     """One first call: inference under no_grad, or forward and backward."""
     import torch
@@ -390,7 +272,7 @@ def describe(fn: Callable[..., Any]) -> str:
 
 
 def run_target(
-    target: str, options: CompileOptions, function: Callable[..., Any] | None = None
+    target: str, options: compilekey.CompileOptions, function: Callable[..., Any] | None = None
 ) -> list[dict[str, Any]]:
     """Import (unless given) and run a target; the first-call seconds of each compiled entry."""
     function = function or load_target(target)
@@ -405,7 +287,8 @@ def run_target(
         raise HarnessError(f"target {target!r} failed: {type(exc).__name__}: {exc}", EXIT_FAILED) from exc
     entries = normalise_entries(target, returned)
     if entries is None:
-        return [{"index": 0, "name": canonical_target(target), "seconds": round(time.perf_counter() - started, 4)}]
+        seconds = round(time.perf_counter() - started, 4)
+        return [{"index": 0, "name": compilekey.canonical_target(target), "seconds": seconds}]
     timings = []
     for index, (fn, args, kwargs) in enumerate(entries):
         try:
@@ -455,7 +338,7 @@ class Request:
     out: Path
     namespace: str
     name: str
-    options: CompileOptions
+    options: compilekey.CompileOptions
     target: str | None = None
     command: str | None = None
     cache_dir: Path | None = None
@@ -476,7 +359,7 @@ def prepare_environment(request: Request, job_id: str) -> dict[str, str]:
     return dict(os.environ)
 
 
-def apply_options(options: CompileOptions, job_id: str) -> None:
+def apply_options(options: compilekey.CompileOptions, job_id: str) -> None:
     import torch
 
     torch.compiler.config.job_id = job_id
@@ -506,15 +389,15 @@ def save_megacache(out: Path) -> dict[str, Any]:
 
 def warm_up(request: Request) -> dict[str, Any]:
     """Compile the target (or run the command) and write the output directory; the result."""
-    model = model_digest(request.target, request.command)
+    model = compilekey.model_digest(request.target, request.command)
     options_digest = request.options.digest()
-    job_id = os.environ.get(JOB_ID_ENV) or default_job_id(request.namespace, request.name)
+    job_id = os.environ.get(JOB_ID_ENV) or compilekey.default_job_id(request.namespace, request.name)
     env = prepare_environment(request, job_id)
     function = load_target(request.target) if request.target is not None else None
     apply_options(request.options, job_id)
     versions = detect_versions()
     device = detect_device()
-    fields = key_fields(request.namespace, request.name, model, options_digest, device, versions)
+    fields = compilekey.key_fields(request.namespace, request.name, model, options_digest, device, versions)
 
     started = time.perf_counter()
     if request.command is not None:
@@ -531,9 +414,9 @@ def warm_up(request: Request) -> dict[str, Any]:
         "producer": f"compilecache-harness/{HARNESS_VERSION}",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "key": fields,
-        "key_string": key_string(fields),
+        "key_string": compilekey.key_string(fields),
         "job_id": job_id,
-        "target": canonical_target(request.target) if request.target else None,
+        "target": compilekey.canonical_target(request.target) if request.target else None,
         "command": request.command,
         "options": request.options.to_dict(),
         "versions": versions,
@@ -568,28 +451,6 @@ def write_termination_log(message: Mapping[str, Any]) -> None:
 
 
 # -- command line ---------------------------------------------------------------------------
-def parse_bool_auto(text: str) -> bool | None:
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    if lowered in ("auto", "none", ""):
-        return None
-    raise argparse.ArgumentTypeError(f"expected true, false or auto, got {text!r}")
-
-
-def parse_config_item(text: str) -> tuple[str, Any]:
-    name, sep, raw = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return name.strip(), value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="harness.py",
@@ -602,34 +463,11 @@ def build_parser() -> argparse.ArgumentParser:
         '  python harness.py --command "python serve.py --warmup-only" --out /out --namespace ml --name serve',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--target", help="module:function, or tiny_mlp | transformer_block | small_convnet")
-    what.add_argument("--command", help="run this command with TORCHINDUCTOR_CACHE_DIR set instead of a target")
+    compilekey.add_model_arguments(parser)
     parser.add_argument("--out", required=True, type=Path, help="output directory (created; must be empty)")
     parser.add_argument("--namespace", required=True, help="namespace of the CompileCache")
     parser.add_argument("--name", required=True, help="name of the CompileCache")
-    parser.add_argument("--mode", default="default", choices=MODES, help="torch.compile mode (default: %(default)s)")
-    parser.add_argument(
-        "--dynamic",
-        default=None,
-        type=parse_bool_auto,
-        metavar="true|false|auto",
-        help="dynamic shapes (default: auto)",
-    )
-    parser.add_argument("--fullgraph", action="store_true", help="torch.compile(fullgraph=True)")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: %(default)s)")
-    parser.add_argument(
-        "--compiled-autograd", action="store_true", help="compile forward+backward as one step with compiled autograd"
-    )
-    parser.add_argument("--backward", action="store_true", help="run forward and backward (training)")
-    parser.add_argument(
-        "--inductor-config",
-        action="append",
-        default=[],
-        type=parse_config_item,
-        metavar="NAME=VALUE",
-        help="set torch._inductor.config.NAME (VALUE parsed as JSON); part of the options digest",
-    )
+    compilekey.add_compile_arguments(parser)
     parser.add_argument(
         "--cache-dir",
         type=Path,
@@ -640,19 +478,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
-    options = CompileOptions(
-        mode=args.mode,
-        dynamic=args.dynamic,
-        fullgraph=args.fullgraph,
-        backend=args.backend,
-        compiled_autograd=args.compiled_autograd,
-        backward=args.backward,
-        inductor_config=tuple(args.inductor_config),
-    )
+    options = compilekey.options_from_args(args)
     if args.target is not None:
-        canonical_target(args.target)
+        compilekey.canonical_target(args.target)
     for label, value in (("namespace", args.namespace), ("name", args.name)):
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value) or (label == "namespace" and "." in value):
+        if not _K8S_NAME.fullmatch(value) or (label == "namespace" and "." in value):
             raise HarnessError(f"--{label} {value!r} is not a Kubernetes name", EXIT_USAGE)
     out = args.out.absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -678,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         result = warm_up(request_from_args(args))
-    except HarnessError as exc:
+    except (HarnessError, compilekey.UsageError) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         write_termination_log({"result": "error", "stage": "compile", "reason": str(exc)})
         return exc.exit_code

@@ -62,14 +62,6 @@ def format_age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-def format_size(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError
-
-
 def entries(objects: Iterable[ObjectInfo]) -> Iterator[Entry]:
     """The objects that are bundles (their names parse as cache keys)."""
     for info in objects:

@@ -14,57 +14,28 @@ empty, so that ``/`` can separate segments and the string form round-trips exact
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-KEY_FORMAT = "cc1"
-NONE = "none"
-"""The value of a version field that does not apply (no triton or CUDA on a CPU build)."""
+from cachelib.compilekey import (
+    CAPABILITY_PATTERN,
+    KEY_FORMAT,
+    NONE,
+    VERSIONED_FIELDS,
+    InvalidKey,
+    capability_slug,
+    digest,
+    gpu_slug,
+    key_string,
+)
+
+__all__ = ["KEY_FORMAT", "NONE", "CacheKey", "InvalidKey", "cache_prefix", "capability_slug", "digest", "gpu_slug"]
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9._+-]+$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
-_CAPABILITY = re.compile(r"^(sm[0-9]+|cpu)$")
-_VERSIONED = ("torch", "triton", "cuda", "py")
-
-
-class InvalidKey(ValueError):
-    """A cache key (or one of its fields) is malformed; the message names the field."""
-
-
-def digest(payload: Any) -> str:
-    """A 16-hex-digit digest of a JSON-serialisable value, independent of dict order."""
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def gpu_slug(product: str) -> str:
-    """Normalise a GPU product name to a key segment.
-
-    ``NVIDIA-H100-80GB-HBM3``, ``NVIDIA H100 80GB HBM3`` and ``nvidia_h100_80gb_hbm3`` all
-    become ``nvidia-h100-80gb-hbm3``; an empty product (no GPU) becomes ``cpu``.
-    """
-    slug = re.sub(r"[^a-z0-9.]+", "-", product.strip().lower()).strip("-.")
-    return slug or "cpu"
-
-
-def capability_slug(capability: tuple[int, int] | str | None) -> str:
-    """``(9, 0)`` or ``"9.0"`` -> ``sm90``; ``None`` or ``""`` (no GPU) -> ``cpu``."""
-    if capability is None or capability == "" or capability == "cpu":
-        return "cpu"
-    if isinstance(capability, str):
-        if _CAPABILITY.match(capability):
-            return capability
-        parts = capability.split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise InvalidKey(f"capability: expected 'MAJOR.MINOR' or 'smNN', got {capability!r}")
-        return f"sm{parts[0]}{parts[1]}"
-    major, minor = capability
-    return f"sm{major}{minor}"
 
 
 @dataclass(frozen=True, order=True)
@@ -100,15 +71,12 @@ class CacheKey:
                 raise InvalidKey(f"{label}: {value!r} is not a 16-hex-digit digest")
         if self.gpu != gpu_slug(self.gpu):
             raise InvalidKey(f"gpu: {self.gpu!r} is not normalised (expected {gpu_slug(self.gpu)!r})")
-        if not _CAPABILITY.match(self.capability):
+        if not CAPABILITY_PATTERN.match(self.capability):
             raise InvalidKey(f"capability: {self.capability!r} is not 'smNN' or 'cpu'")
 
     # -- string form -------------------------------------------------------------------
     def __str__(self) -> str:
-        return "/".join(
-            [KEY_FORMAT, self.namespace, self.name, self.model, self.options, self.gpu, self.capability]
-            + [f"{label}-{getattr(self, label)}" for label in _VERSIONED]
-        )
+        return key_string(self.to_dict())
 
     @classmethod
     def parse(cls, text: str) -> CacheKey:
@@ -119,7 +87,7 @@ class CacheKey:
         if len(parts) != 11:
             raise InvalidKey(f"key {text!r}: expected 11 '/'-separated segments, got {len(parts)}")
         versions: dict[str, str] = {}
-        for label, part in zip(_VERSIONED, parts[7:], strict=True):
+        for label, part in zip(VERSIONED_FIELDS, parts[7:], strict=True):
             prefix = f"{label}-"
             if not part.startswith(prefix) or len(part) == len(prefix):
                 raise InvalidKey(f"key {text!r}: segment {part!r} should read '{prefix}<version>'")

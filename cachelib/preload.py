@@ -37,6 +37,7 @@ from typing import IO, Any
 
 from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BundleError, BundleReader
 from cachelib.keys import CacheKey, InvalidKey, cache_prefix, gpu_slug
+from cachelib.progress import Watch, unwatched
 from cachelib.stores import NotFound, Store, StoreError, StoreUnavailable, open_store
 from cachelib.unpack import (
     LOCK_SUFFIX,
@@ -56,6 +57,8 @@ from cachelib.unpack import (
 )
 
 HIT, MISS, ERROR = "hit", "miss", "error"
+RESULTS = (HIT, MISS, ERROR)
+"""What a preload (or load) reports as its ``result``."""
 SOURCE_STORE, SOURCE_NODE_CACHE, SOURCE_MIXED = "store", "node-cache", "mixed"
 GPU_ENV = "COMPILECACHE_GPU"
 TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
@@ -260,7 +263,7 @@ class _Job:
     target: Path | None
     sharing: Sharing
     max_ratio: float | None
-    progress: bool
+    watch: Watch
     gate: Gate
     stage: str = "starting"
     """What the worker is doing now, for a deadline's reason."""
@@ -324,7 +327,7 @@ def _fetch_cachedir(
     store: Store, key: str, job: _Job, budget: _Budget, result: PreloadResult, marker: Mapping[str, Any]
 ) -> None:
     assert job.target is not None
-    with store.get(key, progress=job.progress) as raw:
+    with store.get(key) as fetched, job.watch(f"get {key}", fetched, None) as raw:
         counted = _CountingReader(raw)
         reader = BundleReader(counted)  # type: ignore[arg-type]
         if str(reader.header.key) != key:
@@ -470,7 +473,7 @@ def _run(
     share: str,
     owner: tuple[int, int] | None,
     deadline: float | None,
-    progress: bool,
+    watch: Watch,
     env: Mapping[str, str] | None,
     strict: bool,
 ) -> PreloadResult:
@@ -486,7 +489,7 @@ def _run(
         sharing = Sharing(share, owner)
         if mode == "preload":
             result.share, result.owner = share, f"{owner[0]}:{owner[1]}" if owner else None
-        job = _Job(mode, target, sharing, max_ratio, progress, Gate())
+        job = _Job(mode, target, sharing, max_ratio, watch, Gate())
         work = functools.partial(_work, job, store_url, keys, cache, versions or {}, max_bytes, result)
         if not _within_deadline(job, work, deadline):
             result = _deadline_result(result, job, deadline)
@@ -548,7 +551,7 @@ def preload(
     share: str = DEFAULT_SHARE,
     owner: tuple[int, int] | None = None,
     deadline: float | None = None,
-    progress: bool = False,
+    watch: Watch = unwatched,
     env: Mapping[str, str] | None = None,
 ) -> PreloadResult:
     """Fetch, verify and unpack the ``cachedir`` part of each resolved bundle into ``target``.
@@ -574,7 +577,7 @@ def preload(
         share=share,
         owner=owner,
         deadline=deadline,
-        progress=progress,
+        watch=watch,
         env=env,
         strict=strict,
     )
@@ -582,7 +585,7 @@ def preload(
 
 # -- load (Mega-Cache) -------------------------------------------------------------------------------
 def _load_megacache(store: Store, key: str, job: _Job, budget: _Budget, result: PreloadResult) -> None:
-    with store.get(key, progress=job.progress) as raw:
+    with store.get(key) as fetched, job.watch(f"get {key}", fetched, None) as raw:
         counted = _CountingReader(raw)
         reader = BundleReader(counted)  # type: ignore[arg-type]
         if str(reader.header.key) != key:
@@ -625,7 +628,7 @@ def load(
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_ratio: float | None = DEFAULT_MAX_RATIO,
     deadline: float | None = None,
-    progress: bool = False,
+    watch: Watch = unwatched,
     env: Mapping[str, str] | None = None,
 ) -> PreloadResult:
     """Fetch each resolved bundle's ``megacache`` part, verify it, and load it into torch."""
@@ -642,7 +645,7 @@ def load(
         share=DEFAULT_SHARE,
         owner=None,
         deadline=deadline,
-        progress=progress,
+        watch=watch,
         env=env,
         strict=strict,
     )

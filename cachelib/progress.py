@@ -3,27 +3,26 @@
 Stdlib only. The bar reads ``label [#####-----]  42.0 MiB / 100.0 MiB  85.3 MiB/s  ETA 0:00:01``;
 with an unknown total it shows the bytes moved and the rate. Redraws are throttled so that
 a fast transfer does not spend its time printing.
+
+A transfer is watched from outside, by wrapping the stream it reads (the stores know nothing of
+it): :func:`stderr_bar` is the :data:`Watch` the CLI passes to ``publish`` and ``preload``,
+:func:`unwatched` the default that shows nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 import threading
 import time
-from typing import TextIO
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import BinaryIO, TextIO, cast
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+from cachelib.units import human_bytes
+
 _REDRAW_SECONDS = 0.1
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``1.5 KiB``; binary units, one decimal above bytes."""
-    value = float(n)
-    for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_duration(seconds: float) -> str:
@@ -98,3 +97,61 @@ def _is_terminal(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+# -- watching a stream -------------------------------------------------------------------------------
+Watch = Callable[[str, BinaryIO, "int | None"], AbstractContextManager[BinaryIO]]
+"""``watch(label, stream, total)``: a context giving the stream to read instead of ``stream``."""
+
+
+class ProgressReader(io.RawIOBase):
+    """Reads from ``inner`` and reports every byte read to a :class:`Progress` (``inner`` stays open).
+
+    A seekable ``inner`` stays seekable (a store may read a local file ahead, e.g. to hash it, and
+    seek back): a seek moves the bar to the new position."""
+
+    def __init__(self, inner: BinaryIO, progress: Progress) -> None:
+        super().__init__()
+        self._inner = inner
+        self._progress = progress
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._inner.seekable()
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        before = self._inner.tell()
+        after = self._inner.seek(offset, whence)
+        self._progress.update(after - before)
+        return after
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        data = self._inner.read(len(buffer))
+        buffer[: len(data)] = data
+        self._progress.update(len(data))
+        return len(data)
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._inner.read(-1 if size is None else size)
+        self._progress.update(len(data))
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+
+def unwatched(label: str, stream: BinaryIO, total: int | None) -> AbstractContextManager[BinaryIO]:
+    """The stream as it is: no progress shown."""
+    return contextlib.nullcontext(stream)
+
+
+@contextlib.contextmanager
+def stderr_bar(label: str, stream: BinaryIO, total: int | None) -> Iterator[BinaryIO]:
+    """A bar on stderr while ``stream`` is read, when stderr is a terminal (else the stream as it is)."""
+    with Progress(label, total) as bar:
+        yield cast(BinaryIO, ProgressReader(stream, bar)) if bar.shown else stream

@@ -31,6 +31,7 @@ from cachelib.bundle import (
     write_bundle_file,
 )
 from cachelib.keys import CacheKey, InvalidKey
+from cachelib.progress import Watch, unwatched
 from cachelib.stores import Store, open_store
 
 RESULT_FILE = "result.json"
@@ -174,9 +175,15 @@ def pack(outdir: Path, bundle: Path, *, level: int = DEFAULT_LEVEL) -> WrittenBu
 
 # -- publish ----------------------------------------------------------------------------------------
 def publish(
-    source: Path, store: str | Store, *, level: int = DEFAULT_LEVEL, progress: bool = False, tmpdir: Path | None = None
+    source: Path,
+    store: str | Store,
+    *,
+    level: int = DEFAULT_LEVEL,
+    watch: Watch = unwatched,
+    tmpdir: Path | None = None,
 ) -> PublishResult:
-    """Pack ``source`` (a harness output directory, or an existing bundle file), verify, put."""
+    """Pack ``source`` (a harness output directory, or an existing bundle file), verify, put; ``watch``
+    wraps the bundle's stream while it is put (e.g. :func:`cachelib.progress.stderr_bar`)."""
     started = time.perf_counter()
     source = Path(source)
     with tempfile.TemporaryDirectory(prefix="compilecache-publish-", dir=tmpdir) as scratch:
@@ -192,8 +199,8 @@ def publish(
         size = bundle.stat().st_size
         opened = open_store(store) if isinstance(store, str) else store
         try:
-            with open(bundle, "rb") as stream:
-                opened.put(str(header.key), stream, size=size, progress=progress)
+            with open(bundle, "rb") as stream, watch(f"put {header.key}", stream, size) as watched:
+                opened.put(str(header.key), watched, size=size)
             shown = opened.url
         finally:
             if isinstance(store, str):

@@ -484,41 +484,48 @@ class TarReader:
         """The next member, with pax and GNU long names applied; ``None`` at the end-of-archive block."""
         self._skip(self._unread, "the previous member's data")
         self._unread = 0
-        local: dict[str, str] = {}
-        long_name = long_link = None
+        pending = _Pending()
         while True:
             at = self.offset
             if not self._available():
                 if at == 0:
                     raise CorruptArchive("archive is empty")
-                if not (local or long_name is not None or long_link is not None):
+                if not pending.any():
                     return None  # ends without the end-of-archive blocks: as tar itself accepts
             block = self._take(BLOCK, "a header")
             if block.count(0) == BLOCK:
                 return None
             member = parse_header(block, at)
-            if member.type in (_PAX_LOCAL, _PAX_GLOBAL, _GNU_LONGNAME, _GNU_LONGLINK):
-                data = self._extended(member, at)
-                if member.type == _PAX_LOCAL:
-                    local.update(parse_pax(data, at))
-                elif member.type == _PAX_GLOBAL:
-                    self._globals.update(parse_pax(data, at))
-                elif member.type == _GNU_LONGNAME:
-                    long_name = _text(data)
-                else:
-                    long_link = _text(data)
-                continue
-            if long_name is not None:
-                member = dataclasses.replace(member, name=long_name)
-            if long_link is not None:
-                member = dataclasses.replace(member, linkname=long_link)
-            if self._globals or local:
-                member = _apply_pax(member, {**self._globals, **local}, at)
-            if member.isdir() and member.name.endswith("/"):
-                member = dataclasses.replace(member, name=member.name.rstrip("/"))
-            has_data = not (member.isdir() or member.issym() or member.islnk())
-            self._unread = _padded(member.size) if has_data else 0
-            return member
+            if member.type not in _EXTENDED_TYPES:
+                member = self._completed(member, pending, at)
+                has_data = not (member.isdir() or member.issym() or member.islnk())
+                self._unread = _padded(member.size) if has_data else 0
+                return member
+            self._read_extended(member, at, pending)
+
+    def _read_extended(self, header: Member, at: int, pending: _Pending) -> None:
+        """Record a pax or GNU extended header for the member that follows (or, global pax, for all)."""
+        data = self._extended(header, at)
+        if header.type == _PAX_LOCAL:
+            pending.local.update(parse_pax(data, at))
+        elif header.type == _PAX_GLOBAL:
+            self._globals.update(parse_pax(data, at))
+        elif header.type == _GNU_LONGNAME:
+            pending.long_name = _text(data)
+        else:
+            pending.long_link = _text(data)
+
+    def _completed(self, member: Member, pending: _Pending, at: int) -> Member:
+        """``member`` with the extended headers before it applied, a directory's trailing ``/`` dropped."""
+        if pending.long_name is not None:
+            member = dataclasses.replace(member, name=pending.long_name)
+        if pending.long_link is not None:
+            member = dataclasses.replace(member, linkname=pending.long_link)
+        if self._globals or pending.local:
+            member = _apply_pax(member, {**self._globals, **pending.local}, at)
+        if member.isdir() and member.name.endswith("/"):
+            member = dataclasses.replace(member, name=member.name.rstrip("/"))
+        return member
 
     def _extended(self, header: Member, at: int) -> bytes:
         if header.size > MAX_EXTENDED_HEADER:
@@ -533,6 +540,21 @@ class TarReader:
         """The current member's ``size`` bytes, as views of the stream's chunks (valid while referenced)."""
         self._unread -= member.size
         yield from self._pieces(member.size, f"member {member.name!r}: the archive ends inside its data")
+
+
+@dataclasses.dataclass
+class _Pending:
+    """Extended headers read for the member that follows them."""
+
+    local: dict[str, str] = dataclasses.field(default_factory=dict)
+    long_name: str | None = None
+    long_link: str | None = None
+
+    def any(self) -> bool:
+        return bool(self.local) or self.long_name is not None or self.long_link is not None
+
+
+_EXTENDED_TYPES = (_PAX_LOCAL, _PAX_GLOBAL, _GNU_LONGNAME, _GNU_LONGLINK)
 
 
 def _padded(size: int) -> int:
@@ -1064,25 +1086,38 @@ def install(
     tree is complete: into the staging directory before the rename, after the merge otherwise.
     """
     sharing = sharing or Sharing()
-    if not target.exists():
-        if marker is not None:
-            _write_marker_for(staging, marker, stats, sharing)
-        sharing.made_dir(staging)
-        try:
-            os.rename(staging, target)
-        except FileExistsError:
-            pass  # created meanwhile by someone else: merge below
-        except OSError as exc:
-            if exc.errno == errno.ENOTEMPTY and target.is_dir():
-                pass  # created and filled meanwhile: merge below
-            elif not target.exists():
-                raise UnpackError(f"cannot move the unpacked cache into {target}: {exc.strerror or exc}") from exc
-        else:
-            stats.installed += stats.files
-            return
+    if not target.exists() and _rename_into_place(staging, target, stats, sharing, marker):
+        return
     if not target.is_dir():
         raise UnpackError(f"target {target} exists and is not a directory")
     sharing.adopt_dir(target)
+    _merge(staging, target, stats, sharing)
+    if marker is not None:
+        _write_marker_for(target, marker, stats, sharing)
+
+
+def _rename_into_place(
+    staging: Path, target: Path, stats: UnpackStats, sharing: Sharing, marker: Mapping[str, Any] | None
+) -> bool:
+    """Rename the staged tree (marker included) to the absent ``target``; False when another
+    preload created ``target`` meanwhile (then the trees are merged)."""
+    if marker is not None:
+        _write_marker_for(staging, marker, stats, sharing)
+    sharing.made_dir(staging)
+    try:
+        os.rename(staging, target)
+    except FileExistsError:
+        return False  # created meanwhile by someone else
+    except OSError as exc:
+        if (exc.errno == errno.ENOTEMPTY and target.is_dir()) or target.exists():
+            return False  # created (and filled) meanwhile
+        raise UnpackError(f"cannot move the unpacked cache into {target}: {exc.strerror or exc}") from exc
+    stats.installed += stats.files
+    return True
+
+
+def _merge(staging: Path, target: Path, stats: UnpackStats, sharing: Sharing) -> None:
+    """Move the staged tree into the existing ``target`` file by file (the staged marker stays)."""
     for directory, dirnames, filenames in os.walk(staging):
         rel = Path(directory).relative_to(staging)
         if rel == Path("."):
@@ -1099,8 +1134,6 @@ def install(
         dirnames[:] = [d for d in dirnames if not (Path(directory) / d).is_symlink()]
         for name in sorted(filenames):
             _install_file(Path(directory) / name, target / rel / name, stats)
-    if marker is not None:
-        _write_marker_for(target, marker, stats, sharing)
 
 
 def _write_marker_for(root: Path, marker: Mapping[str, Any], stats: UnpackStats, sharing: Sharing) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from cachelib.stores.base import (
     InvalidObjectKey,
@@ -39,21 +39,42 @@ from cachelib.stores.urls import (
 
 REDIS_PASSWORD_ENV = "COMPILECACHE_REDIS_PASSWORD"
 S3_ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-S3_CREDENTIAL_NAMES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-CREDENTIAL_NAMES: dict[str, tuple[str, ...]] = {
+
+
+@dataclass(frozen=True)
+class Credential:
+    """One credential a store takes."""
+
+    env: str
+    """The environment variable it is read from, and its name in ``open_store(credentials=...)``."""
+    name: str
+    """Its short name in a configuration (a CompileCache's ``spec.storage.secretRef.keys``)."""
+    default_key: str
+    """The key it is kept under in a credentials file or Secret unless the configuration names another."""
+    optional: bool = False
+
+
+_REDIS_CREDENTIALS = (Credential(REDIS_PASSWORD_ENV, "password", "password"),)
+CREDENTIALS: dict[str, tuple[Credential, ...]] = {
     "file": (),
-    "redis": (REDIS_PASSWORD_ENV,),
-    "rediss": (REDIS_PASSWORD_ENV,),
-    "redis-cluster": (REDIS_PASSWORD_ENV,),
-    "rediss-cluster": (REDIS_PASSWORD_ENV,),
-    "s3": S3_CREDENTIAL_NAMES,
+    "redis": _REDIS_CREDENTIALS,
+    "rediss": _REDIS_CREDENTIALS,
+    "redis-cluster": _REDIS_CREDENTIALS,
+    "rediss-cluster": _REDIS_CREDENTIALS,
+    "s3": (
+        Credential("AWS_ACCESS_KEY_ID", "accessKeyId", "AWS_ACCESS_KEY_ID"),
+        Credential("AWS_SECRET_ACCESS_KEY", "secretAccessKey", "AWS_SECRET_ACCESS_KEY"),
+        Credential("AWS_SESSION_TOKEN", "sessionToken", "AWS_SESSION_TOKEN", optional=True),
+    ),
 }
-"""The credentials ``open_store(url, credentials=...)`` accepts per scheme (named like their variables)."""
+"""The credentials each scheme's stores take: the one table the CLI, the stores and the operator read."""
+
 
 __all__ = [
     "ACCEPTED_SCHEMES",
-    "CREDENTIAL_NAMES",
+    "CREDENTIALS",
     "REDIS_PASSWORD_ENV",
+    "Credential",
     "FileStoreURL",
     "InvalidObjectKey",
     "NotFound",
@@ -89,14 +110,15 @@ def resolve_environment(config: StoreURL, env: Mapping[str, str]) -> StoreURL:
 def check_credentials(config: StoreURL, credentials: Mapping[str, str]) -> dict[str, str]:
     """The non-empty credentials, after checking that the store's scheme takes each of them."""
     scheme = _scheme_of(config)
-    accepted = CREDENTIAL_NAMES[scheme]
+    accepted = [c.env for c in CREDENTIALS[scheme]]
     given = {name: value for name, value in credentials.items() if value}
     for name in sorted(given):
         if name not in accepted:
             takes = ", ".join(accepted) if accepted else "none"
             raise StoreURLError(f"credential {name!r} does not apply to {scheme}:// stores (they take: {takes})")
-    if scheme == "s3" and given and not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(given):
-        raise StoreURLError("S3 credentials need both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    required = [c.env for c in CREDENTIALS[scheme] if not c.optional]
+    if given and not set(required) <= set(given):
+        raise StoreURLError(f"{scheme.upper()} credentials need both {' and '.join(required)}")
     return given
 
 
@@ -111,7 +133,7 @@ def _scheme_of(config: StoreURL) -> str:
 def open_store(url: str, credentials: Mapping[str, str] | None = None) -> Store:
     """Open the store a URL names. Raises :class:`StoreURLError` for a URL no backend accepts.
 
-    ``credentials`` (names as in :data:`CREDENTIAL_NAMES`: ``COMPILECACHE_REDIS_PASSWORD``;
+    ``credentials`` (names as the ``env`` of :data:`CREDENTIALS`: ``COMPILECACHE_REDIS_PASSWORD``;
     ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``) serve a caller
     that opens stores for several owners in one process: they win over the environment (a
     password in the URL wins over both). Opening does not connect: an unreachable store

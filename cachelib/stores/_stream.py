@@ -1,4 +1,4 @@
-"""Streams shared by the backends: ordered parallel fetch, counted reads, exact-size reads."""
+"""Streams shared by the backends: ordered parallel fetch, exact-size reads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, cast
 
-from cachelib.progress import Progress
 from cachelib.stores.base import SizeMismatch
 
 
@@ -29,7 +28,6 @@ class OrderedFetchStream(io.RawIOBase):
         *,
         workers: int,
         window: int,
-        progress: Progress | None = None,
         name: str = "fetch",
     ) -> None:
         super().__init__()
@@ -37,7 +35,6 @@ class OrderedFetchStream(io.RawIOBase):
         self._count = count
         self._workers = max(1, workers)
         self._window = max(1, window)
-        self._progress = progress
         self._name = name
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future[bytes]] = deque()
@@ -68,8 +65,6 @@ class OrderedFetchStream(io.RawIOBase):
         self._submit_ahead()
         self._piece = memoryview(piece)
         self._pos = 0
-        if self._progress is not None:
-            self._progress.update(len(piece))
         return True
 
     def _take(self, limit: int) -> memoryview | None:
@@ -119,39 +114,6 @@ class OrderedFetchStream(io.RawIOBase):
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)
             self._piece = memoryview(b"")
-            if self._progress is not None:
-                self._progress.close()
-        super().close()
-
-
-class CountingReader(io.RawIOBase):
-    """Wraps a readable binary stream and reports every byte read to a :class:`Progress`."""
-
-    def __init__(self, inner: BinaryIO, progress: Progress) -> None:
-        super().__init__()
-        self._inner = inner
-        self._progress = progress
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
-        n = self._inner.readinto(buffer)  # type: ignore[attr-defined]
-        self._progress.update(n or 0)
-        return int(n or 0)
-
-    def read(self, size: int | None = -1) -> bytes:
-        data = self._inner.read(-1 if size is None else size)
-        self._progress.update(len(data))
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def close(self) -> None:
-        if not self.closed:
-            self._progress.close()
-            self._inner.close()
         super().close()
 
 

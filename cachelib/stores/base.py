@@ -96,18 +96,18 @@ class Store(abc.ABC):
     """The store's URL as it may be shown and logged: any password is masked."""
 
     @abc.abstractmethod
-    def put(self, key: str, stream: BinaryIO, size: int | None = None, *, progress: bool = False) -> ObjectInfo:
+    def put(self, key: str, stream: BinaryIO, size: int | None = None) -> ObjectInfo:
         """Store everything read from ``stream`` under ``key``, atomically for readers.
 
-        ``size`` (when known) lets a backend plan chunks and show a progress bar; when the
-        stream then ends early or runs long, nothing is published and :class:`StoreError`
-        names both sizes. ``progress`` asks for a bar (shown only when stderr is a terminal).
+        ``size`` (when known) lets a backend plan chunks; when the stream then ends early or
+        runs long, nothing is published and :class:`StoreError` names both sizes. (A caller
+        that shows progress wraps ``stream``, see :mod:`cachelib.progress`.)
         The sha256 of the bytes is recorded with the object where the backend can (see
         :attr:`ObjectInfo.sha256`) and returned in the :class:`ObjectInfo`.
         """
 
     @abc.abstractmethod
-    def get(self, key: str, *, progress: bool = False) -> AbstractContextManager[BinaryIO]:
+    def get(self, key: str) -> AbstractContextManager[BinaryIO]:
         """Open the object for streaming reads; use the result in a ``with`` block.
 
         Raises :class:`NotFound` when absent (at the call, not at the first read). A reader

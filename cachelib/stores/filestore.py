@@ -21,8 +21,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import BinaryIO
 
-from cachelib.progress import Progress
-from cachelib.stores._stream import CountingReader, read_pieces
+from cachelib.stores._stream import read_pieces
 from cachelib.stores.base import (
     NotFound,
     ObjectInfo,
@@ -50,31 +49,29 @@ class FileStore(Store):
         return os.path.join(self.root, *check_key(key).split("/"))
 
     # -- put ------------------------------------------------------------------------------
-    def put(self, key: str, stream: BinaryIO, size: int | None = None, *, progress: bool = False) -> ObjectInfo:
+    def put(self, key: str, stream: BinaryIO, size: int | None = None) -> ObjectInfo:
         path = self.path_of(key)
         directory, name = os.path.split(path)
         temp = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
-        with Progress(f"put {key}", size, enabled=progress) as bar:
-            fd = self._create_temp(key, directory, temp)
-            digest = hashlib.sha256()
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    for piece in read_pieces(stream, _COPY_SIZE, size, f"{self.url}: put {key}", digest):
-                        with self._writing(key):
-                            out.write(piece)
-                        bar.update(len(piece))
+        fd = self._create_temp(key, directory, temp)
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for piece in read_pieces(stream, _COPY_SIZE, size, f"{self.url}: put {key}", digest):
                     with self._writing(key):
-                        out.flush()
-                        os.fsync(out.fileno())
-                    recorded = _set_sha256(out.fileno(), digest.hexdigest())
+                        out.write(piece)
                 with self._writing(key):
-                    os.replace(temp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temp)
-                raise
-            _fsync_directory(directory)
-            stat = os.stat(path)
+                    out.flush()
+                    os.fsync(out.fileno())
+                recorded = _set_sha256(out.fileno(), digest.hexdigest())
+            with self._writing(key):
+                os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        _fsync_directory(directory)
+        stat = os.stat(path)
         return ObjectInfo(key=key, size=stat.st_size, modified=stat.st_mtime, sha256=recorded)
 
     @contextlib.contextmanager
@@ -105,7 +102,7 @@ class FileStore(Store):
         raise AssertionError("unreachable")
 
     # -- get / head -----------------------------------------------------------------------
-    def get(self, key: str, *, progress: bool = False) -> AbstractContextManager[BinaryIO]:
+    def get(self, key: str) -> AbstractContextManager[BinaryIO]:
         path = self.path_of(key)
         try:
             raw = open(path, "rb", buffering=0)  # noqa: SIM115 - handed to the caller, who closes it
@@ -113,10 +110,7 @@ class FileStore(Store):
             raise NotFound(f"{self.url}: no object {key!r}") from None
         except OSError as exc:
             raise StoreUnavailable(f"{self.url}: cannot read {key!r}: {exc}") from exc
-        if not progress:
-            return io.BufferedReader(raw, buffer_size=_COPY_SIZE)
-        bar = Progress(f"get {key}", os.fstat(raw.fileno()).st_size, enabled=True)
-        return io.BufferedReader(CountingReader(raw, bar), buffer_size=_COPY_SIZE)
+        return io.BufferedReader(raw, buffer_size=_COPY_SIZE)
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self.path_of(key)

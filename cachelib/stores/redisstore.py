@@ -51,7 +51,6 @@ from redis.commands.core import Script
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from cachelib.progress import Progress
 from cachelib.stores._stream import OrderedFetchStream, as_binary, read_pieces
 from cachelib.stores.base import (
     NotFound,
@@ -279,19 +278,18 @@ class RedisStore(Store):
         return self.layout.chunk_key(key, upload, index)
 
     # -- put ------------------------------------------------------------------------------
-    def put(self, key: str, stream: BinaryIO, size: int | None = None, *, progress: bool = False) -> ObjectInfo:
+    def put(self, key: str, stream: BinaryIO, size: int | None = None) -> ObjectInfo:
         check_key(key)
         upload = secrets.token_hex(8)
         chunk = self.config.chunk
         total = 0
         count = 0
         digest = hashlib.sha256()
-        with Progress(f"put {key}", size, enabled=progress) as bar, self._errors(key):
+        with self._errors(key):
             pieces = read_pieces(stream, chunk, size, f"{self.url}: put {key}", digest)
 
             def write(index: int, piece: bytes) -> int:
                 self._client.set(self.chunk_key(key, upload, index), piece, ex=PENDING_SECONDS)
-                bar.update(len(piece))
                 return len(piece)
 
             try:
@@ -333,7 +331,7 @@ class RedisStore(Store):
             return None
         return {k.decode(): v.decode() for k, v in raw.items()}
 
-    def get(self, key: str, *, progress: bool = False) -> AbstractContextManager[BinaryIO]:
+    def get(self, key: str) -> AbstractContextManager[BinaryIO]:
         manifest = self._manifest(key)
         if manifest is None:
             raise NotFound(f"{self.url}: no object {key!r}")
@@ -350,10 +348,9 @@ class RedisStore(Store):
                 raise StoreError(f"{self.url}: {key!r}: chunk {index} has {len(data)} bytes, expected {expected}")
             return data
 
-        bar = Progress(f"get {key}", size, enabled=progress) if progress else None
         workers = self.config.workers
         return as_binary(
-            OrderedFetchStream(fetch, count, workers=workers, window=2 * workers, progress=bar, name="redis-get")
+            OrderedFetchStream(fetch, count, workers=workers, window=2 * workers, name="redis-get")
         )
 
     def head(self, key: str) -> ObjectInfo | None:

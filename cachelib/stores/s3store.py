@@ -30,7 +30,6 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from cachelib.progress import Progress
 from cachelib.stores._stream import OrderedFetchStream, as_binary, read_pieces, seekable_sha256
 from cachelib.stores.base import (
     InvalidObjectKey,
@@ -42,7 +41,8 @@ from cachelib.stores.base import (
     StoreUnavailable,
     check_key,
 )
-from cachelib.stores.urls import S3_MAX_PART, S3_MAX_PARTS, MiB, S3StoreURL
+from cachelib.stores.urls import S3_MAX_PART, S3_MAX_PARTS, S3StoreURL
+from cachelib.units import MiB
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -117,19 +117,18 @@ class S3Store(Store):
         return self._base + check_key(key)
 
     # -- put ------------------------------------------------------------------------------
-    def put(self, key: str, stream: BinaryIO, size: int | None = None, *, progress: bool = False) -> ObjectInfo:
+    def put(self, key: str, stream: BinaryIO, size: int | None = None) -> ObjectInfo:
         name = self.object_key(key)
         part_size = self.config.part or plan_part_size(size)
         ahead = seekable_sha256(stream)
         digest = hashlib.sha256()
-        with Progress(f"put {key}", size, enabled=progress) as bar, self._errors(key):
+        with self._errors(key):
             pieces = read_pieces(stream, part_size, size, f"{self.url}: put {key}", digest)
             first = next(pieces, b"")
             second = next(pieces, None)
             if second is None:
                 metadata = {"sha256": digest.hexdigest()}
                 self._client.put_object(Bucket=self.config.bucket, Key=name, Body=first, Metadata=metadata)
-                bar.update(len(first))
             else:
 
                 def same_bytes() -> None:
@@ -137,7 +136,7 @@ class S3Store(Store):
                         raise StoreError(f"{self.url}: put {key}: the stream changed while it was uploaded")
 
                 metadata = {"sha256": ahead} if ahead else {}
-                self._multipart(name, chain([first, second], pieces), bar, metadata, same_bytes)
+                self._multipart(name, chain([first, second], pieces), metadata, same_bytes)
         info = self.head(key)
         if info is None:
             raise StoreError(f"{self.url}: {key!r} is not visible after publishing it")
@@ -147,7 +146,6 @@ class S3Store(Store):
         self,
         name: str,
         pieces: Iterator[bytes],
-        bar: Progress,
         metadata: dict[str, str],
         before_complete: Callable[[], None],
     ) -> None:
@@ -158,7 +156,6 @@ class S3Store(Store):
             answer = self._client.upload_part(
                 Bucket=bucket, Key=name, UploadId=upload_id, PartNumber=number, Body=piece
             )
-            bar.update(len(piece))
             return {"PartNumber": number, "ETag": answer["ETag"]}
 
         parts: list[dict[str, Any]] = []
@@ -216,7 +213,7 @@ class S3Store(Store):
             sha256=recorded if _SHA256.match(recorded) else None,
         )
 
-    def get(self, key: str, *, progress: bool = False) -> AbstractContextManager[BinaryIO]:
+    def get(self, key: str) -> AbstractContextManager[BinaryIO]:
         answer = self._head(key)
         if answer is None:
             raise NotFound(f"{self.url}: no object {key!r}")
@@ -243,10 +240,9 @@ class S3Store(Store):
                 raise StoreError(f"{self.url}: {key!r}: range {start}-{end} returned {len(data)} bytes")
             return data
 
-        bar = Progress(f"get {key}", size, enabled=progress) if progress else None
         workers = self.config.workers
         return as_binary(
-            OrderedFetchStream(fetch, count, workers=workers, window=2 * workers, progress=bar, name="s3-get")
+            OrderedFetchStream(fetch, count, workers=workers, window=2 * workers, name="s3-get")
         )
 
     # -- list / delete --------------------------------------------------------------------

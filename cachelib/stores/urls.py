@@ -21,14 +21,12 @@ from dataclasses import dataclass
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from cachelib.stores.base import StoreURLError
+from cachelib.units import GiB, KiB, MiB, parse_size, size_text
 
 ACCEPTED_SCHEMES = ("file", "redis", "rediss", "redis-cluster", "rediss-cluster", "s3")
 REDIS_SCHEMES = ("redis", "rediss", "redis-cluster", "rediss-cluster")
 """Standalone Redis, then Redis Cluster (any node of the cluster as the seed); ``ss``: TLS."""
 
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
 
 REDIS_DEFAULT_PORT = 6379
 REDIS_DEFAULT_PREFIX = "compilecache"
@@ -62,8 +60,6 @@ S3_ADDRESSING = ("auto", "path", "virtual")
 _PREFIX = re.compile(r"^[A-Za-z0-9._:+-]+$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _S3_PREFIX_SEGMENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]*$")
-_SIZE = re.compile(r"^([0-9]+)\s*([KMG]?)(?:i?B)?$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB}
 
 
 @dataclass(frozen=True)
@@ -153,14 +149,6 @@ def mask_url(url: str) -> str:
     user = parts.username or ""
     host = parts.netloc.rsplit("@", 1)[1]
     return parts._replace(netloc=f"{user}:***@{host}").geturl()
-
-
-def parse_size(text: str, *, what: str) -> int:
-    """``"4M"`` -> ``4194304``; raises :class:`ValueError` naming ``what``."""
-    match = _SIZE.match(text.strip())
-    if not match:
-        raise ValueError(f"{what}={text!r} is not a size (bytes, or a number with K, M or G)")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
 
 
 # -- file ---------------------------------------------------------------------------------
@@ -331,17 +319,10 @@ def _seconds(opts: dict[str, str], name: str, default: float) -> float:
 def _bounded_size(opts: dict[str, str], name: str, default: int, low: int, high: int) -> int:
     if name not in opts:
         return default
-    value = parse_size(opts[name], what=name)
+    value = parse_size(opts[name], what=name, largest="G")
     if not low <= value <= high:
-        raise ValueError(f"{name}={opts[name]} must be from {_size_text(low)} to {_size_text(high)}")
+        raise ValueError(f"{name}={opts[name]} must be from {size_text(low)} to {size_text(high)}")
     return value
-
-
-def _size_text(n: int) -> str:
-    for unit, factor in (("G", GiB), ("M", MiB), ("K", KiB)):
-        if n % factor == 0:
-            return f"{n // factor}{unit}"
-    return str(n)
 
 
 def _schemes() -> str:

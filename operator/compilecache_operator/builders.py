@@ -73,12 +73,12 @@ from cachelib.keys import gpu_slug
 from cachelib.stores.urls import mask_url
 
 HARNESS_FILE = f"{HARNESS_DIR}/harness.py"
-# Copies cachelib's harness module, and the built-in targets it loads from beside itself, out of the
-# preloader image without importing them (they need torch).
+# Copies cachelib's harness module, the key and options module it imports from beside itself and the
+# built-in targets it loads from there, out of the preloader image without importing them (they need torch).
 COPY_HARNESS = (
     "import importlib.util, os, shutil, sys; "
     "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
-    "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) for m in ('harness', 'targets')]"
+    "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) for m in ('harness', 'compilekey', 'targets')]"
 )
 DEFAULT_PRELOAD_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 
@@ -131,10 +131,7 @@ def harness_command(namespace: str, name: str, spec: CacheSpec) -> list[str]:
     model = spec.model
     what = ["--target", model.target] if model.target is not None else ["--command", model.command or ""]
     args = ["python", HARNESS_FILE, *what, "--out", OUT_DIR, "--namespace", namespace, "--name", name]
-    args += model.compile.harness_args()
-    if model.backward:
-        args.append("--backward")
-    return args
+    return args + model.compile.harness_args()
 
 
 def build_job(
@@ -323,7 +320,7 @@ def pod_images(pod: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(str(c.get("image")) for c in (pod.get("spec") or {}).get("containers") or []))
 
 
-def select_keys(pod: Mapping[str, Any], view: CacheView) -> list[str]:
+def keys_for_pod_images(pod: Mapping[str, Any], view: CacheView) -> list[str]:
     """Bundle keys to preload: those warmed with one of the pod's images (any generation still
     kept). None when no bundle was: another image's bundle would be preloaded for nothing (its
     torch may differ, and its keys never match), so it is never offered instead."""
@@ -427,25 +424,53 @@ def build_pod_patch(
     :mod:`compilecache_operator.reasons`): its cache is unknown or not Ready, an app container
     cannot be wired (:mod:`compilecache_operator.wiring`), or no bundle was warmed with the pod's
     images (``image-mismatch``)."""
+    refused = _not_patched(pod, view, excluded_namespaces)
+    if refused is not None:
+        return refused
+    assert view is not None and view.spec is not None
+    spec = pod.get("spec") or {}
+    app_containers = list(spec.get("containers") or [])
+    gpu = pinned_gpu(pod, view.spec.gpu_discovery.label_key)
+    mode = preload_mode(view.spec.preload, sidecars)
+    handoff = uses_handoff_volume(view.spec.preload, mode)
+    identity = preload_identity(spec, app_containers, node_cache=bool(view.spec.preload.node_cache_path))
+    keys = keys_for_pod_images(pod, view)
+    preload = _preload_container(view, keys, gpu, preloader_image, mode=mode, handoff=handoff, identity=identity)
+    containers, overridden, warnings = _wired_apps(app_containers, view, handoff=handoff)
+    annotations = {INJECTED_ANNOTATION: view.name, **mode.annotations(), PRELOAD_SHARE_ANNOTATION: identity.share}
+    if gpu:
+        annotations[GPU_ANNOTATION] = gpu
+    if overridden:
+        annotations[ENV_FROM_ANNOTATION] = ",".join(overridden)
+    return PodPatch(
+        init_containers=[preload, *(spec.get("initContainers") or [])],
+        containers=containers,
+        volumes=_pod_volumes(spec, view, handoff=handoff),
+        annotations=annotations,
+        warnings=tuple(warnings),
+    )
+
+
+def _not_patched(
+    pod: Mapping[str, Any], view: CacheView | None, excluded_namespaces: frozenset[str]
+) -> PodPatch | None:
+    """Why the webhook leaves ``pod`` alone, or None when it patches it."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     namespace = str(meta.get("namespace", ""))
     if namespace in excluded_namespaces:
         return PodPatch(skipped="excluded-namespace")
-    init_containers = list(spec.get("initContainers") or [])
-    if any(c.get("name") == PRELOAD_CONTAINER for c in init_containers):
+    if any(c.get("name") == PRELOAD_CONTAINER for c in spec.get("initContainers") or []):
         return PodPatch(skipped="already-injected")
     cache = str((meta.get("labels") or {}).get(CACHE_LABEL, ""))
     if view is None:
         return left_alone(reasons.UNKNOWN_CACHE, f"no CompileCache {cache!r} in namespace {namespace!r}")
     if not view.ready or view.spec is None:
         return left_alone(reasons.NOT_READY, f"CompileCache {view.namespace}/{view.name} is not Ready")
-    app_containers = list(spec.get("containers") or [])
-    problems = unwired_containers(app_containers)
+    problems = unwired_containers(list(spec.get("containers") or []))
     if problems:
         return left_alone(problems[0].reason, "; ".join(p.message for p in problems))
-    keys = select_keys(pod, view)
-    if not keys:
+    if not keys_for_pod_images(pod, view):
         warmed = sorted({b.image for b in view.bundles if b.image})
         return left_alone(
             reasons.IMAGE_MISMATCH,
@@ -453,17 +478,25 @@ def build_pod_patch(
             f"{_listed(pod_images(pod))}; its bundles are for {_listed(warmed) or 'no image'} "
             "(warm with the image you deploy: spec.image)",
         )
+    return None
 
-    gpu = pinned_gpu(pod, view.spec.gpu_discovery.label_key)
-    mode = preload_mode(view.spec.preload, sidecars)
-    handoff = uses_handoff_volume(view.spec.preload, mode)
-    identity = preload_identity(spec, app_containers, node_cache=bool(view.spec.preload.node_cache_path))
-    preload = _preload_container(view, keys, gpu, preloader_image, mode=mode, handoff=handoff, identity=identity)
+
+def _pod_volumes(spec: Mapping[str, Any], view: CacheView, *, handoff: bool) -> list[dict[str, Any]]:
+    """The pod's volumes plus the cache volume (and the hand-off volume) unless it has them."""
     volumes = list(spec.get("volumes") or [])
     if not any(v.get("name") == CACHE_VOLUME for v in volumes):
         volumes.append(cache_volume(view))
     if handoff and not any(v.get("name") == HANDOFF_VOLUME for v in volumes):
         volumes.append({"name": HANDOFF_VOLUME, "emptyDir": {}})
+    return volumes
+
+
+def _wired_apps(
+    app_containers: Sequence[Mapping[str, Any]], view: CacheView, *, handoff: bool
+) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """The app containers wired to the cache; the names of those whose ``envFrom`` the wiring
+    overrides, and a warning for each."""
+    assert view.spec is not None
     containers: list[dict[str, Any]] = []
     overridden: list[str] = []
     warnings: list[str] = []
@@ -474,18 +507,7 @@ def build_pod_patch(
         if warning:
             overridden.append(str(container.get("name", "")))
             warnings.append(f"compilecache: {warning}")
-    annotations = {INJECTED_ANNOTATION: view.name, **mode.annotations(), PRELOAD_SHARE_ANNOTATION: identity.share}
-    if gpu:
-        annotations[GPU_ANNOTATION] = gpu
-    if overridden:
-        annotations[ENV_FROM_ANNOTATION] = ",".join(overridden)
-    return PodPatch(
-        init_containers=[preload, *init_containers],
-        containers=containers,
-        volumes=volumes,
-        annotations=annotations,
-        warnings=tuple(warnings),
-    )
+    return containers, overridden, warnings
 
 
 def left_alone(reason: str, detail: str) -> PodPatch:
@@ -501,21 +523,6 @@ def left_alone(reason: str, detail: str) -> PodPatch:
 def _listed(items: Sequence[str], limit: int = 3) -> str:
     shown = ", ".join(items[:limit])
     return f"{shown} and {len(items) - limit} more" if len(items) > limit else shown
-
-
-def apply_pod_patch(pod: Mapping[str, Any], patch: PodPatch) -> dict[str, Any]:
-    """The pod as it will be after ``patch`` (for tests and for computing JSON patches)."""
-    out = copy.deepcopy(dict(pod))
-    spec = out.setdefault("spec", {})
-    if patch.init_containers is not None:
-        spec["initContainers"] = copy.deepcopy(patch.init_containers)
-    if patch.containers is not None:
-        spec["containers"] = copy.deepcopy(patch.containers)
-    if patch.volumes is not None:
-        spec["volumes"] = copy.deepcopy(patch.volumes)
-    if patch.annotations:
-        out.setdefault("metadata", {}).setdefault("annotations", {}).update(patch.annotations)
-    return out
 
 
 def _preload_container(
@@ -629,31 +636,40 @@ def warmup_conditions(
     active = [(v, jobs[v.id]) for v in missing if v.id in jobs and jobs[v.id].phase == "active"]
     failed = [(v, jobs[v.id]) for v in missing if v.id in jobs and jobs[v.id].phase == "failed"]
     served = [v for v in variants if v.id in have]
+    warming = _warming_condition(active, len(variants))
+    degraded = _degraded_condition(failed)
+    return [_ready_condition(served, bool(missing), warming, degraded), warming, degraded]
+
+
+def _warming_condition(active: Sequence[tuple[Variant, JobState]], planned: int) -> cond.Condition:
+    if not active:
+        return cond.Condition(cond.WARMING, False, "Idle", "no warm-up running")
+    text = "; ".join(f"{v.gpu_label}: job {j.name}: {j.message}" for v, j in active)
+    return cond.Condition(cond.WARMING, True, "WarmupInProgress", f"warming {len(active)} of {planned}: {text}")
+
+
+def _degraded_condition(failed: Sequence[tuple[Variant, JobState]]) -> cond.Condition:
+    if not failed:
+        return cond.Condition(cond.DEGRADED, False, "AsExpected", "no warm-up failed")
+    reasons = {j.reason for _, j in failed}
+    text = "; ".join(f"{v.gpu_label}: job {j.name} failed: {j.reason}: {j.message}" for v, j in failed)
+    return cond.Condition(cond.DEGRADED, True, reasons.pop() if len(reasons) == 1 else "WarmupFailed", text)
+
+
+def _ready_condition(
+    served: Sequence[Variant], missing: bool, warming: cond.Condition, degraded: cond.Condition
+) -> cond.Condition:
+    """Ready from what is served and the other two conditions (a True one means Jobs run, or failed)."""
     gpus = ", ".join(v.gpu_label for v in served)
-
-    warming = cond.Condition(cond.WARMING, False, "Idle", "no warm-up running")
-    if active:
-        text = "; ".join(f"{v.gpu_label}: job {j.name}: {j.message}" for v, j in active)
-        text = f"warming {len(active)} of {len(variants)}: {text}"
-        warming = cond.Condition(cond.WARMING, True, "WarmupInProgress", text)
-
-    degraded = cond.Condition(cond.DEGRADED, False, "AsExpected", "no warm-up failed")
-    if failed:
-        reasons = {j.reason for _, j in failed}
-        text = "; ".join(f"{v.gpu_label}: job {j.name} failed: {j.reason}: {j.message}" for v, j in failed)
-        degraded = cond.Condition(cond.DEGRADED, True, reasons.pop() if len(reasons) == 1 else "WarmupFailed", text)
-
     if not missing:
-        ready = cond.Condition(cond.READY, True, "BundlesAvailable", f"{len(served)} bundle(s): {gpus}")
-    elif active:
-        ready = cond.Condition(cond.READY, False, "WarmupInProgress", warming.message)
-    elif failed and served:
-        ready = cond.Condition(cond.READY, True, "PartiallyAvailable", f"bundles for {gpus}; {degraded.message}")
-    elif failed:
-        ready = cond.Condition(cond.READY, False, "WarmupFailed", degraded.message)
-    else:
-        ready = cond.Condition(cond.READY, False, "WarmupPending", "warm-up Jobs are being created")
-    return [ready, warming, degraded]
+        return cond.Condition(cond.READY, True, "BundlesAvailable", f"{len(served)} bundle(s): {gpus}")
+    if warming.status:
+        return cond.Condition(cond.READY, False, "WarmupInProgress", warming.message)
+    if degraded.status and served:
+        return cond.Condition(cond.READY, True, "PartiallyAvailable", f"bundles for {gpus}; {degraded.message}")
+    if degraded.status:
+        return cond.Condition(cond.READY, False, "WarmupFailed", degraded.message)
+    return cond.Condition(cond.READY, False, "WarmupPending", "warm-up Jobs are being created")
 
 
 def failure_conditions(failure: Failure) -> list[cond.Condition]:

@@ -20,7 +20,7 @@ from compilecache_operator import builders, storeops
 from compilecache_operator.conditions import Condition, now_rfc3339
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import EXCLUDED_NAMESPACES, PREFIX, RECORDED_ANNOTATION, WARMUP_LABEL
+from compilecache_operator.names import EXCLUDED_NAMESPACES, RECORDED_ANNOTATION, WARMUP_LABEL
 from compilecache_operator.plan import (
     BundleRecord,
     Variant,
@@ -232,7 +232,7 @@ async def _reconcile(state: State, namespace: str, name: str, *, emit: Emit | No
 
     bundles = bundles_from_status(status)
     jobs = await _owned_jobs(api, body)
-    observed = [(job, observe_job(job, await _job_pods(api, job), label_prefix=PREFIX)) for job in jobs]
+    observed = [(job, observe_job(job, await _job_pods(api, job))) for job in jobs]
 
     new_records: list[BundleRecord] = []
     job_states: dict[str, JobState] = {}

@@ -12,12 +12,10 @@ import contextlib
 from collections.abc import Iterable
 
 from compilecache_operator.plan import BundleRecord
-from compilecache_operator.reasons import REASONS, RESULTS
+from compilecache_operator.reasons import ERROR, REASONS, RESULTS, SKIPPED
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-PRELOAD_RESULTS = RESULTS
 UNKNOWN_REASON = "unknown"
-WARMUP_RESULTS = ("succeeded", "failed")
 PRELOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WARMUP_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
 
@@ -86,12 +84,12 @@ class Metrics:
         seconds: float | None = None,
         size: int = 0,
     ) -> None:
-        if result not in PRELOAD_RESULTS:
-            result = "error"
+        if result not in RESULTS:
+            result = ERROR
         if reason not in REASONS:
             reason = UNKNOWN_REASON
         self.preloads.labels(namespace, cache, gpu or "unknown", result, reason).inc()
-        if seconds is not None and result != "skipped":
+        if seconds is not None and result != SKIPPED:
             self.preload_duration.labels(namespace, cache, result).observe(max(0.0, seconds))
         if size > 0:
             self.preload_bytes.labels(namespace, cache).inc(size)

@@ -18,8 +18,13 @@ from __future__ import annotations
 
 from compilecache_operator.wiring import CACHE_DIR_NOT_ABSOLUTE, CACHE_DIR_VALUE_FROM, VOLUME_AT_CACHE_DIR
 
-HIT, MISS, ERROR, SKIPPED = "hit", "miss", "error", "skipped"
-RESULTS = (HIT, MISS, ERROR, SKIPPED)
+from cachelib.preload import ERROR, HIT, MISS, SOURCE_NODE_CACHE
+from cachelib.preload import RESULTS as PRELOAD_RESULTS
+
+SKIPPED = "skipped"
+"""An opted-in pod that got no preload (the webhook left it alone)."""
+RESULTS = (*PRELOAD_RESULTS, SKIPPED)
+"""What the operator counts per opted-in pod: the preloader's results, and ``skipped``."""
 
 # The webhook's reasons for leaving a pod alone (the value of compilecache.io/skipped).
 UNKNOWN_CACHE = "unknown-cache"
@@ -69,7 +74,7 @@ def preload_reason(result: str, text: str, *, code: str = "", source: str = "") 
     if code in REASONS:
         return code
     if result == HIT:
-        return NODE_CACHE if source == "node-cache" else PRELOADED
+        return NODE_CACHE if source == SOURCE_NODE_CACHE else PRELOADED
     lowered = text.lower()
     if "deadline" in lowered:
         return DEADLINE_EXCEEDED
@@ -78,3 +83,32 @@ def preload_reason(result: str, text: str, *, code: str = "", source: str = "") 
     if result == MISS:
         return NO_BUNDLE
     return PRELOAD_FAILED
+
+
+__all__ = [
+    "CACHE_DIR_NOT_ABSOLUTE",
+    "CACHE_DIR_VALUE_FROM",
+    "DEADLINE_EXCEEDED",
+    "ERROR",
+    "HIT",
+    "IMAGE_MISMATCH",
+    "MISS",
+    "NODE_CACHE",
+    "NOT_INJECTED",
+    "NOT_READY",
+    "NO_BUNDLE",
+    "PRELOADED",
+    "PRELOAD_FAILED",
+    "PRELOAD_RESULTS",
+    "REASONS",
+    "RESULTS",
+    "RESULT_UNREADABLE",
+    "SKIPPED",
+    "SOURCE_NODE_CACHE",
+    "STORE_UNAVAILABLE",
+    "UNKNOWN_CACHE",
+    "VOLUME_AT_CACHE_DIR",
+    "WEBHOOK_RESULTS",
+    "not_injected",
+    "preload_reason",
+]

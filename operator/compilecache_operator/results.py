@@ -14,7 +14,13 @@ from datetime import datetime
 from typing import Any, Literal
 
 from compilecache_operator import reasons
-from compilecache_operator.names import PRELOAD_CONTAINER, SKIPPED_ANNOTATION
+from compilecache_operator.names import (
+    GENERATION_LABEL,
+    PRELOAD_CONTAINER,
+    RECORDED_ANNOTATION,
+    SKIPPED_ANNOTATION,
+    VARIANT_LABEL,
+)
 from compilecache_operator.plan import BundleRecord, Variant
 
 from cachelib.keys import CacheKey, InvalidKey
@@ -22,8 +28,6 @@ from cachelib.keys import CacheKey, InvalidKey
 HARNESS_CONTAINER = "harness"
 COMPILE_CONTAINER = "compile"
 PUBLISH_CONTAINER = "publish"
-PRELOAD_RESULTS = (reasons.HIT, reasons.MISS, reasons.ERROR)
-"""What a preloader reports (the operator counts ``skipped`` too: pods without a preload)."""
 
 _FAILURE_REASONS = {
     HARNESS_CONTAINER: "HarnessCopyFailed",
@@ -37,7 +41,10 @@ class ResultError(ValueError):
 
 
 @dataclass(frozen=True)
-class PreloadResult:
+class PreloadOutcome:
+    """What the operator counts for one opted-in pod: its preload's result (``cachelib.preload.PreloadResult``
+    as the termination message carried it), or why it got none."""
+
     result: str
     """hit, miss, error or skipped (:mod:`compilecache_operator.reasons`)."""
     gpu: str = ""
@@ -108,18 +115,18 @@ def bundle_from_publish(message: str | None, variant: Variant, *, generation: in
     )
 
 
-def parse_preload(message: str | None) -> PreloadResult:
+def parse_preload(message: str | None) -> PreloadOutcome:
     """The preload container's result; anything unreadable counts as an error."""
     try:
         data = parse_json_message(message)
     except ResultError as exc:
-        return PreloadResult(result=reasons.ERROR, reason=str(exc), code=reasons.RESULT_UNREADABLE)
+        return PreloadOutcome(result=reasons.ERROR, reason=str(exc), code=reasons.RESULT_UNREADABLE)
     result = data.get("result")
-    if result not in PRELOAD_RESULTS:
-        return PreloadResult(result=reasons.ERROR, reason=f"unknown preload result {result!r}",
+    if result not in reasons.PRELOAD_RESULTS:
+        return PreloadOutcome(result=reasons.ERROR, reason=f"unknown preload result {result!r}",
                              code=reasons.RESULT_UNREADABLE)
     text = str(data.get("reason") or "")
-    return PreloadResult(
+    return PreloadOutcome(
         result=str(result),
         gpu=str(data.get("gpu") or _keys_gpu(data.get("hits") or data.get("keys") or [])),
         bytes=_int(data.get("bytes")),
@@ -151,7 +158,7 @@ def job_condition(job: Mapping[str, Any], type_: str) -> Mapping[str, Any] | Non
     return None
 
 
-def observe_job(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, label_prefix: str) -> JobState:
+def observe_job(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> JobState:
     """Where a warm-up Job stands, with the reason of a failure or of a wait."""
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -159,11 +166,11 @@ def observe_job(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, la
     status = job.get("status") or {}
     state = JobState(
         name=str(meta.get("name", "")),
-        variant=str(labels.get(f"{label_prefix}/variant", "")),
-        generation=_int(labels.get(f"{label_prefix}/generation")),
+        variant=str(labels.get(VARIANT_LABEL, "")),
+        generation=_int(labels.get(GENERATION_LABEL)),
         phase="active",
         reason="WarmupInProgress",
-        recorded=f"{label_prefix}/recorded" in annotations,
+        recorded=RECORDED_ANNOTATION in annotations,
         duration=_seconds_between(status.get("startTime"), status.get("completionTime")),
     )
     if job_condition(job, "Complete"):
@@ -283,7 +290,7 @@ def _float(value: Any) -> float:
         return 0.0
 
 
-def preload_outcome(pod: Mapping[str, Any], *, gpu_annotation: str) -> PreloadResult | None:
+def preload_outcome(pod: Mapping[str, Any], *, gpu_annotation: str) -> PreloadOutcome | None:
     """What to count for an opted-in pod: its preload result once the preload container has
     terminated (None before); for a pod without one, what the webhook's ``compilecache.io/skipped``
     annotation says (``skipped``, or ``miss`` for ``image-mismatch``; ``not-injected`` without it)."""
@@ -292,7 +299,7 @@ def preload_outcome(pod: Mapping[str, Any], *, gpu_annotation: str) -> PreloadRe
     init = (pod.get("spec") or {}).get("initContainers") or []
     if not any(c.get("name") == PRELOAD_CONTAINER for c in init):
         counted, code = reasons.not_injected(annotations.get(SKIPPED_ANNOTATION))
-        return PreloadResult(result=counted, gpu=annotated_gpu, code=code, ran=False)
+        return PreloadOutcome(result=counted, gpu=annotated_gpu, code=code, ran=False)
     message = preload_termination(pod)
     if message is None:
         return None

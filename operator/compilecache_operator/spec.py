@@ -19,15 +19,26 @@ from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit
 
-from cachelib.harness import BUILTIN_TARGETS
+from cachelib.compilekey import (
+    BUILTIN_TARGETS,
+    DEFAULT_BACKEND,
+    DYNAMIC,
+    MODES,
+    CompileOptions,
+    config_value,
+    dynamic_text,
+    is_backend,
+    is_config_name,
+    is_target,
+    parse_dynamic,
+)
 from cachelib.keys import gpu_slug
+from cachelib.stores import CREDENTIALS
 from cachelib.stores.base import MAX_SEGMENT_LENGTH, StoreURLError
 from cachelib.stores.urls import parse_store_url
 
 DEFAULT_GPU_LABEL_KEY = "nvidia.com/gpu.product"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
-MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-DYNAMIC = ("auto", "true", "false")
 DELETION_POLICIES = ("Keep", "Delete")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 TOLERATION_OPERATORS = ("Exists", "Equal")
@@ -40,13 +51,12 @@ MAX_PRELOAD_DEADLINE_SECONDS = 600
 DEFAULT_PRELOAD_SIZE_LIMIT = "16Gi"
 DEFAULT_PRELOAD_SIZE_LIMIT_BYTES = 16 * 2**30
 DEFAULT_WARMUP_ID = 65532
+MAX_INDUCTOR_CONFIG = 64
 MAX_ID = 2**31 - 1
 
 MAX_NAME_LENGTH = MAX_SEGMENT_LENGTH
 """The longest CompileCache name: the name is one segment of every cache key, as it is."""
 
-_MODULE_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-_BACKEND = re.compile(r"^[A-Za-z0-9_.:-]+$")
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _QUALIFIED_NAME = re.compile(
@@ -79,48 +89,31 @@ class InvalidSpec(ValueError):
         self.errors = tuple(errors)
         super().__init__("; ".join(str(e) for e in self.errors))
 
-    @property
-    def paths(self) -> tuple[str, ...]:
-        return tuple(e.path for e in self.errors)
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    mode: str = "default"
-    dynamic: str = "auto"
-    fullgraph: bool = False
-    backend: str = "inductor"
-    compiled_autograd: bool = False
-
-    def harness_args(self) -> list[str]:
-        """The harness flags for these options (defaults left out)."""
-        args = ["--mode", self.mode, "--dynamic", self.dynamic, "--backend", self.backend]
-        if self.fullgraph:
-            args.append("--fullgraph")
-        if self.compiled_autograd:
-            args.append("--compiled-autograd")
-        return args
-
 
 @dataclass(frozen=True)
 class ModelSpec:
     target: str | None
     command: str | None
     compile: CompileOptions = field(default_factory=CompileOptions)
+    """The options the harness compiles with (``backward`` included)."""
     backward: bool = False
+    """``spec.model.backward`` as written (``compile.backward`` is also true with compiled autograd)."""
 
     def identity(self) -> dict[str, Any]:
         """Everything about the model that changes the compiled artifacts."""
-        return {
+        identity: dict[str, Any] = {
             "target": self.target,
             "command": self.command,
             "mode": self.compile.mode,
-            "dynamic": self.compile.dynamic,
+            "dynamic": dynamic_text(self.compile.dynamic),
             "fullgraph": self.compile.fullgraph,
             "backend": self.compile.backend,
             "compiled_autograd": self.compile.compiled_autograd,
             "backward": self.backward,
         }
+        if self.compile.inductor_config:  # only when set: the ids of caches without it stay as they were
+            identity["inductor_config"] = dict(self.compile.inductor_config)
+        return identity
 
 
 @dataclass(frozen=True)
@@ -143,10 +136,6 @@ class StorageSpec:
     url: str
     secret_name: str | None = None
     secret_keys: tuple[SecretKey, ...] = ()
-
-    @property
-    def scheme(self) -> str:
-        return urlsplit(self.url).scheme.lower()
 
 
 @dataclass(frozen=True)
@@ -247,21 +236,6 @@ class Defaults:
     node_cache_path: str | None = None
 
 
-# Credentials per store scheme: (spec key, environment variable, default Secret key, optional).
-_CREDENTIALS: dict[str, tuple[tuple[str, str, str, bool], ...]] = {
-    "redis": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
-    "rediss": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
-    "redis-cluster": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
-    "rediss-cluster": (("password", "COMPILECACHE_REDIS_PASSWORD", "password", False),),
-    "s3": (
-        ("accessKeyId", "AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID", False),
-        ("secretAccessKey", "AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", False),
-        ("sessionToken", "AWS_SESSION_TOKEN", "AWS_SESSION_TOKEN", True),
-    ),
-    "file": (),
-}
-
-
 class _Errors:
     """Collects field errors so that one pass reports all of them."""
 
@@ -326,11 +300,6 @@ def _check_name(name: str, errors: _Errors) -> None:
         )
 
 
-def is_target(target: str) -> bool:
-    """Whether the harness can run ``target``: ``module:function`` or a built-in target's name."""
-    return target in BUILTIN_TARGETS or bool(_MODULE_FUNCTION.match(target))
-
-
 def _parse_model(model: Mapping[str, Any], errors: _Errors) -> ModelSpec | None:
     path = "spec.model"
     target = _string(model, "target", path, errors, max_length=256)
@@ -345,24 +314,40 @@ def _parse_model(model: Mapping[str, Any], errors: _Errors) -> ModelSpec | None:
         errors.add(path, "set one of target or command")
     elif target is not None and command is not None:
         errors.add(path, "set only one of target or command, not both")
-    opts = _mapping(model.get("compile"), f"{path}.compile", errors)
-    cpath = f"{path}.compile"
-    backend = _string(opts, "backend", cpath, errors, max_length=128) or "inductor"
-    if not _BACKEND.match(backend):
+    backward = _boolean(model, "backward", path, errors, False)
+    compile_options = _parse_compile(_mapping(model.get("compile"), f"{path}.compile", errors), backward, errors)
+    return ModelSpec(target=target, command=command, compile=compile_options, backward=backward)
+
+
+def _parse_compile(opts: Mapping[str, Any], backward: bool, errors: _Errors) -> CompileOptions:
+    cpath = "spec.model.compile"
+    backend = _string(opts, "backend", cpath, errors, max_length=128) or DEFAULT_BACKEND
+    if not is_backend(backend):
         errors.add(f"{cpath}.backend", f"{backend!r} is not a backend name")
     dynamic_raw = opts.get("dynamic", "auto")
     if isinstance(dynamic_raw, bool):  # a YAML true/false that skipped the schema
-        dynamic_raw = "true" if dynamic_raw else "false"
+        dynamic_raw = dynamic_text(dynamic_raw)
     dynamic = _enum({"dynamic": dynamic_raw}, "dynamic", cpath, errors, DYNAMIC, "auto") or "auto"
-    compile_options = CompileOptions(
+    return CompileOptions(
         mode=_enum(opts, "mode", cpath, errors, MODES, "default") or "default",
-        dynamic=dynamic,
+        dynamic=parse_dynamic(dynamic),
         fullgraph=_boolean(opts, "fullgraph", cpath, errors, False),
         backend=backend,
         compiled_autograd=_boolean(opts, "compiledAutograd", cpath, errors, False),
+        backward=backward,
+        inductor_config=_parse_inductor_config(opts.get("inductorConfig"), f"{cpath}.inductorConfig", errors),
     )
-    backward = _boolean(model, "backward", path, errors, False)
-    return ModelSpec(target=target, command=command, compile=compile_options, backward=backward)
+
+
+def _parse_inductor_config(raw: Any, path: str, errors: _Errors) -> tuple[tuple[str, Any], ...]:
+    """``torch._inductor.config`` settings, each value read as the harness reads ``--inductor-config NAME=VALUE``."""
+    items = _string_map(raw, path, errors)
+    if len(items) > MAX_INDUCTOR_CONFIG:
+        errors.add(path, f"at most {MAX_INDUCTOR_CONFIG} settings, got {len(items)}")
+    for name in items:
+        if not is_config_name(name):
+            errors.add(f"{path}.{name}", "not an inductor config option name (max_autotune, triton.cudagraphs)")
+    return tuple((name, config_value(value)) for name, value in items.items() if is_config_name(name))
 
 
 def _parse_gpu_types(raw: Any, errors: _Errors) -> tuple[str, ...]:
@@ -427,19 +412,19 @@ def _parse_storage(raw: Any, defaults: Defaults, errors: _Errors) -> StorageSpec
     name = _string(secret, "name", f"{path}.secretRef", errors, required=True, max_length=253)
     if name is not None and not _DNS_SUBDOMAIN.match(name):
         errors.add(f"{path}.secretRef.name", f"{name!r} is not a Secret name")
-    credentials = _CREDENTIALS.get(scheme, ())
+    credentials = CREDENTIALS.get(scheme, ())
     if not credentials:
         errors.add(f"{path}.secretRef", f"{scheme}:// stores take no credentials")
         return None
     keys_raw = _mapping(secret.get("keys"), f"{path}.secretRef.keys", errors)
-    known = {spec_key for spec_key, *_ in credentials}
+    known = {c.name for c in credentials}
     for extra in sorted(set(keys_raw) - known):
         accepted = ", ".join(sorted(known))
         errors.add(f"{path}.secretRef.keys.{extra}", f"not a credential of {scheme}:// stores ({accepted})")
     keys = tuple(
-        SecretKey(env=env, key=_secret_key(keys_raw, spec_key, f"{path}.secretRef.keys", errors) or default,
-                  optional=opt)
-        for spec_key, env, default, opt in credentials
+        SecretKey(env=c.env, key=_secret_key(keys_raw, c.name, f"{path}.secretRef.keys", errors) or c.default_key,
+                  optional=c.optional)
+        for c in credentials
     )
     return StorageSpec(url=url, secret_name=name, secret_keys=keys)
 

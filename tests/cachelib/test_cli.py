@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from cachelib.cli import build_parser, main, parse_size
+from cachelib.cli import build_parser, main
 from cachelib.inventory import Entry, format_age, parse_duration, plan_gc
 from cachelib.publish import pack, publish
 from cachelib.stores import open_store
+from cachelib.units import parse_size
 from tests.cachelib.helpers import make_key, make_outdir, run_cli
 
 SUBCOMMANDS = ("warmup", "pack", "publish", "preload", "load", "inspect", "ls", "gc", "demo")

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from cachelib import harness, keys
-from cachelib.harness import CompileOptions, HarnessError
+from cachelib import compilekey, harness, keys
+from cachelib.compilekey import CompileOptions, UsageError
+from cachelib.harness import HarnessError
 from tests.cachelib.conftest import WARM_NAME, WARM_NAMESPACE, Warmed
 
 PAYLOADS: list[Any] = [
@@ -27,36 +28,36 @@ PAYLOADS: list[Any] = [
 
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_digest_is_the_same_function_as_keys_digest(payload: Any) -> None:
-    assert harness.digest(payload) == keys.digest(payload)
+    assert compilekey.digest(payload) == keys.digest(payload)
 
 
 @pytest.mark.parametrize("product", ["NVIDIA H100 80GB HBM3", "NVIDIA-A100-SXM4-80GB", "AMD Instinct MI300X", ""])
 def test_gpu_slug_matches_keys(product: str) -> None:
-    assert harness.gpu_slug(product) == keys.gpu_slug(product)
+    assert compilekey.gpu_slug(product) == keys.gpu_slug(product)
 
 
 def test_key_fields_of_a_cuda_device_make_a_valid_key() -> None:
     """Pure function: the device dict is what detect_device() returns on an H100."""
     device = {"type": "cuda", "product": "NVIDIA H100 80GB HBM3", "capability": "9.0", "count": 8}
     versions = {"torch": "2.13.0+cu128", "triton": "3.6.0", "cuda": "12.8", "python": "3.11.7"}
-    fields = harness.key_fields("ml", "llama", "0" * 16, "1" * 16, device, versions)
+    fields = compilekey.key_fields("ml", "llama", "0" * 16, "1" * 16, device, versions)
     key = keys.CacheKey.from_dict(fields)
     assert (key.gpu, key.capability, key.py) == ("nvidia-h100-80gb-hbm3", "sm90", "3.11")
-    assert harness.key_string(fields) == str(key)
+    assert compilekey.key_string(fields) == str(key)
 
 
 def test_key_fields_of_the_cpu() -> None:
     device = {"type": "cpu", "product": "cpu", "capability": None, "count": 0}
     versions = {"torch": "2.13.0+cpu", "triton": "none", "cuda": "none", "python": "3.12.1"}
-    key = keys.CacheKey.from_dict(harness.key_fields("default", "x", "0" * 16, "1" * 16, device, versions))
+    key = keys.CacheKey.from_dict(compilekey.key_fields("default", "x", "0" * 16, "1" * 16, device, versions))
     assert (key.gpu, key.capability, key.triton, key.cuda, key.py) == ("cpu", "cpu", "none", "none", "3.12")
 
 
 def test_version_segment_makes_any_version_a_valid_segment() -> None:
-    assert harness.version_segment("2.6.0a0+git1234 abc") == "2.6.0a0+git1234-abc"
+    assert compilekey.version_segment("2.6.0a0+git1234 abc") == "2.6.0a0+git1234-abc"
     keys.CacheKey.from_dict({**keys.CacheKey.parse(
         "cc1/a/b/0123456789abcdef/0123456789abcdef/cpu/cpu/torch-1/triton-none/cuda-none/py-3.11"
-    ).to_dict(), "torch": harness.version_segment("2.6.0a0+git1234 abc")})  # fmt: skip
+    ).to_dict(), "torch": compilekey.version_segment("2.6.0a0+git1234 abc")})  # fmt: skip
 
 
 OPTION_VARIANTS = {
@@ -87,18 +88,18 @@ def test_compile_options_details() -> None:
 
 
 def test_targets_and_model_digest() -> None:
-    assert harness.canonical_target("tiny_mlp") == "cachelib.targets:tiny_mlp"
-    assert harness.model_digest(target="tiny_mlp") == harness.model_digest(target="cachelib.targets:tiny_mlp")
-    assert harness.model_digest(target="a:b") != harness.model_digest(command="a:b")
+    assert compilekey.canonical_target("tiny_mlp") == "cachelib.targets:tiny_mlp"
+    assert compilekey.model_digest(target="tiny_mlp") == compilekey.model_digest(target="cachelib.targets:tiny_mlp")
+    assert compilekey.model_digest(target="a:b") != compilekey.model_digest(command="a:b")
     for bad in ("nocolon", "mod:", ":fn", "mod:not-an-identifier"):
-        with pytest.raises(HarnessError, match="module:function") as caught:
-            harness.canonical_target(bad)
+        with pytest.raises(UsageError, match="module:function") as caught:
+            compilekey.canonical_target(bad)
         assert caught.value.exit_code == harness.EXIT_USAGE
 
 
 def test_job_id_is_stable_per_cache() -> None:
-    assert harness.default_job_id("ns", "a") == harness.default_job_id("ns", "a")
-    assert harness.default_job_id("ns", "a") != harness.default_job_id("ns", "b")
+    assert compilekey.default_job_id("ns", "a") == compilekey.default_job_id("ns", "a")
+    assert compilekey.default_job_id("ns", "a") != compilekey.default_job_id("ns", "b")
 
 
 @pytest.mark.parametrize(
@@ -221,7 +222,7 @@ def test_command_runs_with_the_cache_environment(tmp_path: Path) -> None:
     result = json.loads((out / "result.json").read_text())
     assert result["command"].startswith(sys.executable) and result["target"] is None
     assert result["counters"] is None and result["megacache"]["bytes"] == 0
-    assert result["key"]["model"] == harness.model_digest(command=result["command"])
+    assert result["key"]["model"] == compilekey.model_digest(command=result["command"])
     out.rename(tmp_path / "out-ok")
     proc = run_harness(tmp_path, "--command", f"{sys.executable} -c 'raise SystemExit(7)'")
     assert proc.returncode == harness.EXIT_FAILED and "exited with status 7" in proc.stderr
@@ -233,12 +234,12 @@ def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None
     key = keys.CacheKey.from_dict(result["key"])
     assert str(key) == result["key_string"]
     assert (key.namespace, key.name, key.gpu, key.capability) == (WARM_NAMESPACE, WARM_NAME, "cpu", "cpu")
-    assert key.model == harness.model_digest(target="tiny_mlp")
-    assert key.options == CompileOptions().digest() == harness.digest(result["options"])
+    assert key.model == compilekey.model_digest(target="tiny_mlp")
+    assert key.options == CompileOptions().digest() == compilekey.digest(result["options"])
     import torch
 
     assert result["versions"]["torch"] == torch.__version__ == key.torch
-    assert result["job_id"] == harness.default_job_id(WARM_NAMESPACE, WARM_NAME)
+    assert result["job_id"] == compilekey.default_job_id(WARM_NAMESPACE, WARM_NAME)
     assert result["cache"]["fxgraph_miss"] >= 1 and result["cache"]["fxgraph_hit"] == 0
     assert result["counters"]["aot_autograd"]["autograd_cache_saved"] >= 1
     assert result["targets"][0]["seconds"] > 0 and result["compile_seconds"] >= result["targets"][0]["seconds"]
@@ -249,9 +250,14 @@ def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None
     assert any((warmed.out / "cachedir" / "aotautograd").iterdir())
 
 
-@pytest.mark.parametrize("module", [harness, pytest.importorskip("cachelib.targets")])
+COMPANIONS = {"cachelib.harness": {"cachelib.compilekey", "compilekey"}, "cachelib.compilekey": set(),
+              "cachelib.targets": set()}
+
+
+@pytest.mark.parametrize("module", [harness, compilekey, pytest.importorskip("cachelib.targets")])
 def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> None:
-    """harness.py and targets.py are copied into users' images: nothing of ours, nothing else."""
+    """harness.py, compilekey.py and targets.py are copied into users' images: nothing else of ours,
+    nothing else at all (the harness imports compilekey from beside itself, or from cachelib)."""
     import ast
 
     tree = ast.parse(Path(module.__file__).read_text())
@@ -260,18 +266,23 @@ def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> Non
         if isinstance(node, ast.Import):
             roots.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            roots.add(node.module.split(".")[0])
-    assert roots - set(sys.stdlib_module_names) <= {"torch", "triton"}, roots
+            if node.module == "cachelib":
+                roots.update(f"cachelib.{alias.name}" for alias in node.names)
+            else:
+                roots.add(node.module.split(".")[0])
+    assert roots - set(sys.stdlib_module_names) <= {"torch", "triton"} | COMPANIONS[module.__name__], roots
 
 
 @pytest.mark.slow
 def test_built_in_targets_load_from_beside_the_harness_without_cachelib(tmp_path: Path) -> None:
-    """In a user's image only harness.py and targets.py exist, side by side: short names still work."""
+    """In a user's image only harness.py, compilekey.py and targets.py exist, side by side: short names
+    still work."""
     import shutil
 
     from cachelib import targets
 
     shutil.copy(harness.__file__, tmp_path / "harness.py")
+    shutil.copy(compilekey.__file__, tmp_path / "compilekey.py")
     shutil.copy(targets.__file__, tmp_path / "targets.py")
     code = (
         "import sys; sys.modules['cachelib'] = None; import harness; "

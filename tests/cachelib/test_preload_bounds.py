@@ -266,11 +266,11 @@ class BrokenStore(Store):
     def _boom(self) -> None:
         raise TypeError("call_with_retry() takes 3 positional arguments but 5 were given")
 
-    def put(self, key: str, stream: BinaryIO, size: int | None = None, *, progress: bool = False) -> ObjectInfo:
+    def put(self, key: str, stream: BinaryIO, size: int | None = None) -> ObjectInfo:
         self._boom()
         raise AssertionError
 
-    def get(self, key: str, *, progress: bool = False) -> AbstractContextManager[BinaryIO]:
+    def get(self, key: str) -> AbstractContextManager[BinaryIO]:
         self._boom()
         raise AssertionError
 

@@ -138,13 +138,14 @@ def test_images_run_console_scripts_the_project_declares() -> None:
     assert "compilecache" in scripts
 
 
-def test_preloader_ships_the_harness_and_its_targets_at_their_fixed_paths() -> None:
+def test_preloader_ships_the_harness_only_as_the_installed_package() -> None:
+    """The warm-up Job copies harness.py and its companions out of the installed cachelib
+    (builders.COPY_HARNESS): the image carries no second copy and no variable naming one."""
     text = DOCKERFILES["preloader"].read_text()
-    for module in ("harness", "targets"):
-        assert f"install -D -m 0644 cachelib/{module}.py /opt/compilecache/{module}.py" in text
+    assert "/opt/compilecache" not in text and "COMPILECACHE_HARNESS" not in text
+    assert 'pip install ".[store]"' in text
+    for module in ("harness", "compilekey", "targets"):
         assert (REPO_ROOT / "cachelib" / f"{module}.py").is_file()
-    assert ("COPY --from=build --chmod=0644 /opt/compilecache/harness.py /opt/compilecache/targets.py "
-            "/opt/compilecache/") in text
 
 
 def test_slim_rules() -> None:

@@ -9,7 +9,7 @@
   tests/infra/images.py builds from images/preloader/Dockerfile: the preload (init container or native
   sidecar) and the warm-up's harness copy and publish steps, with their securityContext and volumes.
   Other images under ``ghcr.io/compilecache/`` run the project's CLI from the repository's virtualenv as
-  uid 65532 (with the harness at /opt/compilecache/harness.py); images under
+  uid 65532; images under
   ``compilecache.test/workload`` run the same virtualenv's Python (with torch), as root unless the pod
   says otherwise. Every process runs as the uid its pod spec gives it.
 - ``kube_namespace`` (function): a fresh namespace enforcing the "restricted" Pod Security Standard,
@@ -110,11 +110,7 @@ def preloader_runtime() -> Runtime | None:
 def node_agent(kube_cluster: LocalCluster) -> Iterator[NodeAgent]:
     bin_dir = str(python_bin_dir())
     images = {
-        PROJECT_IMAGE_PREFIX: Runtime(
-            path=(bin_dir,),
-            image_paths={"/opt/compilecache/harness.py": str(REPO_ROOT / "cachelib" / "harness.py")},
-            user=(IMAGE_UID, IMAGE_UID),
-        ),
+        PROJECT_IMAGE_PREFIX: Runtime(path=(bin_dir,), user=(IMAGE_UID, IMAGE_UID)),
         WORKLOAD_IMAGE_PREFIX: Runtime(path=(bin_dir,)),
     }
     preloader = preloader_runtime()

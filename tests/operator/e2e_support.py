@@ -167,8 +167,8 @@ class OperatorProcess:
 # set) and reports torch's own cache counters, who it ran as and where, through its termination message.
 COMPILE_TINY_MLP = """
 import json, os, pathlib
-from cachelib import harness
-options = harness.CompileOptions()
+from cachelib import compilekey, harness
+options = compilekey.CompileOptions()
 harness.apply_options(options, os.environ.get("TORCH_COMPILE_JOB_ID", "not-injected"))
 harness.run_target("tiny_mlp", options)
 report = {"cache": harness.cache_summary(harness.counters_snapshot()), "uid": os.getuid(), "gid": os.getgid(),

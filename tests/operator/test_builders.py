@@ -26,6 +26,7 @@ from compilecache_operator.results import JobState
 from compilecache_operator.sidecars import SidecarSupport
 from compilecache_operator.spec import Defaults, parse_spec
 
+from tests.operator.podpatch import apply_pod_patch
 from tests.operator.samples import (
     BUDGET,
     KEY,
@@ -137,7 +138,7 @@ def test_pod_gets_volume_preload_first_and_cache_env() -> None:
     p = pod(initContainers=[{"name": "setup", "image": "busybox"}])
     result = inject(p, view(storage={"url": "redis://redis:6379/0", "secretRef": {"name": "creds"}}))
     assert result.skipped is None
-    out = builders.apply_pod_patch(p, result)
+    out = apply_pod_patch(p, result)
     init = out["spec"]["initContainers"]
     assert [c["name"] for c in init] == [PRELOAD_CONTAINER, "setup"]
     preload = init[0]
@@ -162,10 +163,10 @@ def test_pod_gets_volume_preload_first_and_cache_env() -> None:
 
 def test_injection_is_idempotent() -> None:
     v = view()
-    once = builders.apply_pod_patch(pod(), inject(pod(), v))
+    once = apply_pod_patch(pod(), inject(pod(), v))
     second = inject(once, v)
     assert second.skipped == "already-injected" and not second.changes
-    assert builders.apply_pod_patch(once, second) == once
+    assert apply_pod_patch(once, second) == once
 
 
 def test_existing_cache_dir_is_respected_and_mounted_there() -> None:
@@ -175,7 +176,7 @@ def test_existing_cache_dir_is_respected_and_mounted_there() -> None:
                  {"name": "TORCH_COMPILE_JOB_ID", "value": "mine"}],
          "volumeMounts": [{"name": "data", "mountPath": "/datasets"}]},
     ])
-    out = builders.apply_pod_patch(p, inject(p, view()))
+    out = apply_pod_patch(p, inject(p, view()))
     (app,) = out["spec"]["containers"]
     assert app["volumeMounts"] == [{"name": "data", "mountPath": "/datasets"},
                                    {"name": "compilecache-cache", "mountPath": "/data/inductor",
@@ -190,7 +191,7 @@ def test_sidecar_mode_with_native_sidecars() -> None:
             containers=[{"name": "app", "image": "registry.example/workload:1"},
                         {"name": "own", "image": "registry.example/workload:1",
                          "env": [{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/data/inductor/"}]}])
-    out = builders.apply_pod_patch(p, inject(p, view(preload={"mode": "Sidecar", "maxBytes": 10})))
+    out = apply_pod_patch(p, inject(p, view(preload={"mode": "Sidecar", "maxBytes": 10})))
     preload, setup = out["spec"]["initContainers"]
     assert preload["name"] == PRELOAD_CONTAINER and setup["name"] == "setup", "the sidecar starts first"
     assert preload["restartPolicy"] == "Always"
@@ -212,20 +213,20 @@ def test_the_sidecar_command_is_one_the_preloader_accepts() -> None:
     from cachelib.cli import build_parser
 
     for mode, sidecars in (("Sidecar", WITH_SIDECARS), ("Sidecar", WITHOUT_SIDECARS), ("InitContainer", WITH_SIDECARS)):
-        out = builders.apply_pod_patch(pod(), inject(pod(), view(preload={"mode": mode}), sidecars))
+        out = apply_pod_patch(pod(), inject(pod(), view(preload={"mode": mode}), sidecars))
         args = build_parser().parse_args(out["spec"]["initContainers"][0]["command"][1:])
         assert args.done_file == DONE and args.target == "/var/cache/compilecache/inductor"
         assert args.sidecar is (mode == "Sidecar" and sidecars.available)
         assert (args.max_bytes, args.deadline, args.share, args.owner) == (16 * 2**30, 30.0, "all", None)
     node = view(preload={"nodeCache": {"hostPath": "/cc"}, "deadlineSeconds": 5, "maxBytes": 99})
     p = pod(securityContext={"runAsUser": 1000, "runAsGroup": 100})
-    args = build_parser().parse_args(builders.apply_pod_patch(p, inject(p, node))["spec"]["initContainers"][0]
+    args = build_parser().parse_args(apply_pod_patch(p, inject(p, node))["spec"]["initContainers"][0]
                                      ["command"][1:])
     assert (args.max_bytes, args.deadline, args.share, args.owner) == (99, 5.0, "all", (1000, 100))
 
 
 def test_sidecar_mode_without_native_sidecars_falls_back_to_an_init_container() -> None:
-    out = builders.apply_pod_patch(pod(), inject(pod(), view(preload={"mode": "Sidecar"}), WITHOUT_SIDECARS))
+    out = apply_pod_patch(pod(), inject(pod(), view(preload={"mode": "Sidecar"}), WITHOUT_SIDECARS))
     (preload,) = out["spec"]["initContainers"]
     assert "restartPolicy" not in preload, "an API server without native sidecars must never see the field"
     assert "--sidecar" not in preload["command"] and "--done-file" in preload["command"]
@@ -236,7 +237,7 @@ def test_sidecar_mode_without_native_sidecars_falls_back_to_an_init_container() 
         PRELOAD_MODE_REASON_ANNOTATION: "Sidecar needs Kubernetes 1.29+ native sidecars; the API server is v1.20.2",
         PRELOAD_SHARE_ANNOTATION: "all",
     }
-    plain = builders.apply_pod_patch(pod(), inject(pod(), view(), WITHOUT_SIDECARS))
+    plain = apply_pod_patch(pod(), inject(pod(), view(), WITHOUT_SIDECARS))
     assert PRELOAD_MODE_REASON_ANNOTATION not in plain["metadata"]["annotations"], "nothing asked for a sidecar"
 
 
@@ -245,7 +246,7 @@ def test_a_sidecar_into_a_node_cache_hands_off_through_a_pod_volume() -> None:
     wait for) writes this pod's into an emptyDir of its own. An init container needs none."""
     handoff = "/run/compilecache/.compilecache-preload.json"
     v = view(preload={"mode": "Sidecar", "nodeCache": {"hostPath": "/var/cache/cc"}})
-    out = builders.apply_pod_patch(pod(), inject(pod(), v))
+    out = apply_pod_patch(pod(), inject(pod(), v))
     assert out["spec"]["volumes"][1] == {"name": "compilecache-handoff", "emptyDir": {}}
     preload, app = out["spec"]["initContainers"][0], out["spec"]["containers"][0]
     command = preload["command"]
@@ -253,7 +254,7 @@ def test_a_sidecar_into_a_node_cache_hands_off_through_a_pod_volume() -> None:
     handoff_mount = {"name": "compilecache-handoff", "mountPath": "/run/compilecache"}
     assert handoff_mount in preload["volumeMounts"] and handoff_mount in app["volumeMounts"]
     assert env_of(app)["COMPILECACHE_PRELOAD_DONE"] == handoff
-    fallback = builders.apply_pod_patch(pod(), inject(pod(), v, WITHOUT_SIDECARS))
+    fallback = apply_pod_patch(pod(), inject(pod(), v, WITHOUT_SIDECARS))
     assert len(fallback["spec"]["volumes"]) == 1
     assert env_of(fallback["spec"]["containers"][0])["COMPILECACHE_PRELOAD_DONE"] == DONE
 
@@ -278,7 +279,7 @@ def test_done_file_as_a_container_sees_it(mounts: list[dict[str, str]], done: st
 def test_a_done_file_variable_of_the_container_is_kept() -> None:
     p = pod(containers=[{"name": "app", "image": "registry.example/workload:1",
                          "env": [{"name": "COMPILECACHE_PRELOAD_DONE", "value": "/elsewhere/done.json"}]}])
-    out = builders.apply_pod_patch(p, inject(p, view(preload={"mode": "Sidecar"})))
+    out = apply_pod_patch(p, inject(p, view(preload={"mode": "Sidecar"})))
     env = out["spec"]["containers"][0]["env"]
     assert [e for e in env if e["name"] == "COMPILECACHE_PRELOAD_DONE"] == [
         {"name": "COMPILECACHE_PRELOAD_DONE", "value": "/elsewhere/done.json"}]
@@ -289,7 +290,7 @@ def test_not_ready_and_unknown_caches_are_skipped_with_a_reason() -> None:
                               (None, "unknown-cache", "no CompileCache 'mlp' in namespace 'team-a'")):
         result = inject(pod(), v)
         assert result.skipped == reason
-        out = builders.apply_pod_patch(pod(), result)
+        out = apply_pod_patch(pod(), result)
         assert out["spec"] == pod()["spec"]
         assert out["metadata"]["annotations"] == {SKIPPED_ANNOTATION: reason, SKIPPED_DETAIL_ANNOTATION: detail}
         assert result.warnings == (f"compilecache: pod starts without a preloaded cache ({reason}): {detail}",)
@@ -322,7 +323,7 @@ def test_pinned_gpu_narrows_the_preload(pod_spec: dict[str, Any], annotations: d
     p = pod(**pod_spec)
     p["metadata"]["annotations"] = annotations
     assert builders.pinned_gpu(p, "nvidia.com/gpu.product") == gpu
-    command = builders.apply_pod_patch(p, inject(p, view()))["spec"]["initContainers"][0]["command"]
+    command = apply_pod_patch(p, inject(p, view()))["spec"]["initContainers"][0]["command"]
     assert flag(command, "--gpu") == (gpu.lower() if gpu else None)
 
 
@@ -331,16 +332,16 @@ def test_keys_follow_the_pods_image() -> None:
     old = BundleRecord(variant="oldvariant", key=KEY.format(gpu="nvidia-l4", cap="sm89"), image="img:old")
     v2 = builders.CacheView(namespace=v.namespace, name=v.name, ready=True, spec=v.spec, bundles=(*v.bundles, old),
                             current_variants=v.current_variants, job_id=v.job_id)
-    current = builders.select_keys(pod(), v2)
+    current = builders.keys_for_pod_images(pod(), v2)
     assert len(current) == 2 and old.key not in current
-    assert builders.select_keys(pod(containers=[{"name": "a", "image": "img:old"}]), v2) == [old.key]
+    assert builders.keys_for_pod_images(pod(containers=[{"name": "a", "image": "img:old"}]), v2) == [old.key]
 
 
 def test_node_cache_remote_cache_strict_and_max_bytes() -> None:
     v = view(preload={"strict": True, "maxBytes": 1000, "nodeCache": {"hostPath": "/var/cache/cc/"},
                       "resources": {"limits": {"memory": "1Gi"}}},
              remoteCache={"host": "fleet-redis"})
-    out = builders.apply_pod_patch(pod(), inject(pod(), v))
+    out = apply_pod_patch(pod(), inject(pod(), v))
     assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "hostPath": {
         "path": "/var/cache/cc/team-a/mlp", "type": "DirectoryOrCreate"}}]
     preload = out["spec"]["initContainers"][0]
@@ -363,14 +364,14 @@ def test_preloads_are_bounded_by_the_volume_and_a_deadline(preload: dict[str, An
                                                            max_bytes: str, deadline: str) -> None:
     """The cache emptyDir gets the sizeLimit; the preload may fetch and unpack no more than
     maxBytes, else that size, and ends by the deadline (then the pod starts)."""
-    out = builders.apply_pod_patch(pod(), inject(pod(), view(preload=preload)))
+    out = apply_pod_patch(pod(), inject(pod(), view(preload=preload)))
     assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {"sizeLimit": size_limit}}]
     command = out["spec"]["initContainers"][0]["command"]
     assert flag(command, "--max-bytes") == max_bytes and flag(command, "--deadline") == deadline
 
 
 def test_a_node_cache_has_no_size_limit_but_the_same_budget() -> None:
-    out = builders.apply_pod_patch(pod(), inject(pod(), view(preload={"nodeCache": {"hostPath": "/cc"},
+    out = apply_pod_patch(pod(), inject(pod(), view(preload={"nodeCache": {"hostPath": "/cc"},
                                                                      "sizeLimit": "1Gi"})))
     assert "emptyDir" not in out["spec"]["volumes"][0]
     assert flag(out["spec"]["initContainers"][0]["command"], "--max-bytes") == str(2**30)
@@ -379,7 +380,7 @@ def test_a_node_cache_has_no_size_limit_but_the_same_budget() -> None:
 def test_apply_does_not_modify_the_input() -> None:
     p = pod()
     before = copy.deepcopy(p)
-    builders.apply_pod_patch(p, inject(p, view()))
+    apply_pod_patch(p, inject(p, view()))
     assert p == before
 
 
@@ -478,5 +479,5 @@ def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
     """The copy command of the ``harness`` init container, run for real: harness.py and targets.py
     land side by side, so that short target names work in an image without cachelib."""
     subprocess.run([sys.executable, "-c", builders.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["harness.py", "targets.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compilekey.py", "harness.py", "targets.py"]
     assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()

@@ -12,6 +12,7 @@ from compilecache_operator.names import PRELOAD_CONTAINER, PRELOAD_SHARE_ANNOTAT
 from compilecache_operator.plan import BundleRecord, Variant
 from compilecache_operator.spec import Defaults, parse_spec
 
+from tests.operator.podpatch import apply_pod_patch
 from tests.operator.restricted import restricted_violations
 from tests.operator.samples import SETTINGS, env_of, flag, inject, owner, pod, view
 from tests.operator.test_examples import EXAMPLES_DIR
@@ -35,7 +36,7 @@ def job_pod(**spec: Any) -> dict[str, Any]:
 
 
 def injected(p: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    return builders.apply_pod_patch(p, inject(p, view(**spec)))
+    return apply_pod_patch(p, inject(p, view(**spec)))
 
 
 def preload_of(p: dict[str, Any]) -> dict[str, Any]:
@@ -221,7 +222,7 @@ def test_the_example_deployment_stays_restricted_once_injected() -> None:
     template = deployment["spec"]["template"]
     p = {"metadata": {**template["metadata"], "namespace": "ml"}, "spec": template["spec"]}
     assert restricted_violations(p["spec"]) == []
-    out = builders.apply_pod_patch(p, builders.build_pod_patch(p, cache_view, preloader_image="p"))
+    out = apply_pod_patch(p, builders.build_pod_patch(p, cache_view, preloader_image="p"))
     assert restricted_violations(out["spec"]) == []
     preload = preload_of(out)
     assert (preload["securityContext"]["runAsUser"], preload["securityContext"]["runAsGroup"]) == (1000, 1000)

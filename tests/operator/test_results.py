@@ -77,12 +77,12 @@ def test_publish_message_comes_from_the_successful_pod() -> None:
 # -- Job states -------------------------------------------------------------------------------------
 def test_job_phases_and_duration() -> None:
     done = observe_job(job([{"type": "Complete", "status": "True"}], **{"compilecache.io/recorded": "succeeded"}),
-                       [], label_prefix="compilecache.io")
+                       [])
     assert (done.phase, done.variant, done.generation, done.recorded, done.duration) == (
         "succeeded", "aaaaaaaaaa", 2, True, 90.0)
     running = observe_job(job([]), [pod("2025-01-01T00:00:01Z", [], [], phase="Pending", conditions=[
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-         "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}])], label_prefix="compilecache.io")
+         "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}])])
     assert running.phase == "active" and "Insufficient nvidia.com/gpu" in running.message
 
 
@@ -95,19 +95,18 @@ def test_failed_job_reports_the_failing_container() -> None:
                                      terminated("compile", 1, "line1\nRuntimeError: CUDA out of memory")],
             [], phase="Failed"),
     ]
-    state = observe_job(job(failed), pods, label_prefix="compilecache.io")
+    state = observe_job(job(failed), pods)
     assert state.phase == "failed" and state.reason == "CompileFailed"
     assert "exited with code 1" in state.message and "CUDA out of memory" in state.message
-    publish_only = observe_job(job(failed), pods[:1], label_prefix="compilecache.io")
+    publish_only = observe_job(job(failed), pods[:1])
     assert publish_only.reason == "PublishFailed" and "store unreachable" in publish_only.message
-    nothing = observe_job(job(failed), [], label_prefix="compilecache.io")
+    nothing = observe_job(job(failed), [])
     assert (nothing.reason, nothing.message) == ("BackoffLimitExceeded", "too many")
 
 
 def test_deadline_exceeded_is_named() -> None:
     state = observe_job(job([{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
-                              "message": "Job was active longer than specified deadline"}]), [],
-                        label_prefix="compilecache.io")
+                              "message": "Job was active longer than specified deadline"}]), [])
     assert state.reason == "WarmupDeadlineExceeded" and "deadline" in state.message
 
 

@@ -18,7 +18,7 @@ from compilecache_operator.spec import (
     quantity_bytes,
 )
 
-from cachelib.harness import BUILTIN_TARGETS
+from cachelib.compilekey import BUILTIN_TARGETS, dynamic_text
 from cachelib.keys import CacheKey
 from cachelib.stores.base import MAX_SEGMENT_LENGTH, InvalidObjectKey, check_key
 from tests.operator.samples import parsed, raw_spec
@@ -42,7 +42,7 @@ def test_minimal_spec_gets_the_documented_defaults() -> None:
     spec = parsed()
     assert spec.image == "registry.example/workload:1"
     assert spec.model.target == "tiny_mlp" and spec.model.command is None
-    assert spec.model.compile.mode == "default" and spec.model.compile.dynamic == "auto"
+    assert spec.model.compile.mode == "default" and dynamic_text(spec.model.compile.dynamic) == "auto"
     assert spec.model.compile.backend == "inductor" and not spec.model.compile.fullgraph
     assert spec.gpu_types == () and not spec.gpu_discovery.auto
     assert spec.gpu_discovery.label_key == "nvidia.com/gpu.product"
@@ -258,7 +258,7 @@ def test_a_redis_cluster_store_takes_the_redis_password(url: str) -> None:
 
 
 def test_yaml_booleans_for_dynamic_are_understood() -> None:
-    assert parsed(model={"target": "m:f", "compile": {"dynamic": True}}).model.compile.dynamic == "true"
+    assert dynamic_text(parsed(model={"target": "m:f", "compile": {"dynamic": True}}).model.compile.dynamic) == "true"
 
 
 # -- the CRD ---------------------------------------------------------------------------------------
@@ -434,7 +434,7 @@ def test_crd_defaults_match_the_parser() -> None:
     remote = props["remoteCache"]["properties"]
     spec = parsed(remoteCache={"host": "r"})
     assert compile_props["mode"]["default"] == spec.model.compile.mode
-    assert compile_props["dynamic"]["default"] == spec.model.compile.dynamic
+    assert compile_props["dynamic"]["default"] == dynamic_text(spec.model.compile.dynamic)
     assert compile_props["backend"]["default"] == spec.model.compile.backend
     assert warm["backoffLimit"]["default"] == spec.warmup.backoff_limit
     assert warm["activeDeadlineSeconds"]["default"] == spec.warmup.active_deadline_seconds

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from cachelib.keys import CacheKey
+from cachelib.progress import stderr_bar
 from cachelib.stores import (
     InvalidObjectKey,
     NotFound,
@@ -299,7 +300,8 @@ def test_reader_of_a_deleted_object_finishes_or_fails_cleanly(store: Store) -> N
 # -- progress --------------------------------------------------------------------------------------
 def test_progress_is_silent_without_a_terminal(store: Store, capfd: pytest.CaptureFixture[str]) -> None:
     data = os.urandom(200_000)
-    store.put("p", io.BytesIO(data), len(data), progress=True)
-    with store.get("p", progress=True) as stream:
-        assert stream.read() == data
+    with stderr_bar("put p", io.BytesIO(data), len(data)) as watched:
+        store.put("p", watched, len(data))
+    with store.get("p") as stream, stderr_bar("get p", stream, len(data)) as watched:
+        assert watched.read() == data
     assert capfd.readouterr().err == ""

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cachelib.progress import Progress, format_bar, format_duration, human_bytes
+from cachelib.progress import Progress, format_bar, format_duration, human_bytes, stderr_bar, unwatched
 from cachelib.stores import open_store
 
 
@@ -84,9 +84,33 @@ def test_store_transfers_draw_on_a_terminal(
     monkeypatch.setattr("sys.stderr", stream)
     store = open_store(f"file://{tmp_path}")
     data = os.urandom(3 * 1024 * 1024)
-    store.put("k", io.BytesIO(data), len(data), progress=True)
-    with store.get("k", progress=True) as fh:
-        assert fh.read() == data
+    with stderr_bar("put k", io.BytesIO(data), len(data)) as watched:
+        store.put("k", watched, len(data))
+    with store.get("k") as fh, stderr_bar("get k", fh, len(data)) as watched:
+        assert watched.read() == data
     text = read_terminal(leader)
     assert "put k [" in text and "get k [" in text
     assert "3.0 MiB / 3.0 MiB" in text
+
+
+def test_a_watched_stream_stays_seekable_and_the_bar_follows(
+    terminal: tuple[io.TextIOWrapper, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store may hash a local file ahead and seek back (S3 multipart metadata): the bar follows the position."""
+    stream, leader = terminal
+    monkeypatch.setattr("sys.stderr", stream)
+    source = io.BytesIO(b"x" * 4096)
+    with stderr_bar("put k", source, 4096) as watched:
+        assert watched.seekable() and watched.read() == b"x" * 4096
+        assert watched.seek(1024) == 1024 and watched.tell() == 1024
+        assert watched.read(10) == b"x" * 10
+    assert not source.closed
+    assert "1.0 KiB / 4.0 KiB" in read_terminal(leader)
+
+
+def test_unwatched_and_off_a_terminal_the_stream_is_the_same_object() -> None:
+    source = io.BytesIO(b"abc")
+    with unwatched("k", source, 3) as same:
+        assert same is source
+    with stderr_bar("k", source, 3) as same:  # pytest's stderr is not a terminal
+        assert same is source

@@ -14,7 +14,8 @@ from cachelib.stores import (
     parse_store_url,
     resolve_environment,
 )
-from cachelib.stores.urls import REDIS_DEFAULT_CHUNK, S3_DEFAULT_RANGE, parse_size
+from cachelib.stores.urls import REDIS_DEFAULT_CHUNK, S3_DEFAULT_RANGE
+from cachelib.units import parse_size
 
 
 def test_file_url() -> None:
