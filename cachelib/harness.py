@@ -5,12 +5,15 @@ library and torch (torch is imported only once the cache directory is set)::
 
     python harness.py --target mypkg.models:warmup --out /out --namespace team-a --name llama \\
         [--mode M] [--dynamic true|false|auto] [--fullgraph] [--backend inductor] \\
-        [--compiled-autograd] [--backward] [--command "..."]
+        [--compiled-autograd] [--backward] [--precompile auto|off] [--command "..."]
 
 It writes the output directory that ``compilecache pack`` / ``publish`` turn into a bundle:
 
 - ``OUT/cachedir/`` -- the ``TORCHINDUCTOR_CACHE_DIR`` the compile wrote (triton cache included);
 - ``OUT/megacache.bin`` -- the bytes of ``torch.compiler.save_cache_artifacts()`` (empty when none);
+- ``OUT/cachedir/compilecache-warm-start.json`` and ``OUT/cachedir/dynamo/`` -- with
+  ``--precompile auto``: the warm-start manifest and Dynamo's precompiled entries (see
+  ``warmstart.py``, copied beside this file like ``targets.py``);
 - ``OUT/result.json`` -- the cache key fields, versions, device, job id, compile seconds per
   target, torch's cache counters and the Mega-Cache size.
 
@@ -64,6 +67,8 @@ MEGACACHE_FILE = "megacache.bin"
 CACHEDIR = "cachedir"
 
 CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
+PRECOMPILE_CHOICES = ("auto", "off")
 JOB_ID_ENV = "TORCH_COMPILE_JOB_ID"
 TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -155,6 +160,7 @@ class CompileOptions:
     compiled_autograd: bool = False
     backward: bool = False
     inductor_config: tuple[tuple[str, Any], ...] = ()
+    precompile: str = "off"
 
     def __post_init__(self) -> None:
         if self.compiled_autograd and not self.backward:
@@ -170,7 +176,7 @@ class CompileOptions:
             "compiled_autograd": self.compiled_autograd,
             "backward": self.backward,
             "inductor_config": dict(self.inductor_config),
-        }
+        } | ({"precompile": self.precompile} if self.precompile != "off" else {})  # off: the digest of before
 
     def digest(self) -> str:
         return digest(self.to_dict())
@@ -268,6 +274,11 @@ def cache_summary(counters: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
 Entry = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
+def load_warmstart() -> Any:
+    """``cachelib.warmstart``, or ``warmstart.py`` beside this file (a warm-up container)."""
+    return _import("cachelib.warmstart")
+
+
 def load_target(target: str) -> Callable[..., Any]:
     """Import ``module:function``; the built-in targets also load from ``targets.py`` beside this file."""
     spec = canonical_target(target)
@@ -285,13 +296,14 @@ def load_target(target: str) -> Callable[..., Any]:
 
 
 def _import(module_name: str) -> Any:
+    copied = {BUILTIN_MODULE: "targets", "cachelib.warmstart": "warmstart"}
     try:
         return importlib.import_module(module_name)
     except ImportError:
-        beside = Path(__file__).with_name("targets.py")
-        if module_name != BUILTIN_MODULE or not beside.is_file():
+        beside = Path(__file__).with_name(f"{copied.get(module_name, '')}.py")
+        if module_name not in copied or not beside.is_file():
             raise
-    spec = importlib.util.spec_from_file_location("compilecache_targets", beside)
+    spec = importlib.util.spec_from_file_location(f"compilecache_{copied[module_name]}", beside)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -473,6 +485,8 @@ def prepare_environment(request: Request, job_id: str) -> dict[str, str]:
     os.environ[CACHE_DIR_ENV] = str(request.cache_path)
     os.environ[JOB_ID_ENV] = job_id
     os.environ.pop("TRITON_CACHE_DIR", None)  # keep triton's cache inside the inductor cache dir
+    if request.options.precompile == "auto":  # read at import by torch, here and in a --command
+        os.environ[PRECOMPILE_ENV] = "1"
     return dict(os.environ)
 
 
@@ -481,6 +495,8 @@ def apply_options(options: CompileOptions, job_id: str) -> None:
 
     torch.compiler.config.job_id = job_id
     torch._dynamo.config.compiled_autograd = options.compiled_autograd
+    if options.precompile == "auto":
+        load_warmstart().enable_caching_precompile()  # a torch without it compiles as with "off"
     import torch._inductor.config as inductor_config
 
     for name, value in options.inductor_config:
@@ -525,7 +541,8 @@ def warm_up(request: Request) -> dict[str, Any]:
         timings = run_target(request.target, request.options, function)
         counters = counters_snapshot()
     total = time.perf_counter() - started
-    megacache = save_megacache(request.out)
+    megacache = save_megacache(request.out)  # with caching precompile, also writes Dynamo's entries
+    precompile = write_warm_start(request) if request.options.precompile == "auto" else None
     result = {
         "format": RESULT_FORMAT,
         "producer": f"compilecache-harness/{HARNESS_VERSION}",
@@ -544,9 +561,25 @@ def warm_up(request: Request) -> dict[str, Any]:
         "counters": counters,
         "cache": cache_summary(counters) if counters is not None else None,
         "megacache": megacache,
+        "precompile": precompile,
     }
     _write_atomic(request.out / RESULT_FILE, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
     return result
+
+
+def write_warm_start(request: Request) -> dict[str, Any]:
+    """The warm-start manifest into the cache directory; what it says (without the long keys)."""
+    warmstart = load_warmstart()
+    manifest = warmstart.build_manifest(request.cache_path)
+    try:
+        warmstart.write_manifest(request.cache_path, manifest)
+    except OSError as exc:
+        raise HarnessError(f"cannot write the warm-start manifest: {exc.strerror or exc}", EXIT_OUTPUT) from exc
+    return {
+        "manifest": warmstart.MANIFEST_NAME,
+        "dynamo_entries": warmstart.dynamo_entries(request.cache_path),
+        "source_keys": sorted(k for k, v in manifest["source_keys"].items() if v is not None),
+    }
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -631,6 +664,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="set torch._inductor.config.NAME (VALUE parsed as JSON); part of the options digest",
     )
     parser.add_argument(
+        "--precompile",
+        default="off",
+        choices=PRECOMPILE_CHOICES,
+        help="auto: save Dynamo's precompiled entries and the warm-start manifest (default: %(default)s)",
+    )
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
@@ -648,6 +687,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
         compiled_autograd=args.compiled_autograd,
         backward=args.backward,
         inductor_config=tuple(args.inductor_config),
+        precompile=args.precompile,
     )
     if args.target is not None:
         canonical_target(args.target)

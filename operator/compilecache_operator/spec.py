@@ -84,6 +84,12 @@ class InvalidSpec(ValueError):
         return tuple(e.path for e in self.errors)
 
 
+PRECOMPILE_AUTO = "Auto"
+PRECOMPILE_OFF = "Off"
+PRECOMPILE = (PRECOMPILE_AUTO, PRECOMPILE_OFF)
+"""spec.model.precompile: Auto carries Dynamo's precompiled entries and torch's source keys (cachelib.warmstart)."""
+
+
 @dataclass(frozen=True)
 class CompileOptions:
     mode: str = "default"
@@ -108,6 +114,7 @@ class ModelSpec:
     command: str | None
     compile: CompileOptions = field(default_factory=CompileOptions)
     backward: bool = False
+    precompile: str = PRECOMPILE_OFF
 
     def identity(self) -> dict[str, Any]:
         """Everything about the model that changes the compiled artifacts."""
@@ -120,7 +127,7 @@ class ModelSpec:
             "backend": self.compile.backend,
             "compiled_autograd": self.compile.compiled_autograd,
             "backward": self.backward,
-        }
+        } | ({"precompile": self.precompile} if self.precompile != PRECOMPILE_OFF else {})  # Off: ids of before
 
 
 @dataclass(frozen=True)
@@ -360,7 +367,8 @@ def _parse_model(model: Mapping[str, Any], errors: _Errors) -> ModelSpec | None:
         compiled_autograd=_boolean(opts, "compiledAutograd", cpath, errors, False),
     )
     backward = _boolean(model, "backward", path, errors, False)
-    return ModelSpec(target=target, command=command, compile=compile_options, backward=backward)
+    precompile = _enum(model, "precompile", path, errors, PRECOMPILE, PRECOMPILE_OFF) or PRECOMPILE_OFF
+    return ModelSpec(target=target, command=command, compile=compile_options, backward=backward, precompile=precompile)
 
 
 def _parse_gpu_types(raw: Any, errors: _Errors) -> tuple[str, ...]:

@@ -249,9 +249,11 @@ def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None
     assert any((warmed.out / "cachedir" / "aotautograd").iterdir())
 
 
-@pytest.mark.parametrize("module", [harness, pytest.importorskip("cachelib.targets")])
+@pytest.mark.parametrize(
+    "module", [harness, pytest.importorskip("cachelib.targets"), pytest.importorskip("cachelib.warmstart")]
+)
 def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> None:
-    """harness.py and targets.py are copied into users' images: nothing of ours, nothing else."""
+    """harness.py, targets.py and warmstart.py are copied into users' images: nothing of ours, nothing else."""
     import ast
 
     tree = ast.parse(Path(module.__file__).read_text())

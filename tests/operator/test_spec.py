@@ -447,3 +447,14 @@ def test_parse_does_not_modify_its_input() -> None:
     before = copy.deepcopy(raw)
     parse_spec(raw)
     assert raw == before
+
+
+def test_precompile_is_off_unless_auto_and_only_auto_changes_the_identity() -> None:
+    off = parsed()
+    assert off.model.precompile == "Off"
+    assert "precompile" not in off.model.identity()  # caches made before the option keep their ids
+    auto = parsed(model={"target": "tiny_mlp", "precompile": "Auto"})
+    assert auto.model.precompile == "Auto" and auto.model.identity()["precompile"] == "Auto"
+    assert parsed(model={"target": "tiny_mlp", "precompile": "Off"}).model.identity() == off.model.identity()
+    errors = errors_of(raw_spec(model={"target": "tiny_mlp", "precompile": "on"}))
+    assert "not one of Auto, Off" in errors["spec.model.precompile"]
