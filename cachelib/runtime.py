@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cachelib import warmstart
+from cachelib.handoff import wait_for_preload
 
 CACHE_EVENTS: dict[tuple[str, str], tuple[str, str]] = {
     ("inductor", "fxgraph_cache_hit"): ("fxgraph", "hit"),
@@ -132,13 +133,19 @@ class TorchCompileCacheCollector(Collector):
             yield wait
 
 
-def warm_start(cache_dir: str | None = None) -> warmstart.Prepared:
+def warm_start(cache_dir: str | None = None, *, wait: bool = True) -> warmstart.Prepared:
     """Before the first ``torch.compile``: apply the preloaded bundle's warm-start manifest.
 
     With a bundle made with ``spec.model.precompile: Auto`` and the very torch and Triton
     installation of the warm-up, torch gets the warm-up's source keys (no hashing of its
     sources) and Dynamo's caching precompile (no re-tracing); on any mismatch, nothing of it,
-    and the reasons are in the answer's ``declined``. See :mod:`cachelib.warmstart`."""
+    and the reasons are in the answer's ``declined``. See :mod:`cachelib.warmstart`.
+
+    Dynamo looks its precompiled entry up when ``torch.compile`` is called, so a preload running
+    beside the workload (Sidecar mode) must be done by then: with ``wait`` (the default) this
+    first waits for it (:func:`cachelib.handoff.wait_for_preload`, at once where none runs)."""
+    if wait:
+        wait_for_preload()
     return warmstart.prepare(cache_dir)
 
 

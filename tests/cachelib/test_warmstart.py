@@ -241,3 +241,25 @@ def test_a_foreign_installation_falls_back_to_an_ordinary_compile(preloaded: Pat
     assert seen["prepared"]["declined"] == ["the installed torch files differ from the warm-up's"]
     assert seen["counters"]["dynamo_cache"] == {}, "caching precompile stayed on"
     assert seen["counters"]["frames"].get("ok") == 1  # traced and compiled as without compilecache
+
+
+def test_the_runtime_call_waits_for_a_preload_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo looks its entry up at torch.compile: in Sidecar mode the preload must be done first."""
+    from cachelib import handoff, runtime
+
+    done = tmp_path / handoff.DONE_FILE_NAME
+    handoff.write_done(done, {"result": "hit"})
+    monkeypatch.setenv(handoff.DONE_FILE_ENV, str(done))
+    monkeypatch.setattr(handoff, "last_wait", None)
+    prepared = runtime.warm_start(str(tmp_path))
+    assert handoff.last_wait is not None and handoff.last_wait.result == "hit"
+    assert prepared.cache_dir == str(tmp_path) and prepared.applied == []
+
+
+def test_the_levers_applied_are_exported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cachelib import runtime
+
+    monkeypatch.setattr(warmstart, "last_prepared", warmstart.Prepared(applied=["torch_key", "caching_precompile"]))
+    text = runtime.metrics_text()
+    assert 'compilecache_runtime_warm_start_levers{lever="torch_key"} 1.0' in text
+    assert 'compilecache_runtime_warm_start_levers{lever="caching_precompile"} 1.0' in text
