@@ -167,17 +167,20 @@ def _run_row(torch: Any, args: argparse.Namespace, workload: Any, step_args: tup
         import torch._inductor.compile_fx
 
         out["import_s"] = time.perf_counter() - t
-    if args.warm_start:
-        from cachelib import runtime
+    # A warm start's load happens before the first call: a breakdown profiles it too (in its own file).
+    load_profile = args.profile.with_suffix(".load.pstats") if args.profile and args.precompile_load else None
+    with _profiled(load_profile):
+        if args.warm_start:
+            from cachelib import runtime
 
+            t = time.perf_counter()
+            out["warm_start"] = runtime.warm_start().to_dict()
+            out["warm_start_s"] = time.perf_counter() - t
+        # Creating the first torch.compile wrapper imports Dynamo and Inductor: a fixed cost of
+        # every compiled process, timed on its own (wrap_s) before anything else, in every row.
         t = time.perf_counter()
-        out["warm_start"] = runtime.warm_start().to_dict()
-        out["warm_start_s"] = time.perf_counter() - t
-    # Creating the first torch.compile wrapper imports Dynamo and Inductor: a fixed cost of
-    # every compiled process, timed on its own (wrap_s) before anything else, in every row.
-    t = time.perf_counter()
-    compiled = torch.compile(workload.step, **_compile_options(args.mode))
-    out["wrap_s"] = time.perf_counter() - t
+        compiled = torch.compile(workload.step, **_compile_options(args.mode))
+        out["wrap_s"] = time.perf_counter() - t
     if args.precompile_load:
         out["load_s"] = out.get("warm_start_s", 0.0) + out["wrap_s"]
     if args.row in ("aot-save", "aot-load"):
@@ -561,6 +564,9 @@ class Bench:
             if prof.exists():
                 self.rows[-1]["profile_buckets_s"] = profile_buckets(prof)
                 self.rows[-1]["profile_top"] = profile_top(prof)
+            if prof.with_suffix(".load.pstats").exists():
+                self.rows[-1]["load_profile_top"] = profile_top(prof.with_suffix(".load.pstats"), limit=60)
+                self.rows[-1]["load_profile_keys"] = profile_named(prof.with_suffix(".load.pstats"), KEY_FUNCTIONS)
         aot = self.work / cfg.slug / "precompiled.bin"
         if aot.exists():
             prof = self.work / cfg.slug / "precompiled.pstats"
@@ -638,6 +644,22 @@ def profile_top(path: Path, limit: int = 40) -> list[dict[str, Any]]:
     return [
         {"function": f"{_short(file)}:{line}:{name}", "cumulative_s": round(v[3], 4), "calls": v[1]}
         for (file, line, name), v in rows
+    ]
+
+
+KEY_FUNCTIONS = ("triton_key", "torch_key", "get_code_hash", "build_code_hash")
+"""The source hashes a warm start may still pay for, looked up by name in a profile."""
+
+
+def profile_named(path: Path, names: Sequence[str]) -> list[dict[str, Any]]:
+    """Every profiled function whose name is one of ``names``, with its cumulative seconds."""
+    import pstats
+
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    return [
+        {"function": f"{_short(file)}:{line}:{name}", "cumulative_s": round(v[3], 4), "calls": v[1]}
+        for (file, line, name), v in stats.items()
+        if name in names
     ]
 
 
