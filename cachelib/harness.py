@@ -306,6 +306,7 @@ def _import(module_name: str) -> Any:
     spec = importlib.util.spec_from_file_location(f"compilecache_{copied[module_name]}", beside)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
     return module
 

@@ -126,7 +126,7 @@ def versions() -> dict[str, str]:
 
 # -- the manifest (warm-up side) -------------------------------------------------------------------
 def supports_caching_precompile() -> bool:
-    """Whether this torch has Dynamo's caching precompile (torch 2.9 and later)."""
+    """Whether this torch has Dynamo's caching precompile (2.11 and 2.13 have it)."""
     import torch._dynamo.config as dynamo_config
 
     return hasattr(dynamo_config, "caching_precompile")

@@ -268,18 +268,20 @@ def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> Non
 
 @pytest.mark.slow
 def test_built_in_targets_load_from_beside_the_harness_without_cachelib(tmp_path: Path) -> None:
-    """In a user's image only harness.py and targets.py exist, side by side: short names still work."""
+    """In a user's image only harness.py, targets.py and warmstart.py exist, side by side: short names
+    and --precompile still work."""
     import shutil
 
-    from cachelib import targets
+    from cachelib import targets, warmstart
 
     shutil.copy(harness.__file__, tmp_path / "harness.py")
     shutil.copy(targets.__file__, tmp_path / "targets.py")
+    shutil.copy(warmstart.__file__, tmp_path / "warmstart.py")
     code = (
         "import sys; sys.modules['cachelib'] = None; import harness; "
         "entries = harness.normalise_entries('tiny_mlp', harness.load_target('tiny_mlp')()); "
-        "print(type(entries[0][0]).__name__, tuple(entries[0][1][0].shape))"
+        "print(type(entries[0][0]).__name__, tuple(entries[0][1][0].shape), harness.load_warmstart().MANIFEST_NAME)"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["TinyMLP", "(8,", "64)"]
+    assert proc.stdout.split() == ["TinyMLP", "(8,", "64)", warmstart.MANIFEST_NAME]
