@@ -161,26 +161,26 @@ print(json.dumps({{
 """
 
 
-def run_workload(cache_dir: Path, how: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_workload(
+    cache_dir: Path, how: str, env: dict[str, str] | None = None, code: str = WORKLOAD.format(target=TARGET)
+) -> dict[str, Any]:
     """A fresh process that compiles the target against ``cache_dir``: ``call`` makes the runtime call."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TORCH_CACHING"))}
     environ.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), PYTHONPATH=str(ROOT), **(env or {}))
     proc = subprocess.run(
-        [sys.executable, "-c", WORKLOAD.format(target=TARGET), how],
+        [sys.executable, "-c", code, how],
         capture_output=True, text=True, env=environ, cwd=ROOT, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return last_json(proc.stdout)
 
 
-@pytest.fixture(scope="module")
-def preloaded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def warm_up_and_preload(work: Path, target: str, *flags: str) -> Path:
     """A warm-up with --precompile auto, published to a file store and preloaded into an empty dir."""
-    work = tmp_path_factory.mktemp("precompile")
     out = work / "out"
     proc = subprocess.run(
-        [sys.executable, harness.__file__, "--target", TARGET, "--out", str(out),
-         "--namespace", "default", "--name", "pre", "--precompile", "auto"],
+        [sys.executable, harness.__file__, "--target", target, "--out", str(out),
+         "--namespace", "default", "--name", "pre", "--precompile", "auto", *flags],
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -194,6 +194,11 @@ def preloaded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert pre.returncode == 0, pre.stderr
     assert last_json(pre.stdout)["result"] == "hit"
     return target
+
+
+@pytest.fixture(scope="module")
+def preloaded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return warm_up_and_preload(tmp_path_factory.mktemp("precompile"), TARGET)
 
 
 def fresh_copy(preloaded: Path, tmp_path: Path) -> Path:
@@ -263,3 +268,33 @@ def test_the_levers_applied_are_exported(monkeypatch: pytest.MonkeyPatch) -> Non
     text = runtime.metrics_text()
     assert 'compilecache_runtime_warm_start_levers{lever="torch_key"} 1.0' in text
     assert 'compilecache_runtime_warm_start_levers{lever="caching_precompile"} 1.0' in text
+
+
+TRAINING = """
+import json
+import torch
+from cachelib import runtime, targets
+prepared = runtime.warm_start().to_dict()
+model, args = targets.tiny_mlp()[0]
+compiled = torch.compile(model)
+got = compiled(*args)
+got.sum().backward()
+grads = [p.grad.clone() for p in model.parameters()]
+model.zero_grad()
+want = model(*args)
+want.sum().backward()
+same = torch.allclose(got, want, atol=1e-5) and all(
+    torch.allclose(g, p.grad, atol=1e-5) for g, p in zip(grads, model.parameters())
+)
+from torch._dynamo.utils import counters
+print(json.dumps({"prepared": prepared, "same": bool(same),
+                  "counters": {g: dict(counters[g]) for g in ("dynamo_cache", "frames")}}))
+"""
+
+
+@pytest.mark.slow
+def test_a_training_step_loads_forward_and_backward_and_matches_eager(tmp_path: Path) -> None:
+    seen = run_workload(warm_up_and_preload(tmp_path, "tiny_mlp", "--backward"), "call", code=TRAINING)
+    assert seen["same"], seen
+    assert "caching_precompile" in seen["prepared"]["applied"]
+    assert seen["counters"] == {"dynamo_cache": {"dynamo_cache_hit": 1}, "frames": {}}, seen["counters"]
