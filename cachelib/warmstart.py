@@ -3,7 +3,9 @@
 A cache directory full of hits still leaves a new process two jobs that do not depend on the
 model's compiled code: Dynamo re-traces the model and rebuilds its guards, and torch hashes
 its own (and Triton's) installed sources to make its cache keys (``torch_key``,
-``triton_key``). With ``spec.model.precompile: Auto`` the warm-up removes both:
+``triton_key``). With ``spec.model.precompile: Auto`` the warm-up removes the first and the
+cache keys' share of the second (Triton's hash made while kernels are set up stays: torch offers
+no way to hand it over):
 
 - it compiles with Dynamo's caching precompile (``torch._dynamo.config.caching_precompile``,
   env ``TORCH_CACHING_PRECOMPILE=1``), which saves Dynamo's traced code and guards with the
