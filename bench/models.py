@@ -327,6 +327,18 @@ def _init_llama(model: Llama, cfg: LlamaConfig) -> None:
     model.rope_sin.copy_(sin)
 
 
+def _builtin(name: str) -> Callable[[torch.device, bool], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    """A built-in warm-up target of cachelib (one size: ``tiny`` changes nothing), on ``device``."""
+
+    def build(device: torch.device, tiny: bool) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        from cachelib import targets
+
+        model, inputs = getattr(targets, name)()[0]
+        return model.to(device).eval(), tuple(x.to(device) for x in inputs)
+
+    return build
+
+
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
@@ -341,6 +353,21 @@ WORKLOADS: dict[str, Workload] = {
             train_loss,
             True,
             build_gpt2_train,
+        ),
+        Workload("tiny_mlp", "cachelib's tiny_mlp: two linear layers, 8 x 64", forward, False, _builtin("tiny_mlp")),
+        Workload(
+            "transformer_block",
+            "cachelib's transformer_block: dim 64, 4 heads, 2 x 16 tokens",
+            forward,
+            False,
+            _builtin("transformer_block"),
+        ),
+        Workload(
+            "small_convnet",
+            "cachelib's small_convnet: two convolutions, 2 x 3 x 32²",
+            forward,
+            False,
+            _builtin("small_convnet"),
         ),
     )
 }
@@ -382,3 +409,15 @@ def llama1b_target() -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
 
 def gpt2_train_target() -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
     return [(train_loss, WORKLOADS["gpt2_train"].make(_device(), _tiny())[1])]
+
+
+def tiny_mlp_target() -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+    return [(forward, WORKLOADS["tiny_mlp"].make(_device(), _tiny())[1])]
+
+
+def transformer_block_target() -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+    return [(forward, WORKLOADS["transformer_block"].make(_device(), _tiny())[1])]
+
+
+def small_convnet_target() -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+    return [(forward, WORKLOADS["small_convnet"].make(_device(), _tiny())[1])]

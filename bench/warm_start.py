@@ -15,6 +15,10 @@ fresh Python process, one after another on one device:
   megacache   torch.compiler.load_cache_artifacts() of the cold run's Mega-Cache, then compile
   remote      PyTorch's own Redis remote caches (FX graph, AOTAutograd, autotune), empty local
               dir, warmed beforehand by another process
+  warmstart   spec.model.precompile Auto: the harness compiles with --precompile auto (Dynamo's
+              caching precompile and the warm-start manifest), the bundle is preloaded as above,
+              and the process calls cachelib.runtime.warm_start() before torch.compile
+  warmstart-env  the same bundle, no call: only TORCH_CACHING_PRECOMPILE=1 (what the webhook sets)
   precompiled torch.compile(step, fullgraph=True).aot_compile(...) saved by one process,
               torch.compiler.load_compiled_function() in a fresh one with an empty cache dir
               ("precompiled"), and again beside a copy of the preloaded cache dir
@@ -22,6 +26,9 @@ fresh Python process, one after another on one device:
 
 "1st call" figures start after the first torch.compile wrapper exists: creating it imports
 Dynamo and Inductor, a fixed cost of every compiled process, reported on its own (wrap_s).
+With caching precompile the wrapper also loads Dynamo's entry, so the warmstart rows import
+Dynamo and Inductor first (import_s) and report the rest as load_s: the runtime call, then the
+wrapper's creation (the load); their "1st call" is load_s + the call.
 "To first output" is what a pod waits: from the process's spawn (and for the init-container
 mode, the preload process's spawn) to the first call's result.
 Each process reports its torch cache counters: a warm row with any miss is reported as a
@@ -64,7 +71,8 @@ REMOTE_ENV = {
 }
 # The `compilecache` console script, without needing the package installed.
 CLI = ("-c", "import sys; from cachelib.cli import main; sys.exit(main())")
-ROWS = ("eager", "cold", "hot", "preloaded", "sidecar", "megacache", "remote", "precompiled")
+WARMSTART_ROWS = ("warmstart", "warmstart-env")
+ROWS = ("eager", "cold", "hot", "preloaded", "sidecar", "megacache", "remote", *WARMSTART_ROWS, "precompiled")
 # Rows whose cache lookups must all hit.
 WARM_ROWS = ("hot", "preloaded", "sidecar", "megacache", "remote")
 DONE_FILE_ENV = "COMPILECACHE_PRELOAD_DONE"  # cachelib.handoff's, without importing it here
@@ -86,6 +94,8 @@ def child_main(argv: Sequence[str]) -> int:
     p.add_argument("--aot", type=Path, help="ahead-of-time compiled function file (save or load)")
     p.add_argument("--profile", type=Path, help="breakdown: also write cProfile statistics here")
     p.add_argument("--wait-preload", action="store_true", help=f"wait for ${DONE_FILE_ENV} before the first call")
+    p.add_argument("--warm-start", action="store_true", help="call cachelib.runtime.warm_start() before compiling")
+    p.add_argument("--precompile-load", action="store_true", help="time the wrapper's creation as load_s")
     args = p.parse_args(argv)
     started = time.perf_counter()
     import torch
@@ -151,11 +161,28 @@ def _run_row(torch: Any, args: argparse.Namespace, workload: Any, step_args: tup
         out["first_output_epoch"] = time.time()
         out["second_call_s"], _ = _call(torch, workload.step, step_args, workload.backward, args.device)
         return out
-    # Creating the first torch.compile wrapper imports Dynamo and Inductor: a fixed cost of
-    # every compiled process, timed on its own (wrap_s) before anything else, in every row.
-    t = time.perf_counter()
-    compiled = torch.compile(workload.step, **_compile_options(args.mode))
-    out["wrap_s"] = time.perf_counter() - t
+    if args.precompile_load:  # the fixed imports first, so that load_s holds only the warm start's work
+        t = time.perf_counter()
+        import torch._dynamo
+        import torch._inductor.compile_fx
+
+        out["import_s"] = time.perf_counter() - t
+    # A warm start's load happens before the first call: a breakdown profiles it too (in its own file).
+    load_profile = args.profile.with_suffix(".load.pstats") if args.profile and args.precompile_load else None
+    with _profiled(load_profile):
+        if args.warm_start:
+            from cachelib import runtime
+
+            t = time.perf_counter()
+            out["warm_start"] = runtime.warm_start().to_dict()
+            out["warm_start_s"] = time.perf_counter() - t
+        # Creating the first torch.compile wrapper imports Dynamo and Inductor: a fixed cost of
+        # every compiled process, timed on its own (wrap_s) before anything else, in every row.
+        t = time.perf_counter()
+        compiled = torch.compile(workload.step, **_compile_options(args.mode))
+        out["wrap_s"] = time.perf_counter() - t
+    if args.precompile_load:
+        out["load_s"] = out.get("warm_start_s", 0.0) + out["wrap_s"]
     if args.row in ("aot-save", "aot-load"):
         return out | _run_aot(torch, args, workload, step_args)
     if args.megacache_load is not None:
@@ -266,7 +293,7 @@ def _counters(torch: Any) -> dict[str, dict[str, int]]:
         return {}
     from torch._dynamo.utils import counters
 
-    wanted = ("inductor", "aot_autograd", "stats")
+    wanted = ("inductor", "aot_autograd", "stats", "dynamo_cache", "frames")
     return {section: dict(counters[section]) for section in wanted if counters.get(section)}
 
 
@@ -393,6 +420,8 @@ class Bench:
         todo: list[tuple[str, Any]] = []
         if self.selected & {"preloaded", "precompiled"}:
             todo.append(("harness+publish", lambda: self.harness_publish(cfg)))
+        if self.selected & set(WARMSTART_ROWS):
+            todo.append(("harness+publish auto", lambda: self.harness_publish(cfg, precompile=True)))
         if self.redis is not None and "remote" in self.selected:
             todo.append(
                 (
@@ -407,11 +436,13 @@ class Bench:
             )
         return todo
 
-    def harness_publish(self, cfg: Config) -> list[dict[str, Any]]:
-        out = self.dirs(cfg, "harness-out")
+    def harness_publish(self, cfg: Config, precompile: bool = False) -> list[dict[str, Any]]:
+        out = self.dirs(cfg, "harness-out-auto" if precompile else "harness-out")
         shutil.rmtree(out, ignore_errors=True)
         cmd = [self.python, str(REPO / "cachelib" / "harness.py"), "--target", f"bench.models:{cfg.model}_target"]
-        cmd += ["--out", str(out), "--namespace", "bench", "--name", cfg.slug]
+        cmd += ["--out", str(out), "--namespace", "bench", "--name", cfg.slug + ("-auto" if precompile else "")]
+        if precompile:
+            cmd += ["--precompile", "auto"]
         if cfg.mode != "default":
             cmd += ["--mode", cfg.mode]
         if _models().get(cfg.model).backward:
@@ -430,6 +461,9 @@ class Bench:
                 self.rows.extend(self.preload_then_compile(cfg, compile_after="preloaded" in self.selected))
             if "sidecar" in self.selected:
                 self.rows.extend(self.preload_beside_compile(cfg))
+            for name in WARMSTART_ROWS:
+                if name in self.selected:
+                    self.rows.extend(self.preload_then_warm_start(cfg, name))
             if self.redis is not None and "remote" in self.selected:
                 remote_dir = self.dirs(cfg, f"r2-{sample}")  # empty: every lookup goes to Redis
                 self.rows.append(self.child(cfg, "compile", "remote", remote_dir, env=REMOTE_ENV))
@@ -448,19 +482,31 @@ class Bench:
                 shutil.copytree(self.dirs(cfg, "preloaded"), beside)
                 self.rows.append(self.child(cfg, "aot-load", "precompiled+cachedir", beside, "--aot", str(aot)))
 
-    def preload_command(self, cfg: Config, target: Path, *options: str) -> list[str]:
+    def preload_then_warm_start(self, cfg: Config, name: str) -> list[dict[str, Any]]:
+        """The init-container mode with a ``precompile: Auto`` bundle: the preload, then the
+        process that calls ``runtime.warm_start()`` (``warmstart``) or has only the env set."""
+        target = self.dirs(cfg, name)
+        cmd = self.preload_command(cfg, target, "--strict", auto=True)
+        preload = self.tool(cfg, f"preload-{name}", cmd, self.preload_env(cfg))
+        if not preload["ok"]:
+            return [preload]
+        flags = ["--precompile-load"] + (["--warm-start"] if name == "warmstart" else [])
+        env = self.job_env(cfg, {"TORCH_CACHING_PRECOMPILE": "1"}, auto=True)
+        return [preload, self.child(cfg, "compile", name, target, *flags, env=env)]
+
+    def preload_command(self, cfg: Config, target: Path, *options: str, auto: bool = False) -> list[str]:
         """`compilecache preload` of the harness's bundle into ``target`` (an empty directory)."""
         shutil.rmtree(target, ignore_errors=True)
         cmd = [self.python, *CLI, "preload", "--store", self.store_url]
-        key = self._harness_result(cfg).get("key_string")
-        cmd += ["--key", str(key)] if key else ["--cache", f"bench/{cfg.slug}"]
+        key = self._harness_result(cfg, auto).get("key_string")
+        cmd += ["--key", str(key)] if key else ["--cache", f"bench/{cfg.slug}" + ("-auto" if auto else "")]
         return [*cmd, "--target", str(target), *options]
 
     def preload_env(self, cfg: Config) -> dict[str, str]:
         return self.env(None, {"COMPILECACHE_TERMINATION_LOG": str(self.work / cfg.slug / "termination-log")})
 
-    def job_env(self, cfg: Config, extra: dict[str, str] | None = None) -> dict[str, str]:
-        job_id = self._harness_result(cfg).get("job_id")
+    def job_env(self, cfg: Config, extra: dict[str, str] | None = None, auto: bool = False) -> dict[str, str]:
+        job_id = self._harness_result(cfg, auto).get("job_id")
         return ({"TORCH_COMPILE_JOB_ID": str(job_id)} if job_id else {}) | (extra or {})
 
     def preload_then_compile(self, cfg: Config, compile_after: bool = True) -> list[dict[str, Any]]:
@@ -485,9 +531,9 @@ class Bench:
                              env=self.job_env(cfg, {DONE_FILE_ENV: str(done)}))  # fmt: skip
             return [preload.result(), row]
 
-    def _harness_result(self, cfg: Config) -> dict[str, Any]:
+    def _harness_result(self, cfg: Config, auto: bool = False) -> dict[str, Any]:
         """The warm-up harness's result.json (key, job id, counters), empty when it did not run."""
-        result = self.dirs(cfg, "harness-out") / "result.json"
+        result = self.dirs(cfg, "harness-out-auto" if auto else "harness-out") / "result.json"
         return json.loads(result.read_text()) if result.exists() else {}
 
     def breakdown(self, cfg: Config) -> None:
@@ -503,6 +549,24 @@ class Bench:
         if prof.exists():
             self.rows[-1]["profile_buckets_s"] = profile_buckets(prof)
             self.rows[-1]["profile_top"] = profile_top(prof)
+        if self.dirs(cfg, "warmstart").is_dir():  # the same first call with the Auto bundle
+            warm = self.dirs(cfg, "breakdown-warmstart-cache")
+            shutil.rmtree(warm, ignore_errors=True)
+            shutil.copytree(self.dirs(cfg, "warmstart"), warm)
+            env = self.job_env(cfg, {"TORCH_CACHING_PRECOMPILE": "1"}, auto=True)
+            flags = ("--warm-start", "--precompile-load")
+            self.rows.append(self.child(cfg, "breakdown", "breakdown-warmstart", warm, *flags, env=env))
+            prof = self.work / cfg.slug / "breakdown-warmstart.pstats"
+            shutil.rmtree(warm, ignore_errors=True)
+            shutil.copytree(self.dirs(cfg, "warmstart"), warm)
+            self.rows.append(self.child(cfg, "breakdown", "breakdown-warmstart-cprofile", warm, *flags,
+                                        "--profile", str(prof), env=env))  # fmt: skip
+            if prof.exists():
+                self.rows[-1]["profile_buckets_s"] = profile_buckets(prof)
+                self.rows[-1]["profile_top"] = profile_top(prof)
+            if prof.with_suffix(".load.pstats").exists():
+                self.rows[-1]["load_profile_top"] = profile_top(prof.with_suffix(".load.pstats"), limit=60)
+                self.rows[-1]["load_profile_keys"] = profile_named(prof.with_suffix(".load.pstats"), KEY_FUNCTIONS)
         aot = self.work / cfg.slug / "precompiled.bin"
         if aot.exists():
             prof = self.work / cfg.slug / "precompiled.pstats"
@@ -583,6 +647,22 @@ def profile_top(path: Path, limit: int = 40) -> list[dict[str, Any]]:
     ]
 
 
+KEY_FUNCTIONS = ("triton_key", "torch_key", "get_code_hash", "build_code_hash")
+"""The source hashes a warm start may still pay for, looked up by name in a profile."""
+
+
+def profile_named(path: Path, names: Sequence[str]) -> list[dict[str, Any]]:
+    """Every profiled function whose name is one of ``names``, with its cumulative seconds."""
+    import pstats
+
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    return [
+        {"function": f"{_short(file)}:{line}:{name}", "cumulative_s": round(v[3], 4), "calls": v[1]}
+        for (file, line, name), v in stats.items()
+        if name in names
+    ]
+
+
 def _short(file: str) -> str:
     marker = "site-packages/"
     return file.split(marker, 1)[1] if marker in file else file
@@ -654,11 +734,13 @@ def environment(python: str) -> dict[str, Any]:
 def cache_verdict(record: dict[str, Any]) -> str:
     """'hit' when every cache lookup hit, 'miss (N)' otherwise; '' when the row has no lookups."""
     c = record.get("counters", {})
-    ind, aot = c.get("inductor", {}), c.get("aot_autograd", {})
-    hits = ind.get("fxgraph_cache_hit", 0) + aot.get("autograd_cache_hit", 0)
-    misses = ind.get("fxgraph_cache_miss", 0) + aot.get("autograd_cache_miss", 0)
+    ind, aot, dyn = c.get("inductor", {}), c.get("aot_autograd", {}), c.get("dynamo_cache", {})
+    hits = ind.get("fxgraph_cache_hit", 0) + aot.get("autograd_cache_hit", 0) + dyn.get("dynamo_cache_hit", 0)
+    misses = ind.get("fxgraph_cache_miss", 0) + aot.get("autograd_cache_miss", 0) + dyn.get("dynamo_cache_miss", 0)
     if misses:
         return f"MISS ({misses} miss, {hits} hit)"
+    if dyn.get("dynamo_cache_hit") and c.get("frames", {}).get("ok"):  # loaded, yet Dynamo compiled a frame
+        return f"recompiled ({c['frames']['ok']} frames)"
     return "hit" if hits else "no lookups"
 
 
@@ -715,12 +797,17 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "sidecar",
             "megacache",
             "remote",
+            *WARMSTART_ROWS,
             "precompiled",
             "precompiled+cachedir",
         ):
             if name in by:
                 s[name] = summarise_samples(by[name])
-        for name, key in (("preload", "preload"), ("preload-beside", "preload_beside")):
+        for name, key in (
+            ("preload", "preload"),
+            ("preload-beside", "preload_beside"),
+            *((f"preload-{n}", f"preload_{n}") for n in WARMSTART_ROWS),
+        ):
             tools = by.get(name)
             if tools:
                 s[key] = {
@@ -754,14 +841,22 @@ def sidecar_total(s: dict[str, Any]) -> float | None:
     return float(v["preload_wait_s"]) + float(v["first_call_s"])
 
 
+def warm_first(s: dict[str, Any], name: str) -> float | None:
+    """A row's warm first call; for the warmstart rows with the load (runtime call and wrapper)."""
+    v = s.get(name)
+    if not isinstance(v, dict) or v.get("first_call_s") is None:
+        return None
+    return float(v["first_call_s"]) + float(v.get("load_s", 0.0) if name in WARMSTART_ROWS else 0.0)
+
+
 def to_first_output(s: dict[str, Any], name: str) -> float | None:
     """Seconds from the spawn of a row's first process to its first output; for the
     init-container mode the preload process's wall time comes first."""
     v = s.get(name)
     if not isinstance(v, dict) or v.get("to_first_output_s") is None:
         return None
-    if name == "preloaded":
-        pre = s.get("preload")
+    if name in ("preloaded", *WARMSTART_ROWS):
+        pre = s.get("preload" if name == "preloaded" else f"preload_{name}")
         return float(pre["wall_s"]) + float(v["to_first_output_s"]) if pre and pre.get("ok") else None
     return float(v["to_first_output_s"])
 
@@ -789,6 +884,16 @@ def goals(s: dict[str, Any]) -> dict[str, Any]:
         if e2e is not None and hot_e2e:
             out[f"to first output: {name} <= 1.1 x hot"] = {"met": e2e <= 1.1 * hot_e2e and hit(name),
                                                               "ratio": e2e / hot_e2e}  # fmt: skip
+    for name in ("hot", "preloaded", *WARMSTART_ROWS):  # the issue's goal: warm first call <= 1.5 x eager
+        first = warm_first(s, name)
+        if first is not None and eager:
+            met = first <= 1.5 * eager and hit(name)
+            out[f"{name}: 1st call <= 1.5 x eager"] = {"met": met, "ratio": first / eager}
+    eager_e2e = to_first_output(s, "eager")
+    for name in ("hot", "preloaded", *WARMSTART_ROWS):
+        e2e = to_first_output(s, name)
+        if e2e is not None and eager_e2e:
+            out[f"to first output: {name} / eager"] = {"met": hit(name), "ratio": e2e / eager_e2e}
     preload = s["preload"]["wall_s"] if s.get("preload", {}).get("ok") else None
     for name, before in (("precompiled", 0.0), ("precompiled+cachedir", preload)):
         pre = s.get(name)
@@ -808,8 +913,8 @@ def render(results: list[dict[str, Any]]) -> str:
     lines = [
         "| model | eager | cold | local hot (3) | preload | preloaded 1st call | (4) = preload + 1st | "
         "sidecar: wait + 1st | Mega-Cache load + 1st | PyTorch remote (6) | precompiled: load + 1st | "
-        "precompiled + cachedir: load + 1st |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "precompiled + cachedir: load + 1st | warmstart: load + 1st | warmstart-env: load + 1st |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
         for s in res["summary"]:
@@ -831,6 +936,8 @@ def render(results: list[dict[str, Any]]) -> str:
                         _cell(s, "remote"),
                         _cell(s, "precompiled", with_load=True, verdict=False),
                         _cell(s, "precompiled+cachedir", with_load=True, verdict=False),
+                        _cell(s, "warmstart", with_load=True),
+                        _cell(s, "warmstart-env", with_load=True),
                     ]
                 )
                 + " |"
@@ -839,12 +946,14 @@ def render(results: list[dict[str, Any]]) -> str:
         "",
         "Seconds to first output (from the spawn of the row's first process):",
         "",
-        "| model | eager | local hot (3) | init container: preload, then process | sidecar | PyTorch remote (6) |",
-        "|---|---|---|---|---|---|",
+        "| model | eager | local hot (3) | init container: preload, then process | sidecar | PyTorch remote (6) "
+        "| warmstart: preload, then process | warmstart-env |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
         for s in res["summary"]:
-            cells = [to_first_output(s, n) for n in ("eager", "hot", "preloaded", "sidecar", "remote")]
+            names = ("eager", "hot", "preloaded", "sidecar", "remote", *WARMSTART_ROWS)
+            cells = [to_first_output(s, n) for n in names]
             lines.append(f"| {s['config']} | " + " | ".join("—" if c is None else f"{c:.2f}" for c in cells) + " |")
     lines += ["", "| model | goal | met | ratio |", "|---|---|---|---|"]
     for res in results:

@@ -32,6 +32,8 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 DYNAMIC = ("auto", "true", "false")
 """``torch.compile(dynamic=...)`` as written: ``auto`` is None (torch decides)."""
 DEFAULT_BACKEND = "inductor"
+PRECOMPILE_CHOICES = ("auto", "off")
+"""``--precompile``: auto saves Dynamo's precompiled entries and the warm-start manifest (cachelib.warmstart)."""
 KEY_FIELDS = ("namespace", "name", "model", "options", "gpu", "capability", "torch", "triton", "cuda", "py")
 VERSIONED_FIELDS = ("torch", "triton", "cuda", "py")
 """The key fields written as ``<field>-<version>`` segments."""
@@ -156,6 +158,7 @@ class CompileOptions:
     compiled_autograd: bool = False
     backward: bool = False
     inductor_config: tuple[tuple[str, Any], ...] = ()
+    precompile: str = "off"
 
     def __post_init__(self) -> None:
         if self.compiled_autograd and not self.backward:
@@ -171,7 +174,7 @@ class CompileOptions:
             "compiled_autograd": self.compiled_autograd,
             "backward": self.backward,
             "inductor_config": dict(self.inductor_config),
-        }
+        } | ({"precompile": self.precompile} if self.precompile != "off" else {})  # off: the digest of before
 
     def digest(self) -> str:
         return digest(self.to_dict())
@@ -196,6 +199,8 @@ class CompileOptions:
             args.append("--backward")
         for name, value in self.inductor_config:
             args += ["--inductor-config", f"{name}={json.dumps(value)}"]
+        if self.precompile != "off":
+            args += ["--precompile", self.precompile]
         return args
 
 
@@ -209,6 +214,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         compiled_autograd=args.compiled_autograd,
         backward=args.backward,
         inductor_config=tuple(args.inductor_config),
+        precompile=args.precompile,
     )
 
 
@@ -289,4 +295,10 @@ def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_config_item,
         metavar="NAME=VALUE",
         help="set torch._inductor.config.NAME (VALUE parsed as JSON); part of the options digest",
+    )
+    parser.add_argument(
+        "--precompile",
+        default="off",
+        choices=PRECOMPILE_CHOICES,
+        help="auto: save Dynamo's precompiled entries and the warm-start manifest (default: %(default)s)",
     )

@@ -7,12 +7,15 @@ CLI share), which the warm-up Job copies beside it::
 
     python harness.py --target mypkg.models:warmup --out /out --namespace team-a --name llama \\
         [--mode M] [--dynamic true|false|auto] [--fullgraph] [--backend inductor] \\
-        [--compiled-autograd] [--backward] [--command "..."]
+        [--compiled-autograd] [--backward] [--precompile auto|off] [--command "..."]
 
 It writes the output directory that ``compilecache pack`` / ``publish`` turn into a bundle:
 
 - ``OUT/cachedir/`` -- the ``TORCHINDUCTOR_CACHE_DIR`` the compile wrote (triton cache included);
 - ``OUT/megacache.bin`` -- the bytes of ``torch.compiler.save_cache_artifacts()`` (empty when none);
+- ``OUT/cachedir/compilecache-warm-start.json`` and ``OUT/cachedir/dynamo/`` -- with
+  ``--precompile auto``: the warm-start manifest and Dynamo's precompiled entries (see
+  ``warmstart.py``, copied beside this file like ``targets.py``);
 - ``OUT/result.json`` -- the cache key fields, versions, device, job id, compile seconds per
   target, torch's cache counters and the Mega-Cache size.
 
@@ -65,6 +68,7 @@ MEGACACHE_FILE = "megacache.bin"
 CACHEDIR = "cachedir"
 
 CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 JOB_ID_ENV = "TORCH_COMPILE_JOB_ID"
 TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -150,6 +154,11 @@ def cache_summary(counters: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
 Entry = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
+def load_warmstart() -> Any:
+    """``cachelib.warmstart``, or ``warmstart.py`` beside this file (a warm-up container)."""
+    return _import("cachelib.warmstart")
+
+
 def load_target(target: str) -> Callable[..., Any]:
     """Import ``module:function``; the built-in targets also load from ``targets.py`` beside this file."""
     spec = compilekey.canonical_target(target)
@@ -167,15 +176,17 @@ def load_target(target: str) -> Callable[..., Any]:
 
 
 def _import(module_name: str) -> Any:
+    copied = {compilekey.BUILTIN_MODULE: "targets", "cachelib.warmstart": "warmstart"}
     try:
         return importlib.import_module(module_name)
     except ImportError:
-        beside = Path(__file__).with_name("targets.py")
-        if module_name != compilekey.BUILTIN_MODULE or not beside.is_file():
+        beside = Path(__file__).with_name(f"{copied.get(module_name, '')}.py")
+        if module_name not in copied or not beside.is_file():
             raise
-    spec = importlib.util.spec_from_file_location("compilecache_targets", beside)
+    spec = importlib.util.spec_from_file_location(f"compilecache_{copied[module_name]}", beside)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
     return module
 
@@ -356,6 +367,8 @@ def prepare_environment(request: Request, job_id: str) -> dict[str, str]:
     os.environ[CACHE_DIR_ENV] = str(request.cache_path)
     os.environ[JOB_ID_ENV] = job_id
     os.environ.pop("TRITON_CACHE_DIR", None)  # keep triton's cache inside the inductor cache dir
+    if request.options.precompile == "auto":  # read at import by torch, here and in a --command
+        os.environ[PRECOMPILE_ENV] = "1"
     return dict(os.environ)
 
 
@@ -364,6 +377,8 @@ def apply_options(options: compilekey.CompileOptions, job_id: str) -> None:
 
     torch.compiler.config.job_id = job_id
     torch._dynamo.config.compiled_autograd = options.compiled_autograd
+    if options.precompile == "auto":
+        load_warmstart().enable_caching_precompile()  # a torch without it compiles as with "off"
     import torch._inductor.config as inductor_config
 
     for name, value in options.inductor_config:
@@ -408,7 +423,8 @@ def warm_up(request: Request) -> dict[str, Any]:
         timings = run_target(request.target, request.options, function)
         counters = counters_snapshot()
     total = time.perf_counter() - started
-    megacache = save_megacache(request.out)
+    megacache = save_megacache(request.out)  # with caching precompile, also writes Dynamo's entries
+    precompile = write_warm_start(request) if request.options.precompile == "auto" else None
     result = {
         "format": RESULT_FORMAT,
         "producer": f"compilecache-harness/{HARNESS_VERSION}",
@@ -427,9 +443,25 @@ def warm_up(request: Request) -> dict[str, Any]:
         "counters": counters,
         "cache": cache_summary(counters) if counters is not None else None,
         "megacache": megacache,
+        "precompile": precompile,
     }
     _write_atomic(request.out / RESULT_FILE, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
     return result
+
+
+def write_warm_start(request: Request) -> dict[str, Any]:
+    """The warm-start manifest into the cache directory; what it says (without the long keys)."""
+    warmstart = load_warmstart()
+    manifest = warmstart.build_manifest(request.cache_path)
+    try:
+        warmstart.write_manifest(request.cache_path, manifest)
+    except OSError as exc:
+        raise HarnessError(f"cannot write the warm-start manifest: {exc.strerror or exc}", EXIT_OUTPUT) from exc
+    return {
+        "manifest": warmstart.MANIFEST_NAME,
+        "dynamo_entries": warmstart.dynamo_entries(request.cache_path),
+        "source_keys": sorted(k for k, v in manifest["source_keys"].items() if v is not None),
+    }
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -15,6 +15,8 @@ Metrics:
   ``saved``.
 - ``compilecache_runtime_compiled_frames_total`` -- frames Dynamo compiled.
 - ``compilecache_runtime_graph_breaks_total`` -- graph breaks Dynamo met.
+- ``compilecache_runtime_warm_start_levers{lever}`` -- 1 for each lever :func:`warm_start` applied
+  (``torch_key``, ``triton_key``, ``caching_precompile``); absent until it was called.
 - ``compilecache_runtime_preload_wait_seconds{result}`` -- how long
   :func:`cachelib.handoff.wait_for_preload` waited for a preload running beside the workload,
   labelled with the preload's result (hit, miss, error, timeout); absent until it was called.
@@ -30,6 +32,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client import start_http_server as _start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from cachelib import warmstart
+from cachelib.handoff import wait_for_preload
 
 CACHE_EVENTS: dict[tuple[str, str], tuple[str, str]] = {
     ("inductor", "fxgraph_cache_hit"): ("fxgraph", "hit"),
@@ -107,6 +112,16 @@ class TorchCompileCacheCollector(Collector):
             "Graph breaks torch.compile (Dynamo) met in this process.",
             value=sum(int(v) for v in breaks.values()),
         )
+        prepared = warmstart.last_prepared
+        if prepared is not None:
+            levers = GaugeMetricFamily(
+                "compilecache_runtime_warm_start_levers",
+                "Warm-start levers cachelib.runtime.warm_start() applied in this process (1 each).",
+                labels=["lever"],
+            )
+            for lever in prepared.applied:
+                levers.add_metric([lever], 1)
+            yield levers
         waited = self._waited()
         if waited is not None:
             wait = GaugeMetricFamily(
@@ -116,6 +131,22 @@ class TorchCompileCacheCollector(Collector):
             )
             wait.add_metric([waited.result], waited.seconds)
             yield wait
+
+
+def warm_start(cache_dir: str | None = None, *, wait: bool = True) -> warmstart.Prepared:
+    """Before the first ``torch.compile``: apply the preloaded bundle's warm-start manifest.
+
+    With a bundle made with ``spec.model.precompile: Auto`` and the very torch and Triton
+    installation of the warm-up, torch gets the warm-up's source keys (no hashing of its
+    sources) and Dynamo's caching precompile (no re-tracing); on any mismatch, nothing of it,
+    and the reasons are in the answer's ``declined``. See :mod:`cachelib.warmstart`.
+
+    Dynamo looks its precompiled entry up when ``torch.compile`` is called, so a preload running
+    beside the workload (Sidecar mode) must be done by then: with ``wait`` (the default) this
+    first waits for it (:func:`cachelib.handoff.wait_for_preload`, at once where none runs)."""
+    if wait:
+        wait_for_preload()
+    return warmstart.prepare(cache_dir)
 
 
 _registered: dict[int, TorchCompileCacheCollector] = {}

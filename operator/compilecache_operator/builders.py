@@ -57,6 +57,7 @@ from compilecache_operator.security import (
 from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.spec import (
     INIT_CONTAINER,
+    PRECOMPILE_AUTO,
     SIDECAR,
     CacheSpec,
     Defaults,
@@ -78,8 +79,10 @@ HARNESS_FILE = f"{HARNESS_DIR}/harness.py"
 COPY_HARNESS = (
     "import importlib.util, os, shutil, sys; "
     "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
-    "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) for m in ('harness', 'compilekey', 'targets')]"
+    "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) for m in ('harness', 'compilekey', 'targets', 'warmstart')]"
 )
+PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
+"""Set on app containers of a cache with spec.model.precompile Auto (torch reads it at import)."""
 DEFAULT_PRELOAD_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 
 
@@ -501,7 +504,13 @@ def _wired_apps(
     overridden: list[str] = []
     warnings: list[str] = []
     for container in app_containers:
-        wired, added = _with_cache(container, job_id=view.job_id, remote=view.spec.remote_cache, handoff=handoff)
+        wired, added = _with_cache(
+            container,
+            job_id=view.job_id,
+            remote=view.spec.remote_cache,
+            handoff=handoff,
+            precompile=view.spec.model.precompile == PRECOMPILE_AUTO,
+        )
         containers.append(wired)
         warning = env_from_overrides(container, added)
         if warning:
@@ -573,7 +582,12 @@ def done_file_seen_by(mounts: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def _with_cache(
-    container: Mapping[str, Any], *, job_id: str, remote: RemoteCacheSpec | None, handoff: bool
+    container: Mapping[str, Any],
+    *,
+    job_id: str,
+    remote: RemoteCacheSpec | None,
+    handoff: bool,
+    precompile: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
     """One app container with the cache directory mounted and the environment set, keeping
     whatever it already sets in ``env``, and the names of the variables added. A
@@ -601,6 +615,8 @@ def _with_cache(
         extra[DONE_FILE_ENV] = done_file
     if remote is not None:
         extra.update(remote.env())
+    if precompile:  # Dynamo loads the bundle's precompiled entries (cachelib.warmstart): no code change
+        extra[PRECOMPILE_ENV] = "1"
     added = [k for k in extra if k not in names]
     env += [{"name": k, "value": extra[k]} for k in added]
     out["env"] = env

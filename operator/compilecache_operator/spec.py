@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit
@@ -89,6 +89,11 @@ class InvalidSpec(ValueError):
         self.errors = tuple(errors)
         super().__init__("; ".join(str(e) for e in self.errors))
 
+PRECOMPILE_AUTO = "Auto"
+PRECOMPILE_OFF = "Off"
+PRECOMPILE = (PRECOMPILE_AUTO, PRECOMPILE_OFF)
+"""spec.model.precompile: Auto carries Dynamo's precompiled entries and torch's source keys (cachelib.warmstart)."""
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -98,6 +103,11 @@ class ModelSpec:
     """The options the harness compiles with (``backward`` included)."""
     backward: bool = False
     """``spec.model.backward`` as written (``compile.backward`` is also true with compiled autograd)."""
+
+    @property
+    def precompile(self) -> str:
+        """``spec.model.precompile`` as written: Auto or Off."""
+        return PRECOMPILE_AUTO if self.compile.precompile == "auto" else PRECOMPILE_OFF
 
     def identity(self) -> dict[str, Any]:
         """Everything about the model that changes the compiled artifacts."""
@@ -113,6 +123,8 @@ class ModelSpec:
         }
         if self.compile.inductor_config:  # only when set: the ids of caches without it stay as they were
             identity["inductor_config"] = dict(self.compile.inductor_config)
+        if self.compile.precompile != "off":  # only when Auto: the ids of caches without it stay as they were
+            identity["precompile"] = self.precompile
         return identity
 
 
@@ -316,6 +328,8 @@ def _parse_model(model: Mapping[str, Any], errors: _Errors) -> ModelSpec | None:
         errors.add(path, "set only one of target or command, not both")
     backward = _boolean(model, "backward", path, errors, False)
     compile_options = _parse_compile(_mapping(model.get("compile"), f"{path}.compile", errors), backward, errors)
+    precompile = _enum(model, "precompile", path, errors, PRECOMPILE, PRECOMPILE_OFF) or PRECOMPILE_OFF
+    compile_options = replace(compile_options, precompile="auto" if precompile == PRECOMPILE_AUTO else "off")
     return ModelSpec(target=target, command=command, compile=compile_options, backward=backward)
 
 

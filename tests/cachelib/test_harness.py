@@ -251,13 +251,15 @@ def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None
 
 
 COMPANIONS = {"cachelib.harness": {"cachelib.compilekey", "compilekey"}, "cachelib.compilekey": set(),
-              "cachelib.targets": set()}
+              "cachelib.targets": set(), "cachelib.warmstart": set()}
 
 
-@pytest.mark.parametrize("module", [harness, compilekey, pytest.importorskip("cachelib.targets")])
+@pytest.mark.parametrize(
+    "module", [harness, compilekey, pytest.importorskip("cachelib.targets"), pytest.importorskip("cachelib.warmstart")]
+)
 def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> None:
-    """harness.py, compilekey.py and targets.py are copied into users' images: nothing else of ours,
-    nothing else at all (the harness imports compilekey from beside itself, or from cachelib)."""
+    """harness.py, compilekey.py, targets.py and warmstart.py are copied into users' images: nothing else of
+    ours, nothing else at all (the harness imports compilekey from beside itself, or from cachelib)."""
     import ast
 
     tree = ast.parse(Path(module.__file__).read_text())
@@ -275,20 +277,21 @@ def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> Non
 
 @pytest.mark.slow
 def test_built_in_targets_load_from_beside_the_harness_without_cachelib(tmp_path: Path) -> None:
-    """In a user's image only harness.py, compilekey.py and targets.py exist, side by side: short names
-    still work."""
+    """In a user's image only harness.py, compilekey.py, targets.py and warmstart.py exist, side by side:
+    short names and --precompile still work."""
     import shutil
 
-    from cachelib import targets
+    from cachelib import targets, warmstart
 
     shutil.copy(harness.__file__, tmp_path / "harness.py")
     shutil.copy(compilekey.__file__, tmp_path / "compilekey.py")
     shutil.copy(targets.__file__, tmp_path / "targets.py")
+    shutil.copy(warmstart.__file__, tmp_path / "warmstart.py")
     code = (
         "import sys; sys.modules['cachelib'] = None; import harness; "
         "entries = harness.normalise_entries('tiny_mlp', harness.load_target('tiny_mlp')()); "
-        "print(type(entries[0][0]).__name__, tuple(entries[0][1][0].shape))"
+        "print(type(entries[0][0]).__name__, tuple(entries[0][1][0].shape), harness.load_warmstart().MANIFEST_NAME)"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["TinyMLP", "(8,", "64)"]
+    assert proc.stdout.split() == ["TinyMLP", "(8,", "64)", warmstart.MANIFEST_NAME]

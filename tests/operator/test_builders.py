@@ -476,8 +476,28 @@ def test_status_never_carries_empty_strings() -> None:
 
 
 def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
-    """The copy command of the ``harness`` init container, run for real: harness.py and targets.py
-    land side by side, so that short target names work in an image without cachelib."""
+    """The copy command of the ``harness`` init container, run for real: harness.py, targets.py and
+    warmstart.py land side by side, so that short target names and --precompile work in an image
+    without cachelib."""
     subprocess.run([sys.executable, "-c", builders.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["compilekey.py", "harness.py", "targets.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compilekey.py", "harness.py", "targets.py", "warmstart.py"]
     assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()
+
+
+# -- spec.model.precompile -----------------------------------------------------------------------------
+def test_precompile_auto_reaches_the_harness_and_the_app_containers() -> None:
+    compile_ = job_for(model={"target": "tiny_mlp", "precompile": "Auto"})["spec"]["template"]["spec"]
+    command = compile_["initContainers"][1]["command"]
+    assert command[-2:] == ["--precompile", "auto"]
+    assert "warmstart" in compile_["initContainers"][0]["command"][2]  # copied beside harness.py
+    p = pod()
+    out = apply_pod_patch(p, inject(p, view(model={"target": "tiny_mlp", "precompile": "Auto"})))
+    assert env_of(out["spec"]["containers"][0])["TORCH_CACHING_PRECOMPILE"] == "1"
+
+
+def test_precompile_off_changes_neither_the_harness_nor_the_app_containers() -> None:
+    command = job_for()["spec"]["template"]["spec"]["initContainers"][1]["command"]
+    assert "--precompile" not in command
+    p = pod()
+    out = apply_pod_patch(p, inject(p, view()))
+    assert "TORCH_CACHING_PRECOMPILE" not in env_of(out["spec"]["containers"][0])

@@ -328,7 +328,8 @@ def test_crd_accepts_what_the_operator_accepts() -> None:
     v = validator()
     samples = [
         raw_spec(),
-        raw_spec(model={"command": "python x.py", "compile": {"dynamic": "true", "mode": "reduce-overhead"}},
+        raw_spec(model={"command": "python x.py", "compile": {"dynamic": "true", "mode": "reduce-overhead"},
+                        "precompile": "Auto"},
                  gpuTypes=["NVIDIA-H100-80GB-HBM3"], gpuDiscovery={"auto": True},
                  storage={"url": "s3://bucket/p", "secretRef": {"name": "c", "keys": {"sessionToken": "t"}}},
                  warmup={"resources": {"limits": {"cpu": 2, "memory": "8Gi"}}, "backoffLimit": 0,
@@ -419,6 +420,7 @@ def test_crd_target_rule_lists_the_builtin_targets() -> None:
         {"warmup": {"securityContext": {"runAsUser": 0}}},
         {"warmup": {"securityContext": {"runAsGroup": 0}}},
         {"warmup": {"securityContext": {"fsGroup": 0}}},
+        {"model": {"target": "tiny_mlp", "precompile": "auto"}},
     ],
 )
 def test_crd_rejects_what_the_operator_rejects(overrides: dict[str, Any]) -> None:
@@ -447,6 +449,7 @@ def test_crd_defaults_match_the_parser() -> None:
     assert props["preload"]["properties"]["strict"]["default"] == spec.preload.strict
     assert props["preload"]["properties"]["deadlineSeconds"]["default"] == spec.preload.deadline_seconds
     assert props["preload"]["properties"]["sizeLimit"]["default"] == spec.preload.size_limit
+    assert props["model"]["properties"]["precompile"]["default"] == spec.model.precompile
 
 
 def test_parse_does_not_modify_its_input() -> None:
@@ -454,3 +457,14 @@ def test_parse_does_not_modify_its_input() -> None:
     before = copy.deepcopy(raw)
     parse_spec(raw)
     assert raw == before
+
+
+def test_precompile_is_off_unless_auto_and_only_auto_changes_the_identity() -> None:
+    off = parsed()
+    assert off.model.precompile == "Off"
+    assert "precompile" not in off.model.identity()  # caches made before the option keep their ids
+    auto = parsed(model={"target": "tiny_mlp", "precompile": "Auto"})
+    assert auto.model.precompile == "Auto" and auto.model.identity()["precompile"] == "Auto"
+    assert parsed(model={"target": "tiny_mlp", "precompile": "Off"}).model.identity() == off.model.identity()
+    errors = errors_of(raw_spec(model={"target": "tiny_mlp", "precompile": "on"}))
+    assert "not one of Auto, Off" in errors["spec.model.precompile"]

@@ -1,0 +1,312 @@
+"""A warm first call: what the warm-up hands to the workload beyond torch's caches.
+
+A cache directory full of hits still leaves a new process two jobs that do not depend on the
+model's compiled code: Dynamo re-traces the model and rebuilds its guards, and torch hashes
+its own (and Triton's) installed sources to make its cache keys (``torch_key``,
+``triton_key``). With ``spec.model.precompile: Auto`` the warm-up removes the first and the
+cache keys' share of the second (Triton's hash made while kernels are set up stays: torch offers
+no way to hand it over):
+
+- it compiles with Dynamo's caching precompile (``torch._dynamo.config.caching_precompile``,
+  env ``TORCH_CACHING_PRECOMPILE=1``), which saves Dynamo's traced code and guards with the
+  compiled graph into the cache directory (``dynamo/<id>/entry``), so a new process with the
+  same setting loads them instead of tracing;
+- it writes the *warm-start manifest* (``compilecache-warm-start.json``) into the cache
+  directory: the versions and a digest of the installed torch and Triton files, the source
+  keys torch computed, and whether Dynamo entries were saved.
+
+Both travel in the bundle's ``cachedir`` part; the preload lays them down with the rest. The
+workload makes one call before its first compile::
+
+    from cachelib import runtime
+    runtime.warm_start()          # or cachelib.warmstart.prepare()
+    compiled = torch.compile(model)
+
+It reads the manifest from ``$TORCHINDUCTOR_CACHE_DIR`` and compares it with this process:
+torch, Triton and Python versions and the digest of the installed files. Only when all of
+them match does it hand torch the source keys (``torch_key.set``) and turn caching precompile
+on; on any difference, or a manifest it cannot read, it turns caching precompile off and
+leaves torch to compute everything as it would without compilecache. Torch checks a Dynamo
+entry again when it loads it (torch and Python versions, device, the hashes of the traced
+source lines) and compiles afresh when that fails.
+
+Standard library only at import; torch is imported by the functions that need it. This module
+is copied beside ``harness.py`` into warm-up containers, so it imports nothing from cachelib.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import platform
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "compilecache-warm-start.json"
+"""The manifest's name at the top of the cache directory (a plain name: the unpacker installs it)."""
+MANIFEST_FORMAT = 1
+CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
+AUTO = "auto"
+OFF = "off"
+PRECOMPILE_CHOICES = (AUTO, OFF)
+NONE = "none"
+
+PACKAGES = ("torch", "triton")
+_SKIPPED_DIRS = frozenset({"__pycache__", "include"})
+"""Left out of the installation digest: byte-code caches change at run time; headers are many and
+enter no cache key of a compiled graph that is loaded (torch's own key hashes .py sources only)."""
+
+log = logging.getLogger(__name__)
+
+
+# -- the installation -------------------------------------------------------------------------
+def package_dir(name: str) -> Path | None:
+    """The directory of an installed package, without importing it; None when absent."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 of every file's relative path, size and modification time under ``root``.
+
+    Cheap (no file is read) and exact for an image: the warm-up and the pods run the same
+    image, whose files keep their sizes and times. Any reinstall, upgrade or edit changes it."""
+    h = hashlib.sha256(str(root).encode() + b"\0")
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIPPED_DIRS)
+        rel = os.path.relpath(dirpath, root)
+        for name in sorted(filenames):
+            if name.endswith(".pyc"):
+                continue
+            try:
+                st = os.stat(os.path.join(dirpath, name))
+            except OSError:  # a dangling link: its absence is part of the identity
+                h.update(f"{rel}/{name}\0missing\n".encode())
+                continue
+            h.update(f"{rel}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def installation(packages: Iterable[str] = PACKAGES) -> dict[str, str]:
+    """Package -> digest of its installed files (``none`` when not installed)."""
+    out = {}
+    for name in packages:
+        root = package_dir(name)
+        out[name] = tree_digest(root) if root is not None else NONE
+    return out
+
+
+def versions() -> dict[str, str]:
+    """torch, Triton (or ``none``) and Python versions of this process, and the platform."""
+    import torch
+
+    try:
+        import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+        triton_version = str(triton.__version__)
+    except ImportError:
+        triton_version = NONE
+    return {
+        "torch": str(torch.__version__),
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "platform": f"{sys.platform}-{platform.machine()}",
+    }
+
+
+# -- the manifest (warm-up side) -------------------------------------------------------------------
+def supports_caching_precompile() -> bool:
+    """Whether this torch has Dynamo's caching precompile (2.11 and 2.13 have it)."""
+    import torch._dynamo.config as dynamo_config
+
+    return hasattr(dynamo_config, "caching_precompile")
+
+
+def enable_caching_precompile() -> bool:
+    """Turn Dynamo's caching precompile on (before ``torch.compile``); whether this torch has it."""
+    if not supports_caching_precompile():
+        return False
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.caching_precompile = True
+    return True
+
+
+def source_keys() -> dict[str, str | None]:
+    """torch's ``torch_key`` (hex) and ``triton_key`` as this process computes them."""
+    from torch._inductor import codecache
+
+    torch_key = getattr(codecache, "torch_key", None)
+    triton_key = getattr(codecache, "triton_key", None)
+    return {
+        "torch_key": torch_key().hex() if torch_key is not None else None,
+        "triton_key": triton_key() if triton_key is not None else None,
+    }
+
+
+def dynamo_entries(cache_dir: Path) -> int:
+    """How many Dynamo precompile entries (``dynamo/<id>/entry``) the cache directory holds."""
+    return sum(1 for _ in (cache_dir / "dynamo").glob("*/entry"))
+
+
+def build_manifest(cache_dir: Path) -> dict[str, Any]:
+    """The manifest of this process's installation and of what it left in ``cache_dir``."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "versions": versions(),
+        "installation": installation(),
+        "source_keys": source_keys(),
+        "dynamo_precompile": dynamo_entries(cache_dir) > 0,
+    }
+
+
+def write_manifest(cache_dir: Path, manifest: Mapping[str, Any]) -> Path:
+    """Write the manifest at the top of ``cache_dir`` (atomically: a temporary name, renamed)."""
+    path = cache_dir / MANIFEST_NAME
+    partial = cache_dir / f".{MANIFEST_NAME}.partial"
+    partial.write_text(json.dumps(dict(manifest), indent=1, sort_keys=True) + "\n")
+    os.replace(partial, path)
+    return path
+
+
+# -- the workload side ------------------------------------------------------------------------------
+class ManifestError(ValueError):
+    """A manifest that cannot be used: unreadable, not JSON, or missing a field."""
+
+
+def read_manifest(cache_dir: Path) -> dict[str, Any] | None:
+    """The manifest in ``cache_dir``; None when there is none. Raises :class:`ManifestError`."""
+    path = cache_dir / MANIFEST_NAME
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ManifestError(f"{path}: {exc.strerror or exc}") from exc
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ManifestError(f"{path}: not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ManifestError(f"{path}: not a JSON object")
+    if value.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(f"{path}: format {value.get('format')!r}, this reader knows {MANIFEST_FORMAT}")
+    for name, kind in (("versions", dict), ("installation", dict), ("source_keys", dict), ("dynamo_precompile", bool)):
+        if not isinstance(value.get(name), kind):
+            raise ManifestError(f"{path}: field {name!r} missing or not a {kind.__name__}")
+    return value
+
+
+def mismatches(
+    manifest: Mapping[str, Any], here_versions: Mapping[str, str], here_installation: Mapping[str, str]
+) -> list[str]:
+    """What differs between the warm-up that wrote ``manifest`` and this process (pure)."""
+    found = []
+    theirs = manifest.get("versions", {})
+    for name in ("torch", "triton", "python", "platform"):
+        if theirs.get(name) != here_versions.get(name):
+            found.append(f"{name} {theirs.get(name)!r} in the warm-up, {here_versions.get(name)!r} here")
+    installed = manifest.get("installation", {})
+    for name in PACKAGES:
+        if installed.get(name) != here_installation.get(name):
+            found.append(f"the installed {name} files differ from the warm-up's")
+    return found
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` did: the levers applied, and why it fell back when it did."""
+
+    cache_dir: str | None = None
+    manifest: bool = False
+    applied: list[str] = field(default_factory=list)
+    declined: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cache_dir": self.cache_dir,
+            "manifest": self.manifest,
+            "applied": list(self.applied),
+            "declined": list(self.declined),
+        }
+
+
+last_prepared: Prepared | None = None
+
+
+def _set_source_key(name: str, value: Any, done: Prepared) -> None:
+    from torch._inductor import codecache
+
+    cached = getattr(codecache, name, None)
+    setter = getattr(cached, "set", None)
+    if setter is None:
+        done.declined.append(f"{name}: this torch has no setter for it")
+        return
+    try:
+        setter(value)
+    except RuntimeError:  # computed already in this process: nothing to save
+        done.declined.append(f"{name}: already computed in this process")
+        return
+    done.applied.append(name)
+
+
+def _set_caching_precompile(value: bool) -> None:
+    import torch._dynamo.config as dynamo_config
+
+    if hasattr(dynamo_config, "caching_precompile"):
+        dynamo_config.caching_precompile = value
+
+
+def prepare(cache_dir: str | Path | None = None, env: Mapping[str, str] | None = None) -> Prepared:
+    """Apply the warm-start manifest of the cache directory; call before the first ``torch.compile``.
+
+    ``cache_dir`` defaults to ``$TORCHINDUCTOR_CACHE_DIR``. Never raises for a missing,
+    unreadable or foreign manifest: it falls back to torch's own path and says why."""
+    global last_prepared
+    environ = os.environ if env is None else env
+    where = cache_dir if cache_dir is not None else environ.get(CACHE_DIR_ENV)
+    done = Prepared(cache_dir=str(where) if where else None)
+    last_prepared = done
+    if not where:
+        done.declined.append(f"no cache directory (${CACHE_DIR_ENV} unset)")
+        return done
+    try:
+        manifest = read_manifest(Path(where))
+    except ManifestError as exc:
+        manifest = None
+        done.declined.append(str(exc))
+        _set_caching_precompile(False)
+    if manifest is None:
+        if not done.declined:
+            done.declined.append(f"no {MANIFEST_NAME} in {where}: the bundle was made without precompile")
+        return done
+    done.manifest = True
+    different = mismatches(manifest, versions(), installation())
+    if different:
+        done.declined.extend(different)
+        _set_caching_precompile(False)
+        log.info("compilecache: warm-start manifest not used: %s", "; ".join(different))
+        return done
+    keys = manifest["source_keys"]
+    if isinstance(keys.get("torch_key"), str):
+        _set_source_key("torch_key", bytes.fromhex(keys["torch_key"]), done)
+    if isinstance(keys.get("triton_key"), str):
+        _set_source_key("triton_key", keys["triton_key"], done)
+    if manifest["dynamo_precompile"]:
+        if enable_caching_precompile():
+            done.applied.append("caching_precompile")
+        else:
+            done.declined.append("caching_precompile: this torch does not have it")
+    return done
