@@ -14,6 +14,7 @@ rotation): bundles signed by either verify until the old key is dropped from the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,9 @@ from compilecache_operator.plan import BundleRecord
 
 from cachelib.signing import KeyFormatError, PublicKey, Signer, parse_public_keys, write_signature
 from cachelib.stores import Store, StoreError
+
+
+log = logging.getLogger(__name__)
 
 
 class SigningKeyError(ValueError):
@@ -50,6 +54,8 @@ def load_signing(key_file: Path, extra_trusted: Sequence[str] = ()) -> Signing:
     except KeyFormatError as exc:
         raise SigningKeyError(str(exc)) from None
     trusted = (signer.public_key, *(k for k in extra if k != signer.public_key))
+    log.info("signing bundles with key %s (public key %s); preloads trust %s", signer.public_key.id,
+             signer.public_key.text(), ", ".join(k.id for k in trusted))
     return Signing(signer, trusted)
 
 
