@@ -24,7 +24,6 @@ from compilecache_operator.plan import BundleRecord
 from cachelib.signing import KeyFormatError, PublicKey, Signer, parse_public_keys, write_signature
 from cachelib.stores import Store, StoreError
 
-
 log = logging.getLogger(__name__)
 
 
