@@ -104,6 +104,20 @@ def run_pod(client: KubeClient, namespace: str, name: str, cache: str = "mlp") -
     return created, terminated_message(finished, "compilecache-preload", init=True)
 
 
+def wait_injecting(client: KubeClient, namespace: str, trusted: list[Signer]) -> None:
+    """Wait until a (re)started operator's webhook injects pods of cache mlp with these trusted keys: its
+    index of CompileCaches fills a moment after it starts. Probed with server-side dry runs, which go
+    through admission but create nothing."""
+    wanted = [s.public_key.text() for s in trusted]
+
+    def injecting() -> bool:
+        probe = client.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=labelled_pod("probe", "mlp"),
+                               query={"dryRun": "All"})  # fmt: skip
+        return bool(probe["spec"].get("initContainers")) and trusted_keys_of(probe) == wanted
+
+    wait_for(injecting, 60, f"the webhook to inject pods trusting {[s.public_key.id for s in trusted]}")
+
+
 def trusted_keys_of(pod: dict[str, Any]) -> list[str]:
     command = pod["spec"]["initContainers"][0]["command"]
     return [command[i + 1] for i, arg in enumerate(command) if arg == "--trusted-key"]
@@ -143,6 +157,7 @@ def test_only_bundles_the_operator_signed_are_preloaded_and_rotation_keeps_old_o
             signature_bytes = stream.read()
 
     # the bundle the operator signed: a hit, naming the signer
+    wait_injecting(kube_client, ns, [first])
     created, result = run_pod(kube_client, ns, "signed")
     assert trusted_keys_of(created) == [first.public_key.text()]
     assert result["result"] == "hit" and result["signed_by"] == {key: first.public_key.id}, result
@@ -170,12 +185,14 @@ def test_only_bundles_the_operator_signed_are_preloaded_and_rotation_keeps_old_o
         store.put(signature_key(key), io.BytesIO(signature_bytes), size=len(signature_bytes))
     operator = start_operator("--signing-key-file", key_file(tmp_path, second, "second.key"),
                               "--trusted-public-keys", first.public_key.text())  # fmt: skip
+    wait_injecting(kube_client, ns, [second, first])
     created, rotated = run_pod(kube_client, ns, "rollover")
     assert trusted_keys_of(created) == [second.public_key.text(), first.public_key.text()]
     assert rotated["result"] == "hit" and rotated["signed_by"] == {key: first.public_key.id}, rotated
 
     # once the first key is dropped, its bundles are no longer accepted
     operator = start_operator("--signing-key-file", key_file(tmp_path, second, "second.key"))
+    wait_injecting(kube_client, ns, [second])
     _, dropped = run_pod(kube_client, ns, "dropped")
     assert dropped["result"] == "error" and "which is not trusted" in dropped["reason"], dropped
 
