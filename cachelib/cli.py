@@ -379,6 +379,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from cachelib.inventory import list_bundles, parse_duration, plan_gc
+    from cachelib.signing import signature_key
     from cachelib.stores import open_store
 
     try:
@@ -389,6 +390,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             deleted = 0
             for entry in doomed:
                 if not args.dry_run and store.delete(str(entry.key)):
+                    store.delete(signature_key(str(entry.key)))  # a signature without its bundle means nothing
                     deleted += 1
                 print_json(
                     {

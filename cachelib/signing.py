@@ -9,8 +9,8 @@ header carries every part's sha256, and a reader checks each part against it bef
 anything, so the digest stands for every byte of the bundle. The key is signed too, so a signed
 bundle cannot be replayed under another cache's or another variant's key.
 
-The signature is a small JSON object in the same store under ``<key>.sig`` (not a cache key, so
-listings of bundles pass over it). A reader holds a set of trusted public keys (several during a
+The signature is a small JSON object in the same store, under the cache's prefix in ``signatures/``
+(:func:`signature_key`: not a cache key, so listings of bundles pass over it). A reader holds a set of trusted public keys (several during a
 key rotation) and accepts a bundle only when its signature verifies with the trusted key it names.
 
 Public keys are written as the base64 of their 32 raw bytes (a PEM ``PUBLIC KEY`` is read too);
@@ -34,6 +34,8 @@ from cachelib.stores import NotFound, Store
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+SIGNATURES = "signatures"
+"""The segment under a cache's prefix that holds its bundles' signatures."""
 SIGNATURE_SUFFIX = ".sig"
 SIGNATURE_FORMAT = 1
 SIGNED_PREFIX = b"compilecache-bundle-signature/v1\0"
@@ -123,8 +125,13 @@ def signed_message(key: str, digest: str) -> bytes:
 
 
 def signature_key(key: str) -> str:
-    """Where the signature of the bundle under ``key`` lives in the store."""
-    return key + SIGNATURE_SUFFIX
+    """Where the signature of the bundle under ``key`` lives in the store: under the same cache prefix
+    (``cc1/<namespace>/<name>/``), so deleting a cache deletes its signatures, but in a folder of its
+    own, ``signatures/``, so that it never reads as a cache key (listings of bundles pass over it)."""
+    head = key.split("/", 3)
+    if len(head) == 4:
+        return "/".join([*head[:3], SIGNATURES, head[3]]) + SIGNATURE_SUFFIX
+    return f"{SIGNATURES}/{key}{SIGNATURE_SUFFIX}"
 
 
 @dataclass(frozen=True)

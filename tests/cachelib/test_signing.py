@@ -119,6 +119,9 @@ def test_signed_bundle_hits_and_names_its_signer(redis_store: str, tmp_path: Pat
     assert result.result == "hit", result.reason
     assert result.signed_by == {str(KEY): signer.public_key.id}
     assert (tmp_path / "t" / "fx" / "entry").read_bytes() == b"graph"
+    listed = preload(redis_store, cache=f"{KEY.namespace}/{KEY.name}", target=tmp_path / "c",
+                     trusted_keys=[signer.public_key])  # fmt: skip
+    assert listed.result == "hit" and listed.keys == [str(KEY)], listed.reason  # the signature is no bundle
 
 
 @pytest.mark.parametrize("signature", ["none", "other-key", "garbage", "replayed"])
@@ -207,3 +210,16 @@ def test_cli_inspect_verify_shows_who_signed(redis_store: str, tmp_path: Path) -
     stranger = run_cli("inspect", "--store", redis_store, str(KEY), "--verify",
                        "--trusted-key", Signer.generate().public_key.text())  # fmt: skip
     assert stranger.returncode == 1 and "not trusted" in stranger.stderr
+
+
+def test_ls_passes_over_signatures_and_gc_deletes_them_with_their_bundle(tmp_path: Path) -> None:
+    store_url = f"file://{tmp_path / 'store'}"
+    signer = Signer.generate()
+    digest = publish_bundle(store_url, tmp_path)
+    with open_store(store_url) as store:
+        write_signature(store, signer.sign(str(KEY), digest))
+    listed = run_cli("ls", "--store", store_url, "--json")
+    assert [json.loads(line)["key"] for line in listed.stdout.splitlines()] == [str(KEY)]
+    assert run_cli("gc", "--store", store_url, "--keep", "0").returncode == 0
+    with open_store(store_url) as store:
+        assert list(store.list()) == []
