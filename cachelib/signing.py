@@ -10,8 +10,9 @@ anything, so the digest stands for every byte of the bundle. The key is signed t
 bundle cannot be replayed under another cache's or another variant's key.
 
 The signature is a small JSON object in the same store, under the cache's prefix in ``signatures/``
-(:func:`signature_key`: not a cache key, so listings of bundles pass over it). A reader holds a set of trusted public keys (several during a
-key rotation) and accepts a bundle only when its signature verifies with the trusted key it names.
+(:func:`signature_key`: not a cache key, so listings of bundles pass over it). A reader holds a set
+of trusted public keys (several during a key rotation) and accepts a bundle only when its signature
+verifies with the trusted key it names.
 
 Public keys are written as the base64 of their 32 raw bytes (a PEM ``PUBLIC KEY`` is read too);
 a key's id is the first 16 hex digits of the sha256 of those bytes. ``cryptography`` is imported
