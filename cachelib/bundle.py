@@ -581,12 +581,35 @@ class PartStream:
         self.verified = True
 
 
+class _HashingReader:
+    """Reads from ``stream`` while hashing what passes (the preamble and header of a bundle)."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.hash = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.hash.update(data)
+        return data
+
+
+def read_header_and_digest(stream: BinaryIO) -> tuple[BundleHeader, str]:
+    """The header, and the bundle digest: the sha256 of the preamble and header bytes. The header
+    holds every part's sha256 (stored and uncompressed), so this digest stands for the whole bundle
+    once each part has been verified against the header; it is what a bundle signature covers."""
+    hashing = _HashingReader(stream)
+    header = read_header(cast(BinaryIO, hashing))
+    return header, hashing.hash.hexdigest()
+
+
 class BundleReader:
     """Sequential reader of a bundle stream: the header, then parts in order."""
 
     def __init__(self, stream: BinaryIO) -> None:
         self.stream = stream
-        self.header = read_header(stream)
+        self.header, self.digest = read_header_and_digest(stream)
+        """``digest``: see :func:`read_header_and_digest`."""
         self._next = 0
 
     @contextmanager
@@ -645,3 +668,9 @@ def verify_bundle_file(path: Path) -> BundleHeader:
 def read_header_file(path: Path) -> BundleHeader:
     with open(path, "rb") as stream:
         return read_header(stream)
+
+
+def bundle_digest_file(path: Path) -> str:
+    """The bundle digest of a bundle file (see :func:`read_header_and_digest`)."""
+    with open(path, "rb") as stream:
+        return read_header_and_digest(stream)[1]

@@ -23,6 +23,7 @@ from cachelib.units import human_bytes, parse_size
 
 if TYPE_CHECKING:
     from cachelib.preload import PreloadResult
+    from cachelib.signing import PublicKey, Signature
 
 STORE_ENV = "COMPILECACHE_STORE"
 log = logging.getLogger("compilecache")
@@ -76,6 +77,17 @@ def store_url(args: argparse.Namespace) -> str:
     if not url:
         raise CommandError(f"no store: give --store URL (or set {STORE_ENV})", 2)
     return url
+
+
+def trusted_keys_of(args: argparse.Namespace) -> tuple[PublicKey, ...]:
+    """--trusted-key values, else $COMPILECACHE_TRUSTED_KEYS (comma-separated); empty: none."""
+    from cachelib.signing import TRUSTED_KEYS_ENV, KeyFormatError, parse_public_keys
+
+    texts = args.trusted_key or [os.environ.get(TRUSTED_KEYS_ENV, "")]
+    try:
+        return parse_public_keys(texts)
+    except KeyFormatError as exc:
+        raise CommandError(f"--trusted-key: {exc}", 2) from None
 
 
 def versions_of(args: argparse.Namespace) -> dict[str, str | None]:
@@ -195,6 +207,7 @@ def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:
             "max_ratio": args.max_ratio or None,
             "deadline": args.deadline or None,
             "watch": stderr_bar,
+            "trusted_keys": trusted_keys_of(args),
         }
         url = store_url(args)
         if mode == "preload":
@@ -251,27 +264,65 @@ def parse_ratio(text: str) -> float:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from cachelib.bundle import BundleReader
+    from cachelib.bundle import BundleReader, bundle_digest_file
     from cachelib.publish import inspect_bundle
+    from cachelib.signing import read_signature
     from cachelib.stores import open_store
 
+    trusted = trusted_keys_of(args)
     if args.store:
-        with open_store(args.store) as store, store.get(args.bundle) as stream:
-            reader = BundleReader(stream)
+        with open_store(args.store) as store:
+            with store.get(args.bundle) as stream:
+                reader = BundleReader(stream)
+                if args.verify:
+                    reader.verify_all()
+            header, digest = reader.header.to_dict(), reader.digest
             if args.verify:
-                reader.verify_all()
-            header = reader.header.to_dict()
+                header["signature"] = signature_report(lambda: read_signature(store, args.bundle), digest, trusted)
     else:
         path = Path(args.bundle)
         if not path.is_file():
             raise CommandError(
                 f"{path}: no such bundle file (to inspect a stored bundle, give --store URL and its key)"
             )
-        header = inspect_bundle(path, verify=args.verify)
+        header, digest = inspect_bundle(path, verify=args.verify), bundle_digest_file(path)
+        if args.verify:
+            header["signature"] = signature_report(lambda: _signature_file(path, header["key"]), digest, trusted)
+    header["digest"] = digest
     if args.verify:
         header["verified"] = True
     print(json.dumps(header, indent=2, sort_keys=True))
+    if args.verify and trusted and not header["signature"]["verified"]:
+        raise CommandError(f"{args.bundle}: {header['signature']['reason']}")
     return 0
+
+
+def _signature_file(path: Path, key: str) -> Signature:
+    from cachelib.signing import SIGNATURE_SUFFIX, Signature, SignatureError
+
+    where = Path(f"{path}{SIGNATURE_SUFFIX}")
+    if not where.is_file():
+        raise SignatureError(f"bundle {key} is not signed (no {where})")
+    return Signature.from_json(where.read_bytes(), str(where))
+
+
+def signature_report(
+    read: Callable[[], Signature], digest: str, trusted: Sequence[PublicKey]
+) -> dict[str, Any]:
+    """Who signed the bundle (key id), and whether that verifies with the trusted keys (None: no
+    --trusted-key given, so only the claimed signer is shown)."""
+    from cachelib.signing import SignatureError, verify
+
+    try:
+        signature = read()
+    except SignatureError as exc:
+        return {"key_id": None, "verified": False if trusted else None, "reason": str(exc)}
+    if not trusted:
+        return {"key_id": signature.key_id, "verified": None, "reason": "not checked: no --trusted-key given"}
+    try:
+        return {"key_id": verify(signature, signature.key, digest, trusted), "verified": True, "reason": None}
+    except SignatureError as exc:
+        return {"key_id": signature.key_id, "verified": False, "reason": str(exc)}
 
 
 def _prefix(args: argparse.Namespace) -> str:
@@ -321,6 +372,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from cachelib.inventory import list_bundles, parse_duration, plan_gc
+    from cachelib.signing import signature_key
     from cachelib.stores import open_store
 
     try:
@@ -331,6 +383,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             deleted = 0
             for entry in doomed:
                 if not args.dry_run and store.delete(str(entry.key)):
+                    store.delete(signature_key(str(entry.key)))  # a signature without its bundle means nothing
                     deleted += 1
                 print_json(
                     {
@@ -411,6 +464,18 @@ def _selection_args(parser: argparse.ArgumentParser) -> None:
         metavar="R",
         help="refuse a bundle part that inflates more than R times its stored size, from its header on "
         "and while it streams (default %(default)g; 0: no limit)",
+    )
+    _trusted_key_arg(parser)
+
+
+def _trusted_key_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trusted-key",
+        action="append",
+        metavar="PUBKEY",
+        help="an Ed25519 public key (base64 of its 32 bytes, or PEM) whose signature a bundle must carry; "
+        "repeat during a key rotation (default: $COMPILECACHE_TRUSTED_KEYS, comma-separated; none: "
+        "signatures are not checked)",
     )
 
 
@@ -581,7 +646,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("bundle", help="bundle file, or a key with --store")
     p.add_argument("--store", metavar="URL", help="read the bundle from this store")
-    p.add_argument("--verify", action="store_true", help="also read every part and check its sha256")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also read every part and check its sha256, and show who signed the bundle (key id; checked "
+        "against --trusted-key when given, exit 1 when it does not verify)",
+    )
+    _trusted_key_arg(p)
 
     p = _add(
         sub,

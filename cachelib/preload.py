@@ -38,6 +38,7 @@ from typing import IO, Any
 from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BundleError, BundleReader
 from cachelib.keys import CacheKey, InvalidKey, cache_prefix, gpu_slug
 from cachelib.progress import Watch, unwatched
+from cachelib.signing import PublicKey, check_stored
 from cachelib.stores import NotFound, Store, StoreError, StoreUnavailable, open_store
 from cachelib.unpack import (
     LOCK_SUFFIX,
@@ -108,6 +109,8 @@ class PreloadResult:
     owner: str | None = None
     """``UID:GID`` the tree was handed to, when asked for."""
     deadline: float | None = None
+    signed_by: dict[str, str] = field(default_factory=dict)
+    """Bundle key -> id of the trusted key whose signature it carried (when signatures are checked)."""
 
     @property
     def key(self) -> str | None:
@@ -142,6 +145,7 @@ class PreloadResult:
             "share": self.share,
             "owner": self.owner,
             "deadline": self.deadline,
+            "signed_by": dict(self.signed_by),
         }
 
     def to_json(self) -> str:
@@ -265,6 +269,8 @@ class _Job:
     max_ratio: float | None
     watch: Watch
     gate: Gate
+    trusted: tuple[PublicKey, ...] = ()
+    """Public keys whose signature a bundle must carry; empty: signatures are not checked."""
     stage: str = "starting"
     """What the worker is doing now, for a deadline's reason."""
 
@@ -323,15 +329,26 @@ def _node_cache_hit(key: str, result: PreloadResult) -> None:
     result.node_cache.append(key)
 
 
+def _open_bundle(store: Store, key: str, raw: IO[bytes], job: _Job, result: PreloadResult) -> BundleReader:
+    """The bundle's reader once its header names ``key`` and, when keys are trusted, its signature
+    verifies: before any part is read, let alone unpacked."""
+    reader = BundleReader(raw)  # type: ignore[arg-type]
+    if str(reader.header.key) != key:
+        raise BundleError(f"bundle under {key} holds key {reader.header.key}")
+    if job.trusted:
+        job.stage = f"checking the signature of {key}"
+        result.signed_by[key] = check_stored(store, key, reader.digest, job.trusted)
+    return reader
+
+
 def _fetch_cachedir(
     store: Store, key: str, job: _Job, budget: _Budget, result: PreloadResult, marker: Mapping[str, Any]
 ) -> None:
     assert job.target is not None
     with store.get(key) as fetched, job.watch(f"get {key}", fetched, None) as raw:
         counted = _CountingReader(raw)
-        reader = BundleReader(counted)  # type: ignore[arg-type]
-        if str(reader.header.key) != key:
-            raise BundleError(f"bundle under {key} holds key {reader.header.key}")
+        reader = _open_bundle(store, key, counted, job, result)  # type: ignore[arg-type]
+        job.stage = f"fetching and unpacking {key}"
         part = reader.header.part(CACHEDIR_PART)
         if part.size > budget.remaining:
             raise UnpackError(
@@ -476,6 +493,7 @@ def _run(
     watch: Watch,
     env: Mapping[str, str] | None,
     strict: bool,
+    trusted_keys: Sequence[PublicKey],
 ) -> PreloadResult:
     """Run the fetch loop, within ``deadline`` when given; with ``strict`` a non-hit raises."""
     env = os.environ if env is None else env
@@ -489,7 +507,7 @@ def _run(
         sharing = Sharing(share, owner)
         if mode == "preload":
             result.share, result.owner = share, f"{owner[0]}:{owner[1]}" if owner else None
-        job = _Job(mode, target, sharing, max_ratio, watch, Gate())
+        job = _Job(mode, target, sharing, max_ratio, watch, Gate(), tuple(trusted_keys))
         work = functools.partial(_work, job, store_url, keys, cache, versions or {}, max_bytes, result)
         if not _within_deadline(job, work, deadline):
             result = _deadline_result(result, job, deadline)
@@ -553,6 +571,7 @@ def preload(
     deadline: float | None = None,
     watch: Watch = unwatched,
     env: Mapping[str, str] | None = None,
+    trusted_keys: Sequence[PublicKey] = (),
 ) -> PreloadResult:
     """Fetch, verify and unpack the ``cachedir`` part of each resolved bundle into ``target``.
 
@@ -561,8 +580,10 @@ def preload(
     either, every matching variant is unpacked. ``max_bytes`` caps the unpacked total,
     ``max_ratio`` the compression ratio of each part (None: no limit). ``share`` (``owner``,
     ``group``, ``all``) and ``owner`` (uid, gid) say who may write the tree; ``deadline``
-    (seconds, None: none) bounds the whole preload. With ``strict`` a non-hit raises
-    :class:`PreloadFailed` (carrying the result).
+    (seconds, None: none) bounds the whole preload. With ``trusted_keys`` every bundle must carry a
+    signature by one of them (:mod:`cachelib.signing`), checked right after its header and before
+    any part is read: without one, the result is an ``error`` naming why. With ``strict`` a
+    non-hit raises :class:`PreloadFailed` (carrying the result).
     """
     return _run(
         "preload",
@@ -580,6 +601,7 @@ def preload(
         watch=watch,
         env=env,
         strict=strict,
+        trusted_keys=trusted_keys,
     )
 
 
@@ -587,9 +609,8 @@ def preload(
 def _load_megacache(store: Store, key: str, job: _Job, budget: _Budget, result: PreloadResult) -> None:
     with store.get(key) as fetched, job.watch(f"get {key}", fetched, None) as raw:
         counted = _CountingReader(raw)
-        reader = BundleReader(counted)  # type: ignore[arg-type]
-        if str(reader.header.key) != key:
-            raise BundleError(f"bundle under {key} holds key {reader.header.key}")
+        reader = _open_bundle(store, key, counted, job, result)  # type: ignore[arg-type]
+        job.stage = f"fetching and loading {key}"
         data = reader.read_part(MEGACACHE_PART, limit=budget.remaining, max_ratio=job.max_ratio)
         result.bytes += counted.count
     budget.remaining -= len(data)
@@ -630,6 +651,7 @@ def load(
     deadline: float | None = None,
     watch: Watch = unwatched,
     env: Mapping[str, str] | None = None,
+    trusted_keys: Sequence[PublicKey] = (),
 ) -> PreloadResult:
     """Fetch each resolved bundle's ``megacache`` part, verify it, and load it into torch."""
     return _run(
@@ -648,4 +670,5 @@ def load(
         watch=watch,
         env=env,
         strict=strict,
+        trusted_keys=trusted_keys,
     )

@@ -26,6 +26,7 @@ from cachelib.bundle import (
     MEGACACHE_PART,
     HashingWriter,
     WrittenBundle,
+    bundle_digest_file,
     read_header_file,
     verify_bundle_file,
     write_bundle_file,
@@ -57,12 +58,15 @@ class PublishResult:
     parts: dict[str, int]
     seconds: float
     versions: dict[str, str]
+    digest: str = ""
+    """The bundle digest (sha256 of preamble and header) that a signature covers."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "result": "published",
             "key": self.key,
             "sha256": self.sha256,
+            "bundle_digest": self.digest,
             "bytes": self.bytes,
             "store": self.store,
             "job_id": self.job_id,
@@ -196,6 +200,7 @@ def publish(
             raise PackError(f"{source}: no such output directory or bundle file")
         header = verify_bundle_file(bundle)
         digest = _file_sha256(bundle)
+        bundle_digest = bundle_digest_file(bundle)
         size = bundle.stat().st_size
         opened = open_store(store) if isinstance(store, str) else store
         try:
@@ -217,6 +222,7 @@ def publish(
         parts={p.name: p.size for p in header.parts},
         seconds=time.perf_counter() - started,
         versions=dict(header.versions),
+        digest=bundle_digest,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from compilecache_operator import conditions as cond
 from compilecache_operator import reasons
+from compilecache_operator.confinement import Confinement, check_confinement
 from compilecache_operator.names import (
     API_VERSION,
     CACHE_LABEL,
@@ -374,11 +375,13 @@ def preload_command(
     done_file: str,
     sidecar: bool,
     identity: PreloadIdentity,
+    trusted_keys: Sequence[str] = (),
 ) -> list[str]:
     """``compilecache preload`` for one pod: its keys, the cache directory and the done file, then
     the bounds (``--max-bytes``: ``preload.maxBytes``, else the cache volume's ``sizeLimit``;
     ``--deadline``: ``preload.deadlineSeconds``) and how to leave the tree for the app
-    (``--share``, and ``--owner`` for a node cache)."""
+    (``--share``, and ``--owner`` for a node cache); with ``trusted_keys`` (the operator signs
+    bundles) a ``--trusted-key`` for each, so that only bundles it signed are unpacked."""
     assert view.spec is not None and keys
     preload = view.spec.preload
     command = ["compilecache", "preload", "--store", view.spec.storage.url]
@@ -393,6 +396,8 @@ def preload_command(
         command.append("--strict")
     command += ["--max-bytes", str(preload.byte_budget), "--deadline", str(preload.deadline_seconds)]
     command += identity.flags()
+    for public_key in trusted_keys:
+        command += ["--trusted-key", public_key]
     return command
 
 
@@ -416,6 +421,7 @@ def build_pod_patch(
     preloader_image: str,
     excluded_namespaces: frozenset[str] = EXCLUDED_NAMESPACES,
     sidecars: SidecarSupport = NOT_DETECTED,
+    trusted_keys: Sequence[str] = (),
 ) -> PodPatch:
     """What the webhook adds to an opted-in pod: the cache volume, the preload container first
     in line (an init container, or a native sidecar where the cache asks for one and ``sidecars``
@@ -438,7 +444,9 @@ def build_pod_patch(
     handoff = uses_handoff_volume(view.spec.preload, mode)
     identity = preload_identity(spec, app_containers, node_cache=bool(view.spec.preload.node_cache_path))
     keys = keys_for_pod_images(pod, view)
-    preload = _preload_container(view, keys, gpu, preloader_image, mode=mode, handoff=handoff, identity=identity)
+    preload = _preload_container(
+        view, keys, gpu, preloader_image, mode=mode, handoff=handoff, identity=identity, trusted_keys=trusted_keys
+    )
     containers, overridden, warnings = _wired_apps(app_containers, view, handoff=handoff)
     annotations = {INJECTED_ANNOTATION: view.name, **mode.annotations(), PRELOAD_SHARE_ANNOTATION: identity.share}
     if gpu:
@@ -543,6 +551,7 @@ def _preload_container(
     mode: PreloadMode,
     handoff: bool,
     identity: PreloadIdentity,
+    trusted_keys: Sequence[str] = (),
 ) -> dict[str, Any]:
     assert view.spec is not None
     preload: PreloadSpec = view.spec.preload
@@ -553,7 +562,9 @@ def _preload_container(
     container: dict[str, Any] = {
         "name": PRELOAD_CONTAINER,
         "image": image,
-        "command": preload_command(view, keys, gpu, done_file=done_file, sidecar=mode.sidecar, identity=identity),
+        "command": preload_command(
+            view, keys, gpu, done_file=done_file, sidecar=mode.sidecar, identity=identity, trusted_keys=trusted_keys
+        ),
         "env": [{"name": "TMPDIR", "value": PRELOAD_TMPDIR}, *storage_env(view.spec.storage)],
         "volumeMounts": mounts,
         "resources": _resources_dict(preload.resources) or copy.deepcopy(DEFAULT_PRELOAD_RESOURCES),
@@ -745,13 +756,17 @@ def status_changed(current: Mapping[str, Any] | None, new: Mapping[str, Any]) ->
     return {k: (current or {}).get(k) for k in new} != dict(new)
 
 
-def cache_view(body: Mapping[str, Any], defaults: Defaults) -> CacheView:
-    """The webhook's view of a CompileCache: Ready, the parsed spec, the bundles, the current plan."""
+def cache_view(body: Mapping[str, Any], defaults: Defaults, confinement: Confinement | None = None) -> CacheView:
+    """The webhook's view of a CompileCache: Ready, the parsed spec, the bundles, the current plan.
+    A spec outside the operator's allow-lists (``confinement``) counts as invalid: no pod gets its
+    store or Secret, even before the reconcile marks it InvalidSpec."""
     meta = body.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     status = body.get("status") or {}
     try:
         spec: CacheSpec | None = parse_spec(body.get("spec"), defaults, name=name)
+        if confinement is not None and spec is not None:
+            check_confinement(confinement, namespace, spec)
     except InvalidSpec:
         spec = None
     bundles = tuple(bundles_from_status(status))

@@ -18,6 +18,7 @@ from typing import Any
 
 from compilecache_operator import builders, storeops
 from compilecache_operator.conditions import Condition, now_rfc3339
+from compilecache_operator.confinement import Confinement, check_confinement
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import EXCLUDED_NAMESPACES, RECORDED_ANNOTATION, WARMUP_LABEL
@@ -36,6 +37,7 @@ from compilecache_operator.plan import (
 )
 from compilecache_operator.results import JobState, ResultError, bundle_from_publish, observe_job, publish_message
 from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
+from compilecache_operator.signing import Signing, sign_records
 from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec, StorageSpec, parse_spec
 
 from cachelib.keys import cache_prefix
@@ -57,6 +59,10 @@ class Settings:
     operator_namespace: str | None = None
     native_sidecars: str = "auto"
     """``--native-sidecars``: auto (ask the API server's version), on or off."""
+    confinement: Confinement = field(default_factory=Confinement)
+    """The cluster admin's allow-lists of stores, credentials Secrets and warm-up ServiceAccounts."""
+    signing: Signing | None = None
+    """The key that signs published bundles and the keys preloads trust; None: bundles are unsigned."""
 
     def in_scope(self, namespace: str) -> bool:
         return not self.namespaces or namespace in self.namespaces
@@ -207,6 +213,7 @@ async def _reconcile(state: State, namespace: str, name: str, *, emit: Emit | No
 
     try:
         spec = parse_spec(body.get("spec"), settings.defaults, name=name)
+        check_confinement(settings.confinement, namespace, spec)  # before the Secret is read or used
     except InvalidSpec as exc:
         failure = builders.Failure("InvalidSpec", str(exc))
         await _write_failure(api, body, failure, storage=None)
@@ -262,6 +269,9 @@ async def _reconcile(state: State, namespace: str, name: str, *, emit: Emit | No
                 warning = warmup_failed_warning(counted, gpus.get(counted.variant, counted.variant or "unknown"))
                 _emit(emit, body, "Warning", warning.reason, warning.message)
 
+    if settings.signing is not None and new_records:
+        new_records, unsigned = await _sign(spec, new_records, secret, settings.signing)
+        running = running or unsigned  # the Job is still there: the next pass signs and records it
     bundles = merge_bundles(bundles, new_records)
     bundles, prune_note = await _prune(body, spec, bundles, variants, secret)
     await _delete_superseded_jobs(api, namespace, observed, variants)
@@ -370,6 +380,26 @@ async def _create_job(
         _emit(emit, body, "Normal", "WarmupStarted", f"Job {name} warms {variant.gpu_label}")
     return JobState(name=name, variant=variant.id, generation=generation, phase="active",
                     reason="WarmupInProgress", message="Job created")
+
+
+async def _sign(
+    spec: CacheSpec, records: list[BundleRecord], secret: Mapping[str, bytes] | None, signing: Signing
+) -> tuple[list[BundleRecord], bool]:
+    """Sign the new bundles in the store; those that cannot be signed are left out (and logged)."""
+
+    def run() -> list[BundleRecord]:
+        with storeops.open_cache_store(spec.storage.url, secret_credentials(spec.storage, secret)) as store:
+            outcome = sign_records(store, signing, records)
+        for record, reason in outcome.failed:
+            logger.warning("bundle %s not signed, not recorded yet: %s", record.key, reason)
+        return list(outcome.signed)
+
+    try:
+        signed = await asyncio.to_thread(run)
+    except StoreError as exc:
+        logger.warning("cannot open the store to sign %d bundle(s): %s", len(records), exc)
+        return [], True
+    return signed, len(signed) < len(records)
 
 
 async def _prune(

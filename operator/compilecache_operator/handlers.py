@@ -150,7 +150,8 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
 
     @kopf.index(*cc, id="caches", registry=registry)
     def caches(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
-        view = builders.cache_view(body, _state(memo).settings.defaults)
+        settings = _state(memo).settings
+        view = builders.cache_view(body, settings.defaults, settings.confinement)
         return {(namespace or "", name): view}
 
     @kopf.on.resume(*cc, id="reconcile", backoff=10, registry=registry)

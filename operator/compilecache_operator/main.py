@@ -19,13 +19,17 @@ from pathlib import Path
 import kopf
 from compilecache_operator import certs, handlers
 from compilecache_operator.builders import JobSettings
+from compilecache_operator.confinement import Confinement, store_destination
 from compilecache_operator.controller import Settings, State
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import GROUP
 from compilecache_operator.sidecars import SWITCH_VALUES
+from compilecache_operator.signing import SigningKeyError, load_signing
 from compilecache_operator.spec import DEFAULT_GPU_LABEL_KEY, Defaults
 from compilecache_operator.webhook import PodWebhookServer
 from prometheus_client import start_http_server
+
+from cachelib.stores import StoreURLError
 
 WEBHOOK_MODES = ("managed", "external", "off")
 LOG_FORMATS = ("text", "json")
@@ -121,6 +125,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how often each CompileCache is reconciled without a change (default 60)")
     p.add_argument("--retry-seconds", type=float, default=_env_float("RETRY_SECONDS", 30.0),
                    help="delay before looking again after a problem that may pass, e.g. a missing Secret (default 30)")
+    p.add_argument("--signing-key-file", type=Path, default=_env("SIGNING_KEY_FILE"),
+                   help="PEM Ed25519 private key that signs published bundles; every preload then accepts only "
+                        "bundles signed by it or by a --trusted-public-keys key (default: bundles are unsigned)")
+    p.add_argument("--trusted-public-keys", default=_env("TRUSTED_PUBLIC_KEYS") or "",
+                   help="comma-separated Ed25519 public keys (base64) preloads also accept: the previous "
+                        "signing key during a rotation")
+    p.add_argument("--allowed-store-hosts", default=_env("ALLOWED_STORE_HOSTS"),
+                   help="comma-separated stores a CompileCache may use: host[:port], *.domain, s3://bucket, "
+                        "file:///root, or * (default: not confined; the default store is always allowed)")
+    p.add_argument("--allowed-store-secrets", default=_env("ALLOWED_STORE_SECRETS"),
+                   help="comma-separated credentials Secrets a CompileCache may use: NAME (any namespace) or "
+                        "NAMESPACE/NAME (default: not confined; --default-storage-secret is always allowed)")
+    p.add_argument("--allowed-warmup-service-accounts", default=_env("ALLOWED_WARMUP_SERVICE_ACCOUNTS"),
+                   help="comma-separated ServiceAccounts warm-ups may run as: NAME or NAMESPACE/NAME "
+                        "(default: not confined)")
     p.add_argument("--log-format", choices=LOG_FORMATS, default=_env("LOG_FORMAT") or "text",
                    help="text or json (one JSON object per line)")
     p.add_argument("--verbose", "-v", action="store_true", default=_env_bool("VERBOSE"), help="debug logging")
@@ -165,6 +184,24 @@ def settings_from(options: Options) -> Settings:
         namespaces=options.namespaces,
         operator_namespace=a.operator_namespace,
         native_sidecars=a.native_sidecars,
+        confinement=confinement_from(a),
+        signing=load_signing(a.signing_key_file, _csv(a.trusted_public_keys)) if a.signing_key_file else None,
+    )
+
+
+def confinement_from(a: argparse.Namespace) -> Confinement:
+    """The allow-lists; a list given always takes the default store and Secret in."""
+
+    def allowed(value: str | None, default: str | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        return tuple(dict.fromkeys([*_csv(value), *([default] if default else [])]))
+
+    default_host = store_destination(a.default_storage_url) if a.default_storage_url else None
+    return Confinement(
+        store_hosts=allowed(a.allowed_store_hosts, default_host),
+        store_secrets=allowed(a.allowed_store_secrets, a.default_storage_secret),
+        warmup_service_accounts=allowed(a.allowed_warmup_service_accounts, None),
     )
 
 
@@ -219,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_args(argv)
         run(options)
-    except certs.CertError as exc:
+    except (certs.CertError, SigningKeyError, StoreURLError) as exc:
         print(f"compilecache-operator: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

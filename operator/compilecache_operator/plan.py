@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from compilecache_operator.spec import CacheSpec
@@ -59,6 +59,9 @@ class BundleRecord:
     generation: int = 0
     job_id: str = ""
     job: str = ""
+    bundle_digest: str = field(default="", compare=False)
+    """What a bundle signature covers, as the publish step reported it (cachelib.signing); not kept in
+    the status: only needed to sign the bundle when it is recorded."""
 
     def to_status(self) -> dict[str, Any]:
         return {

@@ -50,11 +50,14 @@ NO_BUNDLE = "no-bundle"
 STORE_UNAVAILABLE = "store-unavailable"
 DEADLINE_EXCEEDED = "deadline-exceeded"
 PRELOAD_FAILED = "preload-failed"
+SIGNATURE_REFUSED = "signature-refused"
+"""A bundle refused because it carried no signature by a trusted key (cachelib.signing)."""
 RESULT_UNREADABLE = "result-unreadable"
 
 REASONS = (
     *WEBHOOK_RESULTS, NOT_INJECTED,
     PRELOADED, NODE_CACHE, NO_BUNDLE, STORE_UNAVAILABLE, DEADLINE_EXCEEDED, PRELOAD_FAILED, RESULT_UNREADABLE,
+    SIGNATURE_REFUSED,
 )
 
 
@@ -80,6 +83,8 @@ def preload_reason(result: str, text: str, *, code: str = "", source: str = "") 
         return DEADLINE_EXCEEDED
     if lowered.startswith("store unavailable"):
         return STORE_UNAVAILABLE
+    if lowered.startswith("signatureerror"):
+        return SIGNATURE_REFUSED
     if result == MISS:
         return NO_BUNDLE
     return PRELOAD_FAILED

@@ -112,6 +112,7 @@ def bundle_from_publish(message: str | None, variant: Variant, *, generation: in
         generation=generation,
         job_id=str(data.get("job_id") or ""),
         job=job,
+        bundle_digest=str(data.get("bundle_digest") or ""),
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from cachelib.keys import cache_prefix
+from cachelib.signing import signature_key
 from cachelib.stores import Store, StoreError, open_store
 
 
@@ -28,12 +29,13 @@ def open_cache_store(url: str, credentials: Mapping[str, str]) -> Store:
 
 
 def delete_keys(store: Store, keys: Iterable[str]) -> DeleteReport:
-    """Delete each key; a key already gone counts as deleted. Store errors are collected per key."""
+    """Delete each key and its signature; a key already gone counts as deleted. Store errors are collected per key."""
     deleted: list[str] = []
     failed: list[tuple[str, str]] = []
     for key in keys:
         try:
             store.delete(key)
+            store.delete(signature_key(key))
         except StoreError as exc:
             failed.append((key, str(exc)))
         else:

@@ -78,6 +78,7 @@ async def inject_pods(
         preloader_image=state.settings.jobs.preloader_image,
         excluded_namespaces=state.settings.excluded_namespaces,
         sidecars=state.sidecars,
+        trusted_keys=state.settings.signing.trusted_texts if state.settings.signing else (),
     )
     if result.skipped:
         logger.info(f"pod not injected ({result.skipped}) for CompileCache {namespace}/{cache}")

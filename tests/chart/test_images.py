@@ -19,7 +19,7 @@ from tests.chart.chart import REPO_ROOT
 
 IMAGES = REPO_ROOT / "images"
 DOCKERFILES = {"operator": IMAGES / "operator" / "Dockerfile", "preloader": IMAGES / "preloader" / "Dockerfile"}
-EXPECTED_EXTRA = {"operator": "operator", "preloader": "store"}
+EXPECTED_EXTRA = {"operator": "operator", "preloader": "store,signing"}
 SITE_PACKAGES = Path(next(p for p in sys.path if p.endswith("site-packages")))
 
 
@@ -64,7 +64,7 @@ def extra_requirements(extra: str, project: dict[str, object]) -> set[str]:
     assert isinstance(meta, dict)
     extras = meta["optional-dependencies"]
     names: set[str] = {re.split(r"[\[<>=!~; ]", d)[0].lower() for d in meta["dependencies"]}
-    todo, seen = [extra], set()
+    todo, seen = extra.split(","), set()
     while todo:
         current = todo.pop()
         assert current in extras, f"extra [{current}] is not in pyproject.toml"
@@ -110,7 +110,7 @@ def test_dockerfile_installs_an_existing_extra_without_torch(image: str) -> None
     if image == "operator":
         assert {"kopf", "prometheus-client"} <= requirements
     else:
-        assert {"redis", "boto3", "zstandard"} <= requirements and "kopf" not in requirements
+        assert {"redis", "boto3", "zstandard", "cryptography"} <= requirements and "kopf" not in requirements
 
 
 @pytest.mark.parametrize("image", DOCKERFILES)
@@ -143,8 +143,8 @@ def test_preloader_ships_the_harness_only_as_the_installed_package() -> None:
     (builders.COPY_HARNESS): the image carries no second copy and no variable naming one."""
     text = DOCKERFILES["preloader"].read_text()
     assert "/opt/compilecache" not in text and "COMPILECACHE_HARNESS" not in text
-    assert 'pip install ".[store]"' in text
-    for module in ("harness", "compilekey", "targets"):
+    assert 'pip install ".[store,signing]"' in text
+    for module in ("harness", "compilekey", "targets", "warmstart"):
         assert (REPO_ROOT / "cachelib" / f"{module}.py").is_file()
 
 

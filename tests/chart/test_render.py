@@ -291,14 +291,28 @@ def test_values_keys_are_camel_case() -> None:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_operator_accepts_the_rendered_command_line(renderings: dict[str, list[Manifest]], scenario: str) -> None:
-    """The operator's own argument parser reads the Deployment's args into the settings the values asked for."""
+def test_operator_accepts_the_rendered_command_line(
+    renderings: dict[str, list[Manifest]], scenario: str, tmp_path: Path
+) -> None:
+    """The operator's own argument parser reads the Deployment's args into the settings the values asked for
+    (the signing key file is the rendered Secret's key, as the Deployment mounts it)."""
+    import base64
+
     from compilecache_operator.main import parse_args, settings_from
 
     rendered = renderings[scenario]
     container = operator_container(rendered)
-    options = parse_args(container["args"])
+    args = list(container["args"])
+    key_flag = next((i for i, a in enumerate(args) if a.startswith("--signing-key-file=")), None)
+    if key_flag is not None:
+        mounted = next(m for m in container["volumeMounts"] if m["name"] == "signing-key")
+        assert args[key_flag] == f"--signing-key-file={mounted['mountPath']}/signing.key"
+        secret = next(s for s in of_kind(rendered, "Secret") if s["metadata"]["name"].endswith("-signing"))
+        (tmp_path / "signing.key").write_bytes(base64.b64decode(secret["data"]["signing.key"]))
+        args[key_flag] = f"--signing-key-file={tmp_path / 'signing.key'}"
+    options = parse_args(args)
     settings = settings_from(options)
+    assert (settings.signing is not None) == (key_flag is not None)
     values = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in container["args"] if "=" in a}
     assert settings.jobs.preloader_image == values["--preloader-image"]
     assert settings.defaults.gpu_label_key == values["--gpu-label-key"]

@@ -64,6 +64,9 @@ def test_default_chart_installs_upgrades_and_uninstalls(kube_client: KubeClient,
             "Role": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}",
             "RoleBinding": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}",
             "MutatingWebhookConfiguration": f"{MWC_API}/{name}",
+            "ValidatingAdmissionPolicy": f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}",
+            "ValidatingAdmissionPolicyBinding":
+                f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{name}",
             "CustomResourceDefinition": f"{CRDS_API}/{name}",
         }[kind]
         assert kube_client.get(path)["metadata"]["name"] == name
@@ -199,6 +202,18 @@ def test_namespaced_release_reaches_only_its_namespaces(
         assert not allowed(operator, "GET", f"{CC_API}/compilecaches")
         assert not allowed(operator, "GET", "/api/v1/pods")
         assert not allowed(operator, "GET", f"/api/v1/namespaces/{outside}/secrets/any")
+        # Jobs are created and deleted, pods patched, only in the watched namespace
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "probe"},
+               "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                              "containers": [{"name": "c", "image": "busybox"}]}}}}
+        assert allowed(operator, "POST", f"/apis/batch/v1/namespaces/{kube_namespace}/jobs", job)
+        assert not allowed(operator, "POST", f"/apis/batch/v1/namespaces/{outside}/jobs", job)
+        assert not allowed(operator, "DELETE", f"/apis/batch/v1/namespaces/{outside}/jobs/probe")
+        patch = {"metadata": {"annotations": {"probe": "1"}}}
+        assert allowed(operator, "PATCH", f"/api/v1/namespaces/{kube_namespace}/pods/x", patch)
+        assert not allowed(operator, "PATCH", f"/api/v1/namespaces/{outside}/pods/x", patch)
+        # the signing key is mounted into the operator's pod, never readable through the API
+        assert not allowed(operator, "GET", f"/api/v1/namespaces/{outside}/secrets/{release.fullname}-signing")
     finally:
         operator.close()
 

@@ -82,7 +82,9 @@ def test_operator_flow_under_the_charts_rbac(
     install: Callable[..., Release], password_redis: RedisServer, tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:
     ns = kube_namespace
-    release = install("--set", f"operator.watchNamespaces={{{ns}}}", "--set", f"rbac.secretNamespaces={{{ns}}}")
+    release = install("--set", f"operator.watchNamespaces={{{ns}}}", "--set", f"rbac.secretNamespaces={{{ns}}}",
+                      "--set", f"confinement.storeHosts={{{password_redis.host}:{password_redis.port}}}",
+                      "--set", "confinement.storeSecrets={store}")
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store"},
               "stringData": {"password": REDIS_PASSWORD}}
     kube_client.post(f"/api/v1/namespaces/{ns}/secrets", secret)

@@ -1,0 +1,135 @@
+"""What a CompileCache may point at, as the cluster admin allowed it (pure functions).
+
+Whoever may create a CompileCache chooses the store its bundles go to, a Secret of the namespace
+whose values are sent to that store (as the Redis password or S3 keys, by the publish container,
+every preload and the operator itself), and the ServiceAccount its warm-up pod runs as. Without
+limits, "create CompileCache" would mean "read any Secret of this namespace and send it anywhere".
+The operator therefore accepts only:
+
+- stores whose destination is on the allow-list (``--allowed-store-hosts``): a Redis or S3-endpoint
+  host (``redis.cache.svc``, with ``:port`` to pin the port, ``*.cache.svc`` for a domain), an S3
+  bucket without endpoint (``s3://bucket``), a file store root (``file:///shared/cache``);
+- credentials Secrets on the allow-list (``--allowed-store-secrets``): ``NAME`` in any namespace or
+  ``NAMESPACE/NAME``;
+- warm-up ServiceAccounts on the allow-list (``--allowed-warmup-service-accounts``), same forms.
+
+A list that is not configured (None) confines nothing; an empty one allows nothing. A CompileCache
+outside the lists is ``InvalidSpec``: no Job is created and no pod is given its Secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from compilecache_operator.spec import CacheSpec, FieldError, InvalidSpec
+
+from cachelib.stores import StoreURLError
+from cachelib.stores.urls import FileStoreURL, RedisStoreURL, S3StoreURL, parse_store_url
+
+ANY = "*"
+
+
+@dataclass(frozen=True)
+class Confinement:
+    store_hosts: tuple[str, ...] | None = None
+    store_secrets: tuple[str, ...] | None = None
+    warmup_service_accounts: tuple[str, ...] | None = None
+
+
+def store_destination(url: str) -> str:
+    """Where a store URL sends data: ``host:port`` (Redis, S3 endpoint), ``s3://bucket`` (AWS S3 by
+    its bucket), ``file:///root``. Raises :class:`cachelib.stores.StoreURLError` for a bad URL."""
+    parsed = parse_store_url(url)
+    if isinstance(parsed, RedisStoreURL):
+        return f"{parsed.host.lower()}:{parsed.port}"
+    if isinstance(parsed, S3StoreURL):
+        if not parsed.endpoint:
+            return f"s3://{parsed.bucket}"
+        endpoint = urlsplit(parsed.endpoint)
+        port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+        return f"{(endpoint.hostname or '').lower()}:{port}"
+    assert isinstance(parsed, FileStoreURL)
+    return f"file://{parsed.root}"
+
+
+def destination_allowed(destination: str, patterns: Sequence[str]) -> bool:
+    """Whether ``destination`` (from :func:`store_destination`) matches one of ``patterns``."""
+    for pattern in patterns:
+        pattern = pattern.strip()
+        if pattern == ANY:
+            return True
+        if pattern.startswith("file://"):
+            root = pattern.rstrip("/")
+            if destination == root or destination.startswith(root + "/"):
+                return True
+            continue
+        if pattern.startswith("s3://") or destination.startswith(("s3://", "file://")):
+            if destination == pattern.rstrip("/"):
+                return True
+            continue
+        host, _, port = destination.rpartition(":")
+        want_host, sep, want_port = pattern.lower().partition(":")
+        if sep and want_port != port:
+            continue
+        if want_host.startswith("*."):
+            if host.endswith(want_host[1:]):
+                return True
+        elif host == want_host:
+            return True
+    return False
+
+
+def name_allowed(namespace: str, name: str, allowed: Sequence[str]) -> bool:
+    """``name`` of ``namespace`` against entries ``NAME``, ``NAMESPACE/NAME`` or ``*``."""
+    return any(entry in (ANY, name, f"{namespace}/{name}") for entry in (e.strip() for e in allowed))
+
+
+def problems(
+    confinement: Confinement,
+    namespace: str,
+    *,
+    store_url: str,
+    secret_name: str | None,
+    service_account: str | None,
+) -> list[FieldError]:
+    """The field path and what is wrong of each choice of the CompileCache outside the allow-lists."""
+    found: list[FieldError] = []
+    if confinement.store_hosts is not None:
+        try:
+            destination = store_destination(store_url)
+        except StoreURLError as exc:
+            return [FieldError("spec.storage.url", str(exc))]
+        if not destination_allowed(destination, confinement.store_hosts):
+            allowed = ", ".join(confinement.store_hosts) or "none"
+            what = f"store {destination} is not on the operator's allow-list ({allowed})"
+            found.append(FieldError("spec.storage.url", what))
+    secrets = confinement.store_secrets
+    if secret_name and secrets is not None and not name_allowed(namespace, secret_name, secrets):
+        found.append(FieldError(
+            "spec.storage.secretRef.name",
+            f"Secret {secret_name!r} is not allowed as store credentials (the cluster admin allows: "
+            f"{', '.join(secrets) or 'none'})",
+        ))
+    accounts = confinement.warmup_service_accounts
+    if service_account and accounts is not None and not name_allowed(namespace, service_account, accounts):
+        found.append(FieldError(
+            "spec.warmup.serviceAccountName",
+            f"ServiceAccount {service_account!r} is not allowed for warm-ups (the cluster admin allows: "
+            f"{', '.join(accounts) or 'none'})",
+        ))
+    return found
+
+
+def check_confinement(confinement: Confinement, namespace: str, spec: CacheSpec) -> None:
+    """Raise :class:`InvalidSpec` naming every field of ``spec`` outside the allow-lists."""
+    found = problems(
+        confinement,
+        namespace,
+        store_url=spec.storage.url,
+        secret_name=spec.storage.secret_name,
+        service_account=spec.warmup.service_account_name,
+    )
+    if found:
+        raise InvalidSpec(found)
