@@ -171,7 +171,7 @@ def build_job(
         compile_env.append({"name": "COMPILECACHE_GPU", "value": variant.gpu})
     if spec.remote_cache is not None:
         compile_env += [{"name": k, "value": v} for k, v in spec.remote_cache.env().items()]
-    compile_env += [{"name": k, "value": v} for k, v in warm.env]
+    compile_env += [dict(e) for e in warm.env]
 
     resources = _resources_dict(warm.resources)
     if variant.gpu and warm.gpus_per_job > 0:
@@ -186,6 +186,7 @@ def build_job(
         "volumeMounts": [
             {"name": HARNESS_VOLUME, "mountPath": HARNESS_DIR, "readOnly": True},
             {"name": WORK_VOLUME, "mountPath": WORK_DIR},
+            *(dict(m) for m in warm.volume_mounts),
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         # The user's image: torch and its libraries write temporary files where they please.
@@ -205,7 +206,11 @@ def build_job(
         "securityContext": restricted_pod_context(
             run_as_user=warm.run_as_user, run_as_group=warm.run_as_group, fs_group=warm.fs_group
         ),
-        "volumes": [{"name": HARNESS_VOLUME, "emptyDir": {}}, {"name": WORK_VOLUME, "emptyDir": {}}],
+        "volumes": [
+            {"name": HARNESS_VOLUME, "emptyDir": {}},
+            {"name": WORK_VOLUME, "emptyDir": {}},
+            *(dict(v) for v in warm.volumes),
+        ],
         "initContainers": [
             {
                 "name": HARNESS_CONTAINER,
