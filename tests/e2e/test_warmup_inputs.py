@@ -29,9 +29,9 @@ TIMEOUT = 240
 # path comes in an environment variable, as a client library reads it (and as the node agent, whose
 # containers are processes, rewrites paths under a mountPath).
 CHECK = (
-    "python -c \"import os, sys; "
+    'python -c "import os, sys; '
     "ok = os.environ.get('HF_TOKEN') == 'hf_s3cret' and open(os.environ['CA_FILE']).read() == 'CA-PEM'; "
-    "sys.exit(0 if ok else 7)\""
+    'sys.exit(0 if ok else 7)"'
 )
 ENV = [
     {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token"}}},
@@ -46,12 +46,23 @@ def test_a_warm_up_reads_a_secret_through_value_from_and_a_file_from_a_volume(
 ) -> None:
     ns = kube_namespace
     for name, data in (("hub", {"token": "hf_s3cret"}), ("model-ca", {"ca.crt": "CA-PEM"})):
-        kube_client.post(f"/api/v1/namespaces/{ns}/secrets",
-                         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data})
+        kube_client.post(
+            f"/api/v1/namespaces/{ns}/secrets",
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data},
+        )
     warmup = {"backoffLimit": 0, "env": ENV, "volumes": VOLUMES, "volumeMounts": MOUNTS}
-    stored = kube_client.post(cache_path(ns), compile_cache("private", {
-        "image": WORKLOAD_IMAGE, "model": {"command": CHECK}, "storage": {"url": redis_server.store_url()},
-        "warmup": warmup}))
+    stored = kube_client.post(
+        cache_path(ns),
+        compile_cache(
+            "private",
+            {
+                "image": WORKLOAD_IMAGE,
+                "model": {"command": CHECK},
+                "storage": {"url": redis_server.store_url()},
+                "warmup": warmup,
+            },
+        ),
+    )
     assert stored["spec"]["warmup"]["env"] == warmup["env"]  # not pruned by the schema
     assert stored["spec"]["warmup"]["volumes"] == warmup["volumes"]
 
@@ -69,10 +80,21 @@ def test_a_warm_up_without_the_secret_value_fails_the_check(
     """The same warm-up with the wrong token: the command's check is real, the warm-up fails."""
     ns = kube_namespace
     for name, data in (("hub", {"token": "wrong"}), ("model-ca", {"ca.crt": "CA-PEM"})):
-        kube_client.post(f"/api/v1/namespaces/{ns}/secrets",
-                         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data})
-    kube_client.post(cache_path(ns), compile_cache("private", {
-        "image": WORKLOAD_IMAGE, "model": {"command": CHECK}, "storage": {"url": redis_server.store_url()},
-        "warmup": {"backoffLimit": 0, "env": ENV, "volumes": VOLUMES, "volumeMounts": MOUNTS}}))
+        kube_client.post(
+            f"/api/v1/namespaces/{ns}/secrets",
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data},
+        )
+    kube_client.post(
+        cache_path(ns),
+        compile_cache(
+            "private",
+            {
+                "image": WORKLOAD_IMAGE,
+                "model": {"command": CHECK},
+                "storage": {"url": redis_server.store_url()},
+                "warmup": {"backoffLimit": 0, "env": ENV, "volumes": VOLUMES, "volumeMounts": MOUNTS},
+            },
+        ),
+    )
     cache = wait_condition(kube_client, ns, "private", "Ready", "False", TIMEOUT, reason="WarmupFailed")
     assert "exited with code" in condition(cache, "Degraded")["message"]

@@ -75,31 +75,67 @@ def test_the_crd_schema_accepts_the_same_warmup() -> None:
 
 
 BAD = [
-    ({"env": [{"name": "T", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
-     "spec.warmup.env[0]", "not both"),
-    ({"env": [{"name": "T", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
-     "spec.warmup.env[0].valueFrom", "exactly one of secretKeyRef, configMapKeyRef"),
-    ({"env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "k"}}}]},
-     "spec.warmup.env[0].valueFrom.secretKeyRef.name", "not a Secret name"),
-    ({"env": [{"name": "T", "valueFrom": {"configMapKeyRef": {"name": "c"}}}]},
-     "spec.warmup.env[0].valueFrom.configMapKeyRef.key", "required"),
-    ({"volumes": [{"name": "w", "hostPath": {"path": "/etc"}}]},
-     "spec.warmup.volumes[0].hostPath", "not a volume type a warm-up may use"),
-    ({"volumes": [{"name": "w", "secret": {"secretName": "s"}, "emptyDir": {}}]},
-     "spec.warmup.volumes[0]", "exactly one of"),
+    (
+        {"env": [{"name": "T", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+        "spec.warmup.env[0]",
+        "not both",
+    ),
+    (
+        {"env": [{"name": "T", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+        "spec.warmup.env[0].valueFrom",
+        "exactly one of secretKeyRef, configMapKeyRef",
+    ),
+    (
+        {"env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "k"}}}]},
+        "spec.warmup.env[0].valueFrom.secretKeyRef.name",
+        "not a Secret name",
+    ),
+    (
+        {"env": [{"name": "T", "valueFrom": {"configMapKeyRef": {"name": "c"}}}]},
+        "spec.warmup.env[0].valueFrom.configMapKeyRef.key",
+        "required",
+    ),
+    (
+        {"volumes": [{"name": "w", "hostPath": {"path": "/etc"}}]},
+        "spec.warmup.volumes[0].hostPath",
+        "not a volume type a warm-up may use",
+    ),
+    (
+        {"volumes": [{"name": "w", "secret": {"secretName": "s"}, "emptyDir": {}}]},
+        "spec.warmup.volumes[0]",
+        "exactly one of",
+    ),
     ({"volumes": [{"name": "work", "emptyDir": {}}]}, "spec.warmup.volumes[0].name", "the warm-up's own volume"),
-    ({"volumes": [{"name": "w", "emptyDir": {}}, {"name": "w", "emptyDir": {}}]},
-     "spec.warmup.volumes[1].name", "given twice"),
-    ({"volumes": [{"name": "w", "secret": {"secretName": "s", "items": [{"key": "k", "path": "../x"}]}}]},
-     "spec.warmup.volumes[0].secret.items[0].path", "relative path"),
-    ({"volumeMounts": [{"name": "nope", "mountPath": "/x"}]},
-     "spec.warmup.volumeMounts[0].name", "not a volume in spec.warmup.volumes"),
-    ({"volumes": [{"name": "w", "emptyDir": {}}], "volumeMounts": [{"name": "w", "mountPath": "/work/out"}]},
-     "spec.warmup.volumeMounts[0].mountPath", "overlaps the warm-up's own directory /work"),
-    ({"volumes": [{"name": "w", "emptyDir": {}}], "volumeMounts": [{"name": "w", "mountPath": "/opt"}]},
-     "spec.warmup.volumeMounts[0].mountPath", "overlaps the warm-up's own directory /opt/compilecache-harness"),
-    ({"volumes": [{"name": "w", "emptyDir": {}}], "volumeMounts": [{"name": "w", "mountPath": "models"}]},
-     "spec.warmup.volumeMounts[0].mountPath", "absolute path"),
+    (
+        {"volumes": [{"name": "w", "emptyDir": {}}, {"name": "w", "emptyDir": {}}]},
+        "spec.warmup.volumes[1].name",
+        "given twice",
+    ),
+    (
+        {"volumes": [{"name": "w", "secret": {"secretName": "s", "items": [{"key": "k", "path": "../x"}]}}]},
+        "spec.warmup.volumes[0].secret.items[0].path",
+        "relative path",
+    ),
+    (
+        {"volumeMounts": [{"name": "nope", "mountPath": "/x"}]},
+        "spec.warmup.volumeMounts[0].name",
+        "not a volume in spec.warmup.volumes",
+    ),
+    (
+        {"volumes": [{"name": "w", "emptyDir": {}}], "volumeMounts": [{"name": "w", "mountPath": "/work/out"}]},
+        "spec.warmup.volumeMounts[0].mountPath",
+        "overlaps the warm-up's own directory /work",
+    ),
+    (
+        {"volumes": [{"name": "w", "emptyDir": {}}], "volumeMounts": [{"name": "w", "mountPath": "/opt"}]},
+        "spec.warmup.volumeMounts[0].mountPath",
+        "overlaps the warm-up's own directory /opt/compilecache-harness",
+    ),
+    (
+        {"volumes": [{"name": "w", "emptyDir": {}}], "volumeMounts": [{"name": "w", "mountPath": "models"}]},
+        "spec.warmup.volumeMounts[0].mountPath",
+        "absolute path",
+    ),
 ]
 
 
