@@ -8,6 +8,7 @@ import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.kube.rest import KubeClient
+from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     OperatorProcess,
     cache_path,
@@ -72,6 +73,14 @@ def test_a_warm_up_reads_a_secret_through_value_from_and_a_file_from_a_volume(
     compile_ = job["spec"]["template"]["spec"]["initContainers"][1]
     assert compile_["env"][-2:] == ENV
     assert {"name": "ca", "mountPath": "/etc/model-ca", "readOnly": True} in compile_["volumeMounts"]
+    # the operator's own metrics saw it: Ready per cache from the stored status, handler runs timed
+    wait_for(lambda: operator.sample("compilecache_cache_ready", namespace=ns, cache="private") == 1, 30,
+             "compilecache_cache_ready 1 in /metrics")
+    assert operator.sample("compilecache_handler_duration_seconds_count", handler="reconcile") >= 1
+    assert operator.sample("compilecache_handler_duration_seconds_count", handler="jobs") >= 1
+    assert operator.sample("compilecache_handler_errors_total", error="unexpected") == 0
+    assert operator.sample("compilecache_operator_build_info") == 1
+    assert operator.sample("process_resident_memory_bytes") > 0
 
 
 def test_a_warm_up_without_the_secret_value_fails_the_check(
@@ -98,3 +107,6 @@ def test_a_warm_up_without_the_secret_value_fails_the_check(
     )
     cache = wait_condition(kube_client, ns, "private", "Ready", "False", TIMEOUT, reason="WarmupFailed")
     assert "exited with code" in condition(cache, "Degraded")["message"]
+    wait_for(lambda: operator.sample("compilecache_cache_ready", namespace=ns, cache="private") == 0 and
+             operator.metrics().count('compilecache_cache_ready{cache="private"') == 1, 30,
+             "compilecache_cache_ready 0 in /metrics")
