@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compilecache_operator import conditions as cond
-from compilecache_operator import reasons
+from compilecache_operator import reasons, store_ca
 from compilecache_operator.names import (
     API_VERSION,
     CACHE_LABEL,
@@ -210,6 +210,7 @@ def build_job(
             {"name": HARNESS_VOLUME, "emptyDir": {}},
             {"name": WORK_VOLUME, "emptyDir": {}},
             *(dict(v) for v in warm.volumes),
+            *([store_ca.ca_volume(spec.storage.ca)] if spec.storage.ca else []),
         ],
         "initContainers": [
             {
@@ -230,7 +231,10 @@ def build_job(
                 # The bundle is packed in a temporary directory: on the work volume, as the root file
                 # system is read-only.
                 "env": [{"name": "TMPDIR", "value": WORK_DIR}, *storage_env(spec.storage)],
-                "volumeMounts": [{"name": WORK_VOLUME, "mountPath": WORK_DIR}],
+                "volumeMounts": [
+                    {"name": WORK_VOLUME, "mountPath": WORK_DIR},
+                    *([dict(store_ca.CA_MOUNT)] if spec.storage.ca else []),
+                ],
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
                 "securityContext": restricted_container_context(),
@@ -469,6 +473,8 @@ def build_pod_patch(
         volumes.append(cache_volume(view))
     if handoff and not any(v.get("name") == HANDOFF_VOLUME for v in volumes):
         volumes.append({"name": HANDOFF_VOLUME, "emptyDir": {}})
+    if view.spec.storage.ca and not any(v.get("name") == store_ca.STORE_CA_VOLUME for v in volumes):
+        volumes.append(store_ca.ca_volume(view.spec.storage.ca))
     containers: list[dict[str, Any]] = []
     overridden: list[str] = []
     warnings: list[str] = []
@@ -539,6 +545,8 @@ def _preload_container(
     mounts = [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}]
     if handoff:
         mounts.append({"name": HANDOFF_VOLUME, "mountPath": HANDOFF_DIR})
+    if view.spec.storage.ca:
+        mounts.append(dict(store_ca.CA_MOUNT))
     container: dict[str, Any] = {
         "name": PRELOAD_CONTAINER,
         "image": image,

@@ -14,12 +14,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit
 
-from compilecache_operator import warmup_inputs
+from compilecache_operator import store_ca, warmup_inputs
 
 from cachelib.harness import BUILTIN_TARGETS
 from cachelib.keys import gpu_slug
@@ -144,6 +144,8 @@ class StorageSpec:
     url: str
     secret_name: str | None = None
     secret_keys: tuple[SecretKey, ...] = ()
+    ca: Mapping[str, Any] | None = None
+    """The pod volume source of ``spec.storage.ca`` (see :mod:`compilecache_operator.store_ca`)."""
 
     @property
     def scheme(self) -> str:
@@ -295,6 +297,9 @@ def parse_spec(
     gpu_types = _parse_gpu_types(spec.get("gpuTypes"), errors)
     discovery = _parse_discovery(_mapping(spec.get("gpuDiscovery"), "spec.gpuDiscovery", errors), defaults, errors)
     storage = _parse_storage(spec.get("storage"), defaults, errors)
+    if storage is not None and isinstance(spec.get("storage"), Mapping):
+        ca = store_ca.parse_store_ca(spec["storage"].get("ca"), storage.url, "spec.storage.ca", errors)
+        storage = replace(storage, ca=ca)
     warmup = _parse_warmup(_mapping(spec.get("warmup"), "spec.warmup", errors), errors)
     retention = _mapping(spec.get("retention"), "spec.retention", errors)
     keep = _integer(retention, "keepGenerations", "spec.retention", errors, 2, low=1, high=100)

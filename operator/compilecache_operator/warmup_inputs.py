@@ -19,8 +19,8 @@ from compilecache_operator.names import HARNESS_DIR, HARNESS_VOLUME, WORK_DIR, W
 
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _QUANTITY = re.compile(r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$")
 
 KEY_REFS = {"secretKeyRef": "Secret", "configMapKeyRef": "ConfigMap"}
@@ -70,8 +70,8 @@ def _key_ref(raw: Any, path: str, errors: Errors) -> dict[str, Any] | None:
     if not isinstance(ref, Mapping):
         errors.add(where, "expected an object with name and key")
         return None
-    good = _check(ref, "name", where, errors, _DNS_SUBDOMAIN, f"a {KEY_REFS[kind]} name")
-    good &= _check(ref, "key", where, errors, _CONFIG_KEY, f"a {KEY_REFS[kind]} key")
+    good = _check(ref, "name", where, errors, DNS_SUBDOMAIN, f"a {KEY_REFS[kind]} name")
+    good &= _check(ref, "key", where, errors, CONFIG_KEY, f"a {KEY_REFS[kind]} key")
     optional = ref.get("optional", False)
     if not isinstance(optional, bool):
         errors.add(f"{where}.optional", "expected true or false")
@@ -119,7 +119,7 @@ def _volume_source(kind: str, raw: Any, path: str, errors: Errors) -> dict[str, 
         errors.add(path, "expected an object")
         return None
     if kind == "persistentVolumeClaim":
-        if not _check(raw, "claimName", path, errors, _DNS_SUBDOMAIN, "a PersistentVolumeClaim name"):
+        if not _check(raw, "claimName", path, errors, DNS_SUBDOMAIN, "a PersistentVolumeClaim name"):
             return None
         return {"claimName": raw["claimName"], "readOnly": _flag(raw, "readOnly", path, errors)}
     if kind == "emptyDir":
@@ -134,12 +134,12 @@ def _volume_source(kind: str, raw: Any, path: str, errors: Errors) -> dict[str, 
         return out
     name_field = "secretName" if kind == "secret" else "name"
     what = "Secret" if kind == "secret" else "ConfigMap"
-    good = _check(raw, name_field, path, errors, _DNS_SUBDOMAIN, f"a {what} name")
+    good = _check(raw, name_field, path, errors, DNS_SUBDOMAIN, f"a {what} name")
     out = {name_field: raw.get(name_field)}
     items = []
     for i, item in enumerate(_objects(raw.get("items"), f"{path}.items", errors)):
         ipath = f"{path}.items[{i}]"
-        good &= _check(item, "key", ipath, errors, _CONFIG_KEY, f"a {what} key")
+        good &= _check(item, "key", ipath, errors, CONFIG_KEY, f"a {what} key")
         target = item.get("path")
         if not isinstance(target, str) or not target or target.startswith("/") or ".." in target.split("/"):
             errors.add(f"{ipath}.path", "expected a relative path without '..'")
