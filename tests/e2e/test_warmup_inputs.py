@@ -4,6 +4,8 @@ CRD's schema (nothing pruned) and reaches the compile container, and a Secret vo
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
@@ -42,30 +44,29 @@ VOLUMES = [{"name": "ca", "secret": {"secretName": "model-ca", "items": [{"key":
 MOUNTS = [{"name": "ca", "mountPath": "/etc/model-ca", "readOnly": True}]
 
 
+def create_private_warm_up(client: KubeClient, ns: str, store_url: str, token: str) -> dict[str, Any]:
+    """The Secrets (the token, the CA file) and a CompileCache whose warm-up checks both; the stored object."""
+    for name, data in (("hub", {"token": token}), ("model-ca", {"ca.crt": "CA-PEM"})):
+        client.post(
+            f"/api/v1/namespaces/{ns}/secrets",
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data},
+        )
+    spec = {
+        "image": WORKLOAD_IMAGE,
+        "model": {"command": CHECK},
+        "storage": {"url": store_url},
+        "warmup": {"backoffLimit": 0, "env": ENV, "volumes": VOLUMES, "volumeMounts": MOUNTS},
+    }
+    return dict(client.post(cache_path(ns), compile_cache("private", spec)))
+
+
 def test_a_warm_up_reads_a_secret_through_value_from_and_a_file_from_a_volume(
     operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace
-    for name, data in (("hub", {"token": "hf_s3cret"}), ("model-ca", {"ca.crt": "CA-PEM"})):
-        kube_client.post(
-            f"/api/v1/namespaces/{ns}/secrets",
-            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data},
-        )
-    warmup = {"backoffLimit": 0, "env": ENV, "volumes": VOLUMES, "volumeMounts": MOUNTS}
-    stored = kube_client.post(
-        cache_path(ns),
-        compile_cache(
-            "private",
-            {
-                "image": WORKLOAD_IMAGE,
-                "model": {"command": CHECK},
-                "storage": {"url": redis_server.store_url()},
-                "warmup": warmup,
-            },
-        ),
-    )
-    assert stored["spec"]["warmup"]["env"] == warmup["env"]  # not pruned by the schema
-    assert stored["spec"]["warmup"]["volumes"] == warmup["volumes"]
+    stored = create_private_warm_up(kube_client, ns, redis_server.store_url(), "hf_s3cret")
+    assert stored["spec"]["warmup"]["env"] == ENV  # not pruned by the schema
+    assert stored["spec"]["warmup"]["volumes"] == VOLUMES
 
     cache = wait_condition(kube_client, ns, "private", "Ready", "True", TIMEOUT)
     assert condition(cache, "Degraded")["status"] == "False"
@@ -74,8 +75,11 @@ def test_a_warm_up_reads_a_secret_through_value_from_and_a_file_from_a_volume(
     assert compile_["env"][-2:] == ENV
     assert {"name": "ca", "mountPath": "/etc/model-ca", "readOnly": True} in compile_["volumeMounts"]
     # the operator's own metrics saw it: Ready per cache from the stored status, handler runs timed
-    wait_for(lambda: operator.sample("compilecache_cache_ready", namespace=ns, cache="private") == 1, 30,
-             "compilecache_cache_ready 1 in /metrics")
+    wait_for(
+        lambda: operator.sample("compilecache_cache_ready", namespace=ns, cache="private") == 1,
+        30,
+        "compilecache_cache_ready 1 in /metrics",
+    )
     assert operator.sample("compilecache_handler_duration_seconds_count", handler="reconcile") >= 1
     assert operator.sample("compilecache_handler_duration_seconds_count", handler="jobs") >= 1
     assert operator.sample("compilecache_handler_errors_total", error="unexpected") == 0
@@ -88,25 +92,14 @@ def test_a_warm_up_without_the_secret_value_fails_the_check(
 ) -> None:
     """The same warm-up with the wrong token: the command's check is real, the warm-up fails."""
     ns = kube_namespace
-    for name, data in (("hub", {"token": "wrong"}), ("model-ca", {"ca.crt": "CA-PEM"})):
-        kube_client.post(
-            f"/api/v1/namespaces/{ns}/secrets",
-            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data},
-        )
-    kube_client.post(
-        cache_path(ns),
-        compile_cache(
-            "private",
-            {
-                "image": WORKLOAD_IMAGE,
-                "model": {"command": CHECK},
-                "storage": {"url": redis_server.store_url()},
-                "warmup": {"backoffLimit": 0, "env": ENV, "volumes": VOLUMES, "volumeMounts": MOUNTS},
-            },
-        ),
-    )
+    create_private_warm_up(kube_client, ns, redis_server.store_url(), "wrong")
     cache = wait_condition(kube_client, ns, "private", "Ready", "False", TIMEOUT, reason="WarmupFailed")
     assert "exited with code" in condition(cache, "Degraded")["message"]
-    wait_for(lambda: operator.sample("compilecache_cache_ready", namespace=ns, cache="private") == 0 and
-             operator.metrics().count('compilecache_cache_ready{cache="private"') == 1, 30,
-             "compilecache_cache_ready 0 in /metrics")
+    wait_for(
+        lambda: (
+            operator.sample("compilecache_cache_ready", namespace=ns, cache="private") == 0
+            and operator.metrics().count('compilecache_cache_ready{cache="private"') == 1
+        ),
+        30,
+        "compilecache_cache_ready 0 in /metrics",
+    )
