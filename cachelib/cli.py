@@ -24,6 +24,7 @@ from cachelib.units import human_bytes, parse_size
 if TYPE_CHECKING:
     from cachelib.preload import PreloadResult
     from cachelib.signing import PublicKey, Signature
+    from cachelib.stores import Store
 
 STORE_ENV = "COMPILECACHE_STORE"
 log = logging.getLogger("compilecache")
@@ -241,6 +242,18 @@ def parse_owner_arg(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def parse_cache_arg(text: str) -> str:
+    """``NS/NAME`` as given; anything else is a bad argument (exit status 2)."""
+    from cachelib.keys import InvalidKey
+    from cachelib.preload import parse_cache_ref
+
+    try:
+        parse_cache_ref(text)
+    except InvalidKey:
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text!r}") from None
+    return text
+
+
 def parse_seconds(text: str) -> float:
     """A non-negative number of seconds (0: none)."""
     try:
@@ -334,51 +347,64 @@ def _prefix(args: argparse.Namespace) -> str:
     return str(args.prefix or "")
 
 
-def cmd_ls(args: argparse.Namespace) -> int:
-    from cachelib.inventory import format_age, list_bundles
+def open_listed_store(args: argparse.Namespace) -> Store:
+    """The store ``ls`` and ``gc`` read. A file store whose directory does not exist is an
+    error there (a typo would otherwise list nothing), though a preload counts it as a miss."""
     from cachelib.stores import open_store
+    from cachelib.stores.filestore import FileStore
 
-    with open_store(store_url(args)) as store:
-        found = list_bundles(store, _prefix(args))
+    url = store_url(args)
+    store = open_store(url)
+    if isinstance(store, FileStore) and not os.path.isdir(store.root):
+        raise CommandError(f"{url}: no such store (directory {store.root} does not exist)")
+    return store
+
+
+LS_COLUMNS = ("CACHE", "MODEL", "OPTIONS", "GPU", "CAP", "TORCH", "TRITON", "CUDA", "PY", "SIZE", "AGE")
+LS_WIDE_COLUMNS = ("CACHE", "TARGET", "MODE", "GPU", "CAP", "TORCH", "TRITON", "CUDA", "PY", "SIZE", "AGE", "KEY")
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from cachelib.inventory import describe, format_age, list_bundles, options_label, target_label
+
+    output = "json" if args.json else args.output
     now = time.time()
-    if args.json:
-        for entry in found:
-            print_json(entry.to_dict(now))
+    with open_listed_store(args) as store:
+        found = list_bundles(store, _prefix(args))
+        described = [describe(store, e) if output in ("wide", "json") else {} for e in found]
+    if output == "json":
+        for entry, description in zip(found, described, strict=True):
+            print_json({**entry.to_dict(now), **description})
         return 0
-    rows = [("CACHE", "MODEL", "OPTIONS", "GPU", "CAP", "TORCH", "TRITON", "CUDA", "PY", "SIZE", "AGE")]
-    for e in found:
+    rows: list[tuple[str, ...]] = [LS_WIDE_COLUMNS if output == "wide" else LS_COLUMNS]
+    for e, description in zip(found, described, strict=True):
         k = e.key
-        rows.append(
-            (
-                f"{k.namespace}/{k.name}",
-                k.model,
-                k.options,
-                k.gpu,
-                k.capability,
-                k.torch,
-                k.triton,
-                k.cuda,
-                k.py,
-                human_bytes(e.size),
-                format_age(e.age(now)),
-            )
-        )
+        versions = (k.gpu, k.capability, k.torch, k.triton, k.cuda, k.py, human_bytes(e.size), format_age(e.age(now)))
+        row: tuple[str, ...]
+        if output == "wide":
+            row = (f"{k.namespace}/{k.name}", target_label(description), options_label(description), *versions, str(k))
+        else:
+            row = (f"{k.namespace}/{k.name}", k.model, k.options, *versions)
+        rows.append(row)
+    print_table(rows)
+    print(f"{len(found)} bundle(s), {human_bytes(sum(e.size for e in found))}", file=sys.stderr)
+    return 0
+
+
+def print_table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-    print(f"{len(found)} bundle(s), {human_bytes(sum(e.size for e in found))}", file=sys.stderr)
-    return 0
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from cachelib.inventory import list_bundles, parse_duration, plan_gc
     from cachelib.signing import signature_key
-    from cachelib.stores import open_store
 
     try:
         older_than = parse_duration(args.older_than) if args.older_than else None
         now = time.time()
-        with open_store(store_url(args)) as store:
+        with open_listed_store(args) as store:
             doomed = plan_gc(list_bundles(store, _prefix(args)), now, older_than=older_than, keep=args.keep)
             deleted = 0
             for entry in doomed:
@@ -418,10 +444,35 @@ def _add(
     sub: Any, name: str, handler: Callable[[argparse.Namespace], int], summary: str, description: str, examples: str
 ) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser(
-        name, help=summary, description=description, epilog="examples:\n" + examples, formatter_class=_formatter
+        name,
+        help=summary,
+        description=description,
+        epilog="examples:\n" + examples,
+        formatter_class=_formatter,
+        parents=[_global_flags(after_command=True)],
     )
     parser.set_defaults(handler=handler)
     return parser
+
+
+def _global_flags(*, after_command: bool) -> argparse.ArgumentParser:
+    """--log-format and -v, accepted before the command and after it (as kubectl's are). After it
+    they have no defaults of their own, so that ``-v ls`` keeps the -v given before."""
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=argparse.SUPPRESS if after_command else "text",
+        help="log lines on stderr",
+    )
+    flags.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS if after_command else 0,
+        help="more logs; tracebacks on errors",
+    )
+    return flags
 
 
 def _store_arg(parser: argparse.ArgumentParser, required_hint: str = "") -> None:
@@ -435,7 +486,9 @@ def _store_arg(parser: argparse.ArgumentParser, required_hint: str = "") -> None
 
 def _selection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", action="append", metavar="KEY", help="a bundle key (repeat for several)")
-    parser.add_argument("--cache", metavar="NS/NAME", help="every bundle of this cache (instead of --key)")
+    parser.add_argument(
+        "--cache", type=parse_cache_arg, metavar="NS/NAME", help="every bundle of this cache (instead of --key)"
+    )
     parser.add_argument(
         "--gpu",
         metavar="SLUG",
@@ -511,10 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
         "  compilecache preload --store file:///tmp/store --cache default/demo --target /tmp/inductor\n"
         "  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor python train.py",
         formatter_class=_formatter,
+        parents=[_global_flags(after_command=False)],
     )
     parser.add_argument("--version", action="version", version=f"compilecache {__version__}")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines on stderr")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs; tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = _add(
@@ -659,13 +711,24 @@ def build_parser() -> argparse.ArgumentParser:
         "ls",
         cmd_ls,
         "list the bundles in a store",
-        "List the bundles in a store with their key fields, size and age (one JSON object per line with\n--json).",
-        "  compilecache ls --store file:///tmp/store\n  compilecache ls --store s3://bucket/cc --cache ml/llama --json",
+        "List the bundles in a store with their key fields, size and age. -o wide also reads each bundle's\n"
+        "header for the target it was compiled from and its compile mode, and shows the whole key; -o json\n"
+        "prints one JSON object per line with all of that (--json is the same).",
+        "  compilecache ls --store file:///tmp/store\n"
+        "  compilecache ls --store file:///tmp/store -o wide\n"
+        "  compilecache ls --store s3://bucket/cc --cache ml/llama -o json",
     )
     _store_arg(p)
-    p.add_argument("--cache", metavar="NS/NAME", help="only this cache's bundles")
+    p.add_argument("--cache", type=parse_cache_arg, metavar="NS/NAME", help="only this cache's bundles")
     p.add_argument("--prefix", help="only keys starting with this prefix")
-    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "wide", "json"),
+        default="table",
+        help="table (default), wide (adds target, mode and key from each bundle's header) or json (JSON lines)",
+    )
+    p.add_argument("--json", action="store_true", help="the same as -o json")
 
     p = _add(
         sub,
@@ -680,7 +743,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  compilecache gc --store redis://cache:6379/0 --cache ml/llama --older-than 30d --keep 1",
     )
     _store_arg(p)
-    p.add_argument("--cache", metavar="NS/NAME", help="only this cache's bundles")
+    p.add_argument("--cache", type=parse_cache_arg, metavar="NS/NAME", help="only this cache's bundles")
     p.add_argument("--prefix", help="only keys starting with this prefix")
     p.add_argument("--older-than", metavar="AGE", help="e.g. 7d, 12h, 30m")
     p.add_argument("--keep", type=int, metavar="N", help="keep the N most recently published per group")
@@ -714,14 +777,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_format, args.verbose)
     try:
         code = int(args.handler(args))
+        sys.stdout.flush()  # here, where a closed pipe can still be told apart from a failure
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
     except CommandError as exc:
         return _fail(args, str(exc), exc.exit_code)
     except Exception as exc:
         return _fail(args, f"{type(exc).__name__}: {exc}" if not _is_expected(exc) else str(exc), 1)
     _leave_now_if_abandoned(code)
     return code
+
+
+def _reader_gone() -> int:
+    """Stdout's reader has gone (``compilecache inspect … | head``): end quietly, as a command
+    killed by SIGPIPE does (exit status 128 + 13), printing nothing more. Stdout is pointed at
+    /dev/null so that the interpreter's last flush at exit has nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13
 
 
 def _leave_now_if_abandoned(code: int) -> None:

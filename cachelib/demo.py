@@ -37,7 +37,7 @@ def workload(target: str, cache_dir: Path, options: dict[str, Any], job_id: str)
     """Compile ``target`` against ``cache_dir`` as a pod would; timings, counters and metrics text."""
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     os.environ["TORCH_COMPILE_JOB_ID"] = job_id
-    from cachelib import harness, runtime
+    from cachelib import harness
     from cachelib.compilekey import CompileOptions
 
     opts = CompileOptions(
@@ -50,8 +50,35 @@ def workload(target: str, cache_dir: Path, options: dict[str, Any], job_id: str)
         "targets": timings,
         "first_call_seconds": round(sum(t["seconds"] for t in timings), 4),
         "cache": harness.cache_summary(counters),
-        "metrics": runtime.metrics_text(),
+        "metrics": workload_metrics(),
     }
+
+
+def workload_metrics() -> str | None:
+    """The Prometheus text of :mod:`cachelib.runtime`, or None where prometheus_client is not
+    installed (a plain ``pip install compilecache``: it comes with the ``metrics`` extra)."""
+    try:
+        from cachelib import runtime
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "prometheus_client":
+            raise
+        return None
+    return runtime.metrics_text()
+
+
+def check_requirements() -> None:
+    """The demo compiles a model: without torch it cannot start (say so before anything runs)."""
+    import importlib.util
+
+    try:
+        installed = importlib.util.find_spec("torch") is not None
+    except ModuleNotFoundError:  # what an import hook that hides a package raises
+        installed = False
+    if not installed:
+        raise DemoError(
+            "the demo compiles a model on this machine's CPU and needs torch, which is not installed here: "
+            "pip install torch (or pip install 'compilecache[torch]'), then run it again"
+        )
 
 
 def workload_main(argv: Sequence[str]) -> int:
@@ -152,6 +179,7 @@ def run_demo(store: str | None = None, target: str = "tiny_mlp", keep: bool = Fa
         print(text, file=out, flush=True)
 
     try:
+        check_requirements()
         say(f"compilecache demo: {target} on the CPU, store {url}")
         say()
         say(f"1/3 warm-up job: the harness compiles {target} from scratch (takes a while on a CPU)")
@@ -186,10 +214,14 @@ def run_demo(store: str | None = None, target: str = "tiny_mlp", keep: bool = Fa
         )
         say(f"    torch cache counters        {_counters(pod['cache'])}")
         say()
-        say("Prometheus metrics of the workload (cachelib.runtime):")
-        for line in pod["metrics"].splitlines():
-            if "compilecache_runtime" in line:
-                say(f"    {line}")
+        if pod["metrics"] is None:
+            say("Prometheus metrics of the workload: not shown, prometheus_client is not installed")
+            say("    (pip install 'compilecache[metrics]' for cachelib.runtime's collector)")
+        else:
+            say("Prometheus metrics of the workload (cachelib.runtime):")
+            for line in pod["metrics"].splitlines():
+                if "compilecache_runtime" in line:
+                    say(f"    {line}")
         hit = pod["cache"]["fxgraph_hit"] > 0 and pod["cache"]["fxgraph_miss"] == 0
         say()
         say("warm start: every FX-graph lookup hit." if hit else "warm start MISSED: see the counters above.")

@@ -47,6 +47,40 @@ class Entry:
         }
 
 
+def describe(store: Store, entry: Entry) -> dict[str, Any]:
+    """What a person recognises a bundle by, from its header: the target (or command) it was
+    compiled from and its compile options. Reads only the header; a bundle that cannot be
+    read is described by the error (``ls`` goes on with the others)."""
+    from cachelib.bundle import BundleError, read_header
+    from cachelib.stores import StoreError
+
+    try:
+        with store.get(str(entry.key)) as stream:
+            result = read_header(stream).result
+    except (BundleError, StoreError, OSError) as exc:
+        return {"target": None, "compile_options": None, "error": f"{type(exc).__name__}: {exc}"}
+    command = result.get("command")
+    target = result.get("target") or (f"command: {command}" if command else None)
+    return {"target": target, "compile_options": result.get("options")}
+
+
+def target_label(description: dict[str, Any]) -> str:
+    """The target column of ``ls -o wide``: ``tiny_mlp`` for ``cachelib.targets:tiny_mlp``."""
+    target = description.get("target")
+    if not target:
+        return "?" if description.get("error") else "-"
+    return str(target).removeprefix("cachelib.targets:")
+
+
+def options_label(description: dict[str, Any]) -> str:
+    """The mode column of ``ls -o wide``: the torch.compile mode, ``+backward`` when it trains."""
+    options = description.get("compile_options")
+    if not isinstance(options, dict):
+        return "?"
+    text = str(options.get("mode", "?"))
+    return text + "+backward" if options.get("backward") or options.get("compiled_autograd") else text
+
+
 def parse_duration(text: str) -> float:
     """``"7d"`` -> 604800.0; units s, m, h, d, w."""
     match = _DURATION.match(text)

@@ -40,6 +40,7 @@ from cachelib.keys import CacheKey, InvalidKey, cache_prefix, gpu_slug
 from cachelib.progress import Watch, unwatched
 from cachelib.signing import PublicKey, check_stored
 from cachelib.stores import NotFound, Store, StoreError, StoreUnavailable, open_store
+from cachelib.stores._stream import stream_size
 from cachelib.unpack import (
     LOCK_SUFFIX,
     SHARE_GROUP,
@@ -345,7 +346,7 @@ def _fetch_cachedir(
     store: Store, key: str, job: _Job, budget: _Budget, result: PreloadResult, marker: Mapping[str, Any]
 ) -> None:
     assert job.target is not None
-    with store.get(key) as fetched, job.watch(f"get {key}", fetched, None) as raw:
+    with store.get(key) as fetched, job.watch(f"get {key}", fetched, stream_size(fetched)) as raw:
         counted = _CountingReader(raw)
         reader = _open_bundle(store, key, counted, job, result)  # type: ignore[arg-type]
         job.stage = f"fetching and unpacking {key}"
@@ -607,7 +608,7 @@ def preload(
 
 # -- load (Mega-Cache) -------------------------------------------------------------------------------
 def _load_megacache(store: Store, key: str, job: _Job, budget: _Budget, result: PreloadResult) -> None:
-    with store.get(key) as fetched, job.watch(f"get {key}", fetched, None) as raw:
+    with store.get(key) as fetched, job.watch(f"get {key}", fetched, stream_size(fetched)) as raw:
         counted = _CountingReader(raw)
         reader = _open_bundle(store, key, counted, job, result)  # type: ignore[arg-type]
         job.stage = f"fetching and loading {key}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import stat
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,8 +31,11 @@ class OrderedFetchStream(io.RawIOBase):
         workers: int,
         window: int,
         name: str = "fetch",
+        size: int | None = None,
     ) -> None:
         super().__init__()
+        self.size = size
+        """The object's size in bytes, when the store said it (a progress bar's total)."""
         self._fetch = fetch
         self._count = count
         self._workers = max(1, workers)
@@ -120,6 +125,19 @@ class OrderedFetchStream(io.RawIOBase):
 def as_binary(stream: io.RawIOBase) -> BinaryIO:
     """View one of the streams above through the ``BinaryIO`` interface the stores return."""
     return cast(BinaryIO, stream)
+
+
+def stream_size(stream: BinaryIO) -> int | None:
+    """The size of what a store's ``get`` returned, when known without a request: a stream above
+    that was told it, or a regular file; else None."""
+    size = getattr(stream, "size", None)
+    if isinstance(size, int):
+        return size
+    try:
+        info = os.fstat(stream.fileno())
+    except (OSError, AttributeError, io.UnsupportedOperation):
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 def read_pieces(

@@ -350,7 +350,7 @@ class RedisStore(Store):
 
         workers = self.config.workers
         return as_binary(
-            OrderedFetchStream(fetch, count, workers=workers, window=2 * workers, name="redis-get")
+            OrderedFetchStream(fetch, count, workers=workers, window=2 * workers, name="redis-get", size=size)
         )
 
     def head(self, key: str) -> ObjectInfo | None:

@@ -242,7 +242,7 @@ class S3Store(Store):
 
         workers = self.config.workers
         return as_binary(
-            OrderedFetchStream(fetch, count, workers=workers, window=2 * workers, name="s3-get")
+            OrderedFetchStream(fetch, count, workers=workers, window=2 * workers, name="s3-get", size=size)
         )
 
     # -- list / delete --------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compilecache_operator import conditions as cond
-from compilecache_operator import reasons
+from compilecache_operator import reasons, store_ca
 from compilecache_operator.confinement import Confinement, check_confinement
 from compilecache_operator.names import (
     API_VERSION,
@@ -172,7 +172,7 @@ def build_job(
         compile_env.append({"name": "COMPILECACHE_GPU", "value": variant.gpu})
     if spec.remote_cache is not None:
         compile_env += [{"name": k, "value": v} for k, v in spec.remote_cache.env().items()]
-    compile_env += [{"name": k, "value": v} for k, v in warm.env]
+    compile_env += [dict(e) for e in warm.env]
 
     resources = _resources_dict(warm.resources)
     if variant.gpu and warm.gpus_per_job > 0:
@@ -187,6 +187,7 @@ def build_job(
         "volumeMounts": [
             {"name": HARNESS_VOLUME, "mountPath": HARNESS_DIR, "readOnly": True},
             {"name": WORK_VOLUME, "mountPath": WORK_DIR},
+            *(dict(m) for m in warm.volume_mounts),
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         # The user's image: torch and its libraries write temporary files where they please.
@@ -206,7 +207,12 @@ def build_job(
         "securityContext": restricted_pod_context(
             run_as_user=warm.run_as_user, run_as_group=warm.run_as_group, fs_group=warm.fs_group
         ),
-        "volumes": [{"name": HARNESS_VOLUME, "emptyDir": {}}, {"name": WORK_VOLUME, "emptyDir": {}}],
+        "volumes": [
+            {"name": HARNESS_VOLUME, "emptyDir": {}},
+            {"name": WORK_VOLUME, "emptyDir": {}},
+            *(dict(v) for v in warm.volumes),
+            *([store_ca.ca_volume(spec.storage.ca)] if spec.storage.ca else []),
+        ],
         "initContainers": [
             {
                 "name": HARNESS_CONTAINER,
@@ -226,7 +232,10 @@ def build_job(
                 # The bundle is packed in a temporary directory: on the work volume, as the root file
                 # system is read-only.
                 "env": [{"name": "TMPDIR", "value": WORK_DIR}, *storage_env(spec.storage)],
-                "volumeMounts": [{"name": WORK_VOLUME, "mountPath": WORK_DIR}],
+                "volumeMounts": [
+                    {"name": WORK_VOLUME, "mountPath": WORK_DIR},
+                    *([dict(store_ca.CA_MOUNT)] if spec.storage.ca else []),
+                ],
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
                 "securityContext": restricted_container_context(),
@@ -493,12 +502,15 @@ def _not_patched(
 
 
 def _pod_volumes(spec: Mapping[str, Any], view: CacheView, *, handoff: bool) -> list[dict[str, Any]]:
-    """The pod's volumes plus the cache volume (and the hand-off volume) unless it has them."""
+    """The pod's volumes plus the cache volume (and the hand-off volume, the store's CA) unless it has them."""
+    assert view.spec is not None
     volumes = list(spec.get("volumes") or [])
     if not any(v.get("name") == CACHE_VOLUME for v in volumes):
         volumes.append(cache_volume(view))
     if handoff and not any(v.get("name") == HANDOFF_VOLUME for v in volumes):
         volumes.append({"name": HANDOFF_VOLUME, "emptyDir": {}})
+    if view.spec.storage.ca and not any(v.get("name") == store_ca.STORE_CA_VOLUME for v in volumes):
+        volumes.append(store_ca.ca_volume(view.spec.storage.ca))
     return volumes
 
 
@@ -559,6 +571,8 @@ def _preload_container(
     mounts = [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}]
     if handoff:
         mounts.append({"name": HANDOFF_VOLUME, "mountPath": HANDOFF_DIR})
+    if view.spec.storage.ca:
+        mounts.append(dict(store_ca.CA_MOUNT))
     container: dict[str, Any] = {
         "name": PRELOAD_CONTAINER,
         "image": image,

@@ -29,6 +29,7 @@ from typing import Any, cast
 import kopf
 from compilecache_operator import builders, controller
 from compilecache_operator.kube import KubeAPI
+from compilecache_operator.metrics import WEBHOOK_HANDLER, instrumented
 from compilecache_operator.names import (
     CACHE_LABEL,
     COUNTED_ANNOTATION,
@@ -157,6 +158,7 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
     @kopf.on.resume(*cc, id="reconcile", backoff=10, registry=registry)
     @kopf.on.create(*cc, id="reconcile", backoff=10, registry=registry)
     @kopf.on.update(*cc, id="reconcile", field="spec", backoff=10, registry=registry)
+    @instrumented("reconcile")
     async def reconcile_cache(namespace: str | None, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
         outcome = await controller.reconcile(_state(memo), namespace or "", name, emit=_emit)
         if outcome.invalid:
@@ -165,6 +167,7 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
             raise kopf.TemporaryError(outcome.problem, delay=outcome.retry_after or 30.0)
 
     @kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT}, registry=registry)
+    @instrumented("jobs")
     async def job_event(
         type: str, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any
     ) -> None:
@@ -183,6 +186,7 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
         retries=intervals.delete_retries,
         registry=registry,
     )
+    @instrumented("delete-bundles")
     async def delete_bundles(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
         outcome = await controller.cleanup(_state(memo), body)
         if outcome.done:
@@ -194,7 +198,11 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
         raise kopf.TemporaryError(outcome.message, delay=outcome.retry_after or 30.0)
 
     @kopf.on.event(*cc, id="cache-events", registry=registry)
-    async def cache_event(type: str, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    async def cache_event(
+        type: str, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+    ) -> None:
+        if type != "DELETED":
+            _state(memo).metrics.observe_cache(namespace or "", name, body.get("status"))
         if type == "DELETED":
             _state(memo).metrics.forget_cache(namespace or "", name)
             _state(memo).warnings.pop((namespace or "", name), None)
@@ -206,6 +214,7 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
         annotations={COUNTED_ANNOTATION: kopf.ABSENT},
         registry=registry,
     )
+    @instrumented("count-preloads")
     async def pod_event(
         type: str, body: kopf.Body, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
     ) -> None:
@@ -222,7 +231,7 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
         ignore_failures=True,
         side_effects=False,
         registry=registry,
-    )(inject_pods)
+    )(instrumented(WEBHOOK_HANDLER)(inject_pods))
 
     return registry
 

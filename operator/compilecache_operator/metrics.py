@@ -4,20 +4,59 @@ Label values stay bounded: namespaces and CompileCache names, GPU slugs, and fix
 reason sets (:mod:`compilecache_operator.reasons`). The preload rate a dashboard shows is
 hits ÷ (hits + misses + errors) of ``compilecache_preloads_total``; skipped pods are counted apart
 (no preload was tried for them).
+
+The operator also reports on itself: ``compilecache_operator_build_info``, the process's memory,
+CPU and file descriptors (prometheus_client's process collector: ``process_*``), each handler's
+duration and errors (:func:`instrumented` wraps a Kopf handler, the webhook's included),
+and ``compilecache_cache_ready`` per CompileCache, read from the status the API server holds
+(:meth:`Metrics.observe_cache`), which the alerts in the chart's PrometheusRule use.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+import functools
+import platform
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 from compilecache_operator.plan import BundleRecord
 from compilecache_operator.reasons import ERROR, REASONS, RESULTS, SKIPPED
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+
+from cachelib import __version__
 
 UNKNOWN_REASON = "unknown"
 PRELOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WARMUP_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
+HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+WEBHOOK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+WEBHOOK_HANDLER = "webhook"
+ERROR_KINDS = ("retry", "permanent", "unexpected")
+"""How a handler failed: asked Kopf to retry (``kopf.TemporaryError``), gave up for good
+(``kopf.PermanentError``), or raised anything else."""
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def error_kind(exc: BaseException) -> str:
+    """The ``error`` label of ``compilecache_handler_errors_total`` for an exception."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "TemporaryError" in names:
+        return "retry"
+    if "PermanentError" in names:
+        return "permanent"
+    return "unexpected"
+
+
+def is_ready(status: Mapping[str, Any] | None) -> bool:
+    """Whether a CompileCache's status holds ``Ready=True``."""
+    for condition in (status or {}).get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == "Ready":
+            return condition.get("status") == "True"
+    return False
 
 
 class Metrics:
@@ -54,7 +93,7 @@ class Metrics:
         self.warmup_duration = Histogram(
             "compilecache_warmup_duration_seconds",
             "Seconds from a warm-up Job's start to its end.",
-            ["result"],
+            ["namespace", "cache", "result"],
             buckets=WARMUP_BUCKETS,
             registry=r,
         )
@@ -70,6 +109,39 @@ class Metrics:
             ["namespace", "cache"],
             registry=r,
         )
+        self.cache_ready = Gauge(
+            "compilecache_cache_ready",
+            "1 while a CompileCache's Ready condition is True, else 0 (from the status the API server holds).",
+            ["namespace", "cache"],
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "compilecache_operator_build_info",
+            "Always 1: the operator's version and Python version in labels.",
+            ["version", "python_version"],
+            registry=r,
+        )
+        self.build_info.labels(__version__, platform.python_version()).set(1)
+        self.handler_duration = Histogram(
+            "compilecache_handler_duration_seconds",
+            "Seconds each run of an operator handler took (reconcile, jobs, delete-bundles, ...).",
+            ["handler"],
+            buckets=HANDLER_BUCKETS,
+            registry=r,
+        )
+        self.handler_errors = Counter(
+            "compilecache_handler_errors",
+            "Handler runs that ended in an error, by handler and kind (retry, permanent, unexpected).",
+            ["handler", "error"],
+            registry=r,
+        )
+        self.webhook_duration = Histogram(
+            "compilecache_webhook_duration_seconds",
+            "Seconds the pod-injection webhook took to answer an admission request.",
+            buckets=WEBHOOK_BUCKETS,
+            registry=r,
+        )
+        ProcessCollector(registry=r)
         self._bundle_gpus: dict[tuple[str, str], set[str]] = {}
 
     # -- pods ------------------------------------------------------------------------------------
@@ -98,7 +170,7 @@ class Metrics:
     def count_warmup(self, namespace: str, cache: str, *, result: str, seconds: float | None) -> None:
         self.warmup_jobs.labels(namespace, cache, result).inc()
         if seconds is not None:
-            self.warmup_duration.labels(result).observe(seconds)
+            self.warmup_duration.labels(namespace, cache, result).observe(seconds)
 
     # -- bundles -----------------------------------------------------------------------------------
     def set_bundles(self, namespace: str, cache: str, bundles: Iterable[BundleRecord]) -> None:
@@ -120,8 +192,49 @@ class Metrics:
         """Drop the gauges of a deleted CompileCache (counters keep their history)."""
         for gpu in self._bundle_gpus.pop((namespace, cache), set()):
             self.bundle_bytes.remove(namespace, cache, gpu)
-        with contextlib.suppress(KeyError):
-            self.bundles.remove(namespace, cache)
+        for gauge in (self.bundles, self.cache_ready):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, cache)
+
+    # -- the operator itself ---------------------------------------------------------------------
+    def observe_cache(self, namespace: str, cache: str, status: Mapping[str, Any] | None) -> None:
+        """Set ``compilecache_cache_ready`` from a CompileCache's status as the API server holds it."""
+        self.cache_ready.labels(namespace, cache).set(1 if is_ready(status) else 0)
+
+    @contextlib.contextmanager
+    def timed(self, handler: str) -> Iterator[None]:
+        """Time one run of ``handler`` and count it when it raises (the exception goes on)."""
+        started = time.perf_counter()
+        try:
+            yield
+        except Exception as exc:
+            self.handler_errors.labels(handler, error_kind(exc)).inc()
+            raise
+        finally:
+            elapsed = time.perf_counter() - started
+            if handler == WEBHOOK_HANDLER:
+                self.webhook_duration.observe(elapsed)
+            else:
+                self.handler_duration.labels(handler).observe(elapsed)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def instrumented(handler: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+    """Decorate an async Kopf handler: each run's duration and errors are recorded as ``handler``
+    in the :class:`Metrics` of the operator's memo (``memo.state.metrics``); without one the
+    handler just runs."""
+
+    def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+        @functools.wraps(fn)
+        async def run(*args: P.args, **kwargs: P.kwargs) -> T:
+            metrics = getattr(getattr(kwargs.get("memo"), "state", None), "metrics", None)
+            if not isinstance(metrics, Metrics):
+                return await fn(*args, **kwargs)
+            with metrics.timed(handler):
+                return await fn(*args, **kwargs)
+
+        return run
+
+    return decorate

@@ -19,6 +19,8 @@ from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit
 
+from compilecache_operator import store_ca, warmup_inputs
+
 from cachelib.compilekey import (
     BUILTIN_TARGETS,
     DEFAULT_BACKEND,
@@ -62,7 +64,6 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _QUALIFIED_NAME = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 # Kubernetes quantity suffixes: binary (Ki..Ei), decimal (k..E) and the sub-unit ones (m, u, n).
 _QUANTITY_PARTS = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([-+]?[0-9]+)|([KMGTPE]i|[kMGTPE]|[mun]))?$")
@@ -148,6 +149,8 @@ class StorageSpec:
     url: str
     secret_name: str | None = None
     secret_keys: tuple[SecretKey, ...] = ()
+    ca: Mapping[str, Any] | None = None
+    """The pod volume source of ``spec.storage.ca`` (see :mod:`compilecache_operator.store_ca`)."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,11 @@ class WarmupSpec:
     gpus_per_job: int = 1
     service_account_name: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
+    env: tuple[Mapping[str, Any], ...] = ()
+    """The compile container's extra ``env`` entries: ``{name, value}`` or ``{name, valueFrom}``."""
+    volumes: tuple[Mapping[str, Any], ...] = ()
+    volume_mounts: tuple[Mapping[str, Any], ...] = ()
+    """Extra volumes of the warm-up pod, and where the compile container mounts them."""
     run_as_user: int = DEFAULT_WARMUP_ID
     """The warm-up pod's uid, gid and fsGroup: never 0, so the Job passes the "restricted" standard."""
     run_as_group: int = DEFAULT_WARMUP_ID
@@ -278,6 +285,9 @@ def parse_spec(
     gpu_types = _parse_gpu_types(spec.get("gpuTypes"), errors)
     discovery = _parse_discovery(_mapping(spec.get("gpuDiscovery"), "spec.gpuDiscovery", errors), defaults, errors)
     storage = _parse_storage(spec.get("storage"), defaults, errors)
+    if storage is not None and isinstance(spec.get("storage"), Mapping):
+        ca = store_ca.parse_store_ca(spec["storage"].get("ca"), storage.url, "spec.storage.ca", errors)
+        storage = replace(storage, ca=ca)
     warmup = _parse_warmup(_mapping(spec.get("warmup"), "spec.warmup", errors), errors)
     retention = _mapping(spec.get("retention"), "spec.retention", errors)
     keep = _integer(retention, "keepGenerations", "spec.retention", errors, 2, low=1, high=100)
@@ -486,15 +496,7 @@ def _parse_warmup(raw: Mapping[str, Any], errors: _Errors) -> WarmupSpec:
             errors.add(f"{path}.imagePullSecrets[{i}].name", f"{secret_name!r} is not a Secret name")
         elif secret_name:
             pull_secrets.append(secret_name)
-    env: list[tuple[str, str]] = []
-    for i, item in enumerate(_list(raw.get("env"), f"{path}.env", errors)):
-        ipath = f"{path}.env[{i}]"
-        entry = _mapping(item, ipath, errors)
-        env_name = _string(entry, "name", ipath, errors, required=True)
-        if env_name is not None and not _ENV_NAME.match(env_name):
-            errors.add(f"{ipath}.name", f"{env_name!r} is not an environment variable name")
-        elif env_name is not None:
-            env.append((env_name, _string(entry, "value", ipath, errors) or ""))
+    volumes = warmup_inputs.parse_volumes(raw.get("volumes"), f"{path}.volumes", errors)
     return WarmupSpec(
         resources=resources,
         node_selector=selector,
@@ -505,7 +507,11 @@ def _parse_warmup(raw: Mapping[str, Any], errors: _Errors) -> WarmupSpec:
         gpus_per_job=_integer(raw, "gpusPerJob", path, errors, 1, low=0, high=16),
         service_account_name=account,
         image_pull_secrets=tuple(pull_secrets),
-        env=tuple(env),
+        env=warmup_inputs.parse_env(raw.get("env"), f"{path}.env", errors),
+        volumes=volumes,
+        volume_mounts=warmup_inputs.parse_volume_mounts(
+            raw.get("volumeMounts"), f"{path}.volumeMounts", volumes, errors
+        ),
         **_parse_warmup_ids(raw.get("securityContext"), f"{path}.securityContext", errors),
     )
 

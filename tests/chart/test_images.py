@@ -19,7 +19,7 @@ from tests.chart.chart import REPO_ROOT
 
 IMAGES = REPO_ROOT / "images"
 DOCKERFILES = {"operator": IMAGES / "operator" / "Dockerfile", "preloader": IMAGES / "preloader" / "Dockerfile"}
-EXPECTED_EXTRA = {"operator": "operator", "preloader": "store,signing"}
+EXPECTED_EXTRA = {"operator": "operator", "preloader": "preloader"}
 SITE_PACKAGES = Path(next(p for p in sys.path if p.endswith("site-packages")))
 
 
@@ -102,10 +102,13 @@ def test_dockerfile_installs_an_existing_extra_without_torch(image: str) -> None
     steps = instructions(DOCKERFILES[image])
     installs = [a for kind, a in steps if kind == "RUN" and "pip install" in a]
     assert len(installs) == 1
-    (extra,) = re.findall(r'pip install "\.\[([a-z,]+)\]"', installs[0])
+    lock = f"images/{image}/requirements.lock"
+    assert f"pip install --require-hashes --no-deps -r {lock} && pip install --no-deps --no-build-isolation . " \
+        in " ".join(installs[0].split())  # fmt: skip
+    (extra,) = re.findall(r"# compilecache\[([a-z,]+)\]", (REPO_ROOT / lock).read_text())
     assert extra == EXPECTED_EXTRA[image]
     requirements = extra_requirements(extra, pyproject())
-    assert "torch" not in requirements
+    assert "torch" not in requirements and "torch" not in locked(image)
     assert "find_spec('torch')" in installs[0]  # the build fails if torch ever slips in
     if image == "operator":
         assert {"kopf", "prometheus-client"} <= requirements
@@ -143,7 +146,6 @@ def test_preloader_ships_the_harness_only_as_the_installed_package() -> None:
     (builders.COPY_HARNESS): the image carries no second copy and no variable naming one."""
     text = DOCKERFILES["preloader"].read_text()
     assert "/opt/compilecache" not in text and "COMPILECACHE_HARNESS" not in text
-    assert 'pip install ".[store,signing]"' in text
     for module in ("harness", "compilekey", "targets", "warmstart"):
         assert (REPO_ROOT / "cachelib" / f"{module}.py").is_file()
 
@@ -267,3 +269,50 @@ def test_wheel_size_sums_installed_members(tmp_path: Path) -> None:
     rows, download, installed = wheel_size.summarize([slimmed, full])
     assert rows[0] is full and installed == full.installed_bytes + slimmed.installed_bytes
     assert download == 2 * wheel.stat().st_size
+
+
+# -- hash-pinned requirements -----------------------------------------------------------------------------
+LOCKED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^ \\]+) \\$")
+
+
+def locked(image: str) -> dict[str, tuple[str, list[str]]]:
+    """Package -> (version, sha256 hashes) of an image's requirements.lock."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    current = None
+    for line in (IMAGES / image / "requirements.lock").read_text().splitlines():
+        match = LOCKED.match(line)
+        if match:
+            current = match.group(1).lower().replace("_", "-")
+            out[current] = (match.group(2), [])
+        elif line.strip().startswith("--hash=sha256:") and current:
+            out[current][1].append(line.strip().removeprefix("--hash=sha256:").rstrip(" \\"))
+        elif line and not line.startswith((" ", "#")):
+            raise AssertionError(f"{image}/requirements.lock: unexpected line {line!r}")
+    return out
+
+
+def test_the_locks_are_current_with_pyproject() -> None:
+    lock = load(IMAGES / "lock.py")
+    assert lock.stale_locks() == [], "run python images/lock.py (pip install pip-tools)"
+    changed = (REPO_ROOT / "pyproject.toml").read_text().replace('"zstandard>=0.22"', '"zstandard>=0.23"')
+    assert lock.pyproject_digest(changed) != lock.pyproject_digest((REPO_ROOT / "pyproject.toml").read_text())
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_every_locked_package_is_pinned_with_hashes(image: str) -> None:
+    from packaging.requirements import Requirement
+
+    packages = locked(image)
+    assert "setuptools" in packages  # the build requirement: pip install . runs without build isolation
+    for name, (version, hashes) in packages.items():
+        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), f"{name}=={version}: no sha256"
+    meta = pyproject()["project"]
+    assert isinstance(meta, dict)
+    wanted = [*meta["dependencies"], *[r for extra in meta["optional-dependencies"].values() for r in extra]]
+    for text in wanted:
+        req = Requirement(text)
+        name = req.name.lower().replace("_", "-")
+        if name in packages:
+            version = packages[name][0]
+            assert req.specifier.contains(version, prereleases=True), f"{image}: {name} {version} vs {text}"
+    assert extra_requirements(EXPECTED_EXTRA[image], pyproject()) <= set(packages)

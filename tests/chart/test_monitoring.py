@@ -16,7 +16,8 @@ import pytest
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
-from tests.chart.chart import CHART_DIR, CI_DIR, Manifest, of_kind, one, template
+from tests.chart.chart import CHART_DIR, CI_DIR, NAMESPACE, RELEASE, REPO_ROOT, Manifest, of_kind, one, template
+from tests.infra.linters import PROMTOOL, tool_path
 
 pytestmark = pytest.mark.helm
 
@@ -26,14 +27,17 @@ RUNTIME_LABELS = {"cache": "torch_cache"}
 """The runtime metrics' own labels the PodMonitor renames (their ``cache`` collides with the target's)."""
 SELECTOR = re.compile(r"(?<![\w:])(compilecache_[a-z_]+)(?![\w:])(\{[^}]*\})?")
 LABEL_MATCHER = re.compile(r"([a-zA-Z_]\w*)\s*(=~|!~|!=|=)")
+RUNBOOKS = "https://github.com/compilecache/compilecache/blob/main/docs/runbooks.md"
 
 
 @pytest.fixture(scope="module")
 def promtool() -> Path:
-    """Prometheus's promtool (Debian package `prometheus`); skipped outside CI when absent, a failure in CI."""
-    found = shutil.which("promtool")
+    """Prometheus's promtool, built from its Go module by `python -m tests.infra.linters` (else one on PATH);
+    skipped outside CI when absent, a failure in CI."""
+    built = tool_path(PROMTOOL)
+    found = str(built) if os.access(built, os.X_OK) else shutil.which("promtool")
     if found is None:
-        message = "promtool not found: apt-get install prometheus"
+        message = "promtool not built: run python -m tests.infra.linters"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)
@@ -107,7 +111,7 @@ def test_rules_pass_promtool_check(renderings: dict[str, list[Manifest]], promto
     rules.write_text(yaml.safe_dump(rule_groups(renderings["monitoring"])))
     proc = subprocess.run([str(promtool), "check", "rules", str(rules)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 3 rules found" in proc.stdout
+    assert "SUCCESS: 6 rules found" in proc.stdout
 
 
 def test_hit_rate_rule_and_alert_behave(renderings: dict[str, list[Manifest]], promtool: Path,
@@ -136,6 +140,7 @@ def test_hit_rate_rule_and_alert_behave(renderings: dict[str, list[Manifest]], p
                     "(image-mismatch: the pods run an image no bundle was warmed with; no-bundle, store-unavailable, "
                     "deadline-exceeded, preload-failed). Check `kubectl get cc -n ml` for a cache that is not Ready, "
                     "and compare the pods' images and GPU with the bundles in its status."),
+                "runbook_url": f"{RUNBOOKS}#compilecachehitratelow",
             },
         }
 
@@ -169,6 +174,107 @@ def test_hit_rate_rule_and_alert_behave(renderings: dict[str, list[Manifest]], p
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
     proc = subprocess.run([str(promtool), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def run_promtool_test(promtool: Path, tmp_path: Path, rendered: list[Manifest], test: dict[str, object]) -> None:
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups(rendered)))
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+                                                        "tests": [test]}))
+    proc = subprocess.run([str(promtool), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def fired(alert: str, rendered: list[Manifest], labels: dict[str, str], **values: str) -> dict[str, object]:
+    """The alert as promtool must see it: its labels, and its annotations with ``values`` filled in."""
+    rule = next(r for g in rule_groups(rendered)["groups"] for r in g["rules"] if r.get("alert") == alert)  # type: ignore[attr-defined]
+    annotations = {}
+    for name, text in rule["annotations"].items():
+        for key, value in {**labels, **values}.items():
+            text = text.replace("{{ $labels." + key + " }}", value).replace("{{ $" + key + " }}", value)
+        annotations[name] = text
+    return {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": annotations}
+
+
+def test_operator_down_fires_when_its_target_is_down_or_gone(
+    renderings: dict[str, list[Manifest]], promtool: Path, tmp_path: Path
+) -> None:
+    """`up` of the metrics Service's job: 1 for 20m, then 0 (down); a second release that vanishes (absent).
+    Both fire after `for: 5m`; a healthy target never does."""
+    rendered = renderings["monitoring"]
+    job = f"{RELEASE}-compilecache-operator-metrics"
+    up = f'up{{job="{job}",namespace="{NAMESPACE}",instance="10.0.0.1:9090"}}'
+    run_promtool_test(promtool, tmp_path, rendered, {
+        "interval": "1m",
+        "input_series": [{"series": up, "values": "1x20 0x40"}],
+        "alert_rule_test": [
+            {"eval_time": "15m", "alertname": "CompileCacheOperatorDown", "exp_alerts": []},
+            {"eval_time": "23m", "alertname": "CompileCacheOperatorDown", "exp_alerts": []},  # pending (for: 5m)
+            {"eval_time": "30m", "alertname": "CompileCacheOperatorDown",
+             "exp_alerts": [fired("CompileCacheOperatorDown", rendered,
+                                  {"job": job, "namespace": NAMESPACE, "instance": "10.0.0.1:9090"})]},
+        ],
+    })
+    run_promtool_test(promtool, tmp_path, rendered, {
+        "interval": "1m",
+        "input_series": [{"series": 'up{job="something-else"}', "values": "1x60"}],
+        "alert_rule_test": [
+            {"eval_time": "30m", "alertname": "CompileCacheOperatorDown",
+             "exp_alerts": [fired("CompileCacheOperatorDown", rendered, {"job": job, "namespace": NAMESPACE})]},
+        ],
+    })
+
+
+def test_warmup_failing_fires_for_repeated_failures_without_a_success(
+    renderings: dict[str, list[Manifest]], promtool: Path, tmp_path: Path
+) -> None:
+    """Default window 6h, 2 failures: `broken` fails 3 times, `flaky` fails twice but also succeeds, `once`
+    fails once. Only `broken` alerts."""
+    rendered = renderings["monitoring"]
+
+    def jobs(cache: str, result: str, values: str) -> dict[str, str]:
+        return {"series": f'compilecache_warmup_jobs_total{{namespace="ml",cache="{cache}",result="{result}"}}',
+                "values": values}
+
+    run_promtool_test(promtool, tmp_path, rendered, {
+        "interval": "10m",
+        "input_series": [
+            jobs("broken", "failed", "0 1 2 3 3 3 3 3 3 3"),
+            jobs("flaky", "failed", "0 1 2 2 2 2 2 2 2 2"), jobs("flaky", "succeeded", "0 0 0 1 1 1 1 1 1 1"),
+            jobs("once", "failed", "0 1 1 1 1 1 1 1 1 1"),
+        ],
+        "alert_rule_test": [
+            {"eval_time": "60m", "alertname": "CompileCacheWarmupFailing",
+             "exp_alerts": [fired("CompileCacheWarmupFailing", rendered, {"namespace": "ml", "cache": "broken"},
+                                  value="3")]},
+        ],
+    })
+
+
+def test_not_ready_fires_after_its_for(renderings: dict[str, list[Manifest]], promtool: Path, tmp_path: Path) -> None:
+    """Default `for: 1h`: a cache not Ready for 2h alerts; one that became Ready after 30m does not."""
+    rendered = renderings["monitoring"]
+    ready = 'compilecache_cache_ready{{namespace="ml",cache="{}"}}'
+    run_promtool_test(promtool, tmp_path, rendered, {
+        "interval": "1m",
+        "input_series": [{"series": ready.format("stuck"), "values": "0x150"},
+                         {"series": ready.format("warmed"), "values": "0x30 1x120"}],
+        "alert_rule_test": [
+            {"eval_time": "50m", "alertname": "CompileCacheNotReady", "exp_alerts": []},
+            {"eval_time": "120m", "alertname": "CompileCacheNotReady",
+             "exp_alerts": [fired("CompileCacheNotReady", rendered, {"namespace": "ml", "cache": "stuck"})]},
+        ],
+    })
+
+
+def test_every_alert_links_its_runbook(renderings: dict[str, list[Manifest]]) -> None:
+    runbooks = (REPO_ROOT / "docs" / "runbooks.md").read_text()
+    alerts = [r for g in rule_groups(renderings["monitoring"])["groups"] for r in g["rules"] if "alert" in r]  # type: ignore[attr-defined]
+    assert {a["alert"] for a in alerts} == {"CompileCacheHitRateLow", "CompileCacheOperatorDown",
+                                            "CompileCacheWarmupFailing", "CompileCacheNotReady"}
+    for alert in alerts:
+        anchor = alert["alert"].lower()
+        assert alert["annotations"]["runbook_url"] == f"{RUNBOOKS}#{anchor}"
+        assert f"## {alert['alert']}\n" in runbooks, f"docs/runbooks.md has no section for {alert['alert']}"
 
 
 def test_rules_query_what_the_operator_exports(renderings: dict[str, list[Manifest]]) -> None:
@@ -297,3 +403,32 @@ def test_the_pod_monitor_follows_the_watched_namespaces(helm_bin: Path, renderin
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert monitor["metadata"]["labels"]["release"] == "prom"
+
+
+def test_dashboard_queries_honour_the_namespace_and_cache_variables() -> None:
+    """Every query of a metric labelled by namespace and cache filters on $namespace and $cache."""
+    dashboard = json.loads((CHART_DIR / "dashboards" / "compilecache.json").read_text())
+    series = exported_series()
+    checked = 0
+    for panel in (p for p in dashboard["panels"] if p["type"] != "row"):
+        for target in panel["targets"]:
+            for match in SELECTOR.finditer(target["expr"]):
+                name, matchers = match.group(1), match.group(2) or ""
+                if {"namespace", "cache"} <= series.get(name, set()):
+                    assert 'namespace=~"$namespace"' in matchers and 'cache=~"$cache"' in matchers, (
+                        f"{panel['title']}: {name}{matchers} ignores the dashboard's variables")
+                    checked += 1
+    assert checked > 10
+
+
+def test_no_dashboard_panel_mixes_units() -> None:
+    """One unit per panel: no override gives some of a panel's series another unit (bytes beside bytes/s)."""
+    dashboard = json.loads((CHART_DIR / "dashboards" / "compilecache.json").read_text())
+    for panel in (p for p in dashboard["panels"] if p["type"] != "row"):
+        overrides = panel.get("fieldConfig", {}).get("overrides", [])
+        units = [prop for o in overrides for prop in o.get("properties", []) if prop.get("id") == "unit"]
+        assert not units, f"{panel['title']}: series with units {[u['value'] for u in units]} beside " \
+                          f"{panel['fieldConfig']['defaults'].get('unit')}"
+    titles = {p["title"]: p for p in dashboard["panels"]}
+    assert titles["Bundle bytes"]["fieldConfig"]["defaults"]["unit"] == "bytes"
+    assert titles["Preloaded bytes per second"]["fieldConfig"]["defaults"]["unit"] == "Bps"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from tests.chart.chart import NAMESPACE, Manifest, of_kind, one
+from tests.chart.chart import CHART_DIR, CI_DIR, NAMESPACE, RELEASE, Manifest, helm, of_kind, one, parse_manifests
 
 pytestmark = pytest.mark.helm
 
@@ -74,3 +75,60 @@ def test_cert_manager_with_an_existing_cluster_issuer(renderings: dict[str, list
     assert not of_kind(rendered, "Issuer")
     assert one(rendered, "Certificate")["spec"]["issuerRef"] == {
         "name": "internal-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+
+
+# -- GitOps: the same rendering every time ----------------------------------------------------------------
+def rendered_text(helm_bin: Path, values: Path | None = None, *set_values: str) -> str:
+    args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE]
+    args += ["--values", str(values)] if values else []
+    for item in set_values:
+        args += ["--set", item]
+    return helm(helm_bin, *args).stdout
+
+
+def a_ca_pem() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "my-webhook-ca")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))  # fmt: skip
+    return base64.b64encode(cert.public_bytes(serialization.Encoding.PEM)).decode()
+
+
+GITOPS_SIGNING_KEY = "signing.existingSecret=my-signing-key"
+"""With ``helm template`` the signing key too must be a Secret of the user's (else every render makes one)."""
+
+
+def test_cert_manager_renders_the_same_every_time(helm_bin: Path) -> None:
+    values = CI_DIR / "cert-manager-values.yaml"
+    assert rendered_text(helm_bin, values, GITOPS_SIGNING_KEY) == rendered_text(helm_bin, values, GITOPS_SIGNING_KEY)
+
+
+def test_a_provided_certificate_renders_the_same_every_time(helm_bin: Path) -> None:
+    ca = a_ca_pem()
+    sets = ("webhook.providedCert.secretName=my-webhook-tls", f"webhook.providedCert.caBundle={ca}", GITOPS_SIGNING_KEY)
+    first = rendered_text(helm_bin, None, *sets)
+    assert first == rendered_text(helm_bin, None, *sets)
+    rendered = parse_manifests(first)
+    assert not [s for s in of_kind(rendered, "Secret") if s.get("type") == "kubernetes.io/tls"]  # the user's own
+    assert mounted_secret(rendered) == "my-webhook-tls"
+    (hook,) = one(rendered, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == ca
+    assert "cert-manager.io/inject-ca-from" not in (one(rendered, "MutatingWebhookConfiguration")["metadata"]
+                                                    .get("annotations") or {})  # fmt: skip
+
+
+def test_a_provided_certificate_needs_its_ca(helm_bin: Path) -> None:
+    proc = helm(helm_bin, "template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE,
+                "--set", "webhook.providedCert.secretName=my-webhook-tls", check=False)
+    assert proc.returncode == 1
+    assert "webhook.providedCert.caBundle: the base64-encoded PEM CA that signed the Secret's tls.crt" in proc.stderr
+
+
+def test_the_generated_certificate_changes_with_every_template(helm_bin: Path) -> None:
+    """Why GitOps users want cert-manager or providedCert: without a cluster to look the Secret up in,
+    `helm template` generates a new CA each time (`helm install/upgrade` reuse the stored one)."""
+    assert rendered_text(helm_bin) != rendered_text(helm_bin)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,9 @@ import pytest
 import yaml
 from compilecache_operator.spec import InvalidSpec, parse_spec
 
+from tests.chart.test_crd_descriptions import fields
+from tests.infra.helm import helm_binaries, kubectl_bin  # noqa: F401  (fixtures)
+from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.operator.e2e_support import CC_API, CRD_NAME, install_crd
 
@@ -169,3 +175,27 @@ def test_an_update_is_judged_by_the_same_rules(
     assert caught.value.status == 422 and "spec.preload.strict" in str(caught.value)
     kube_client.merge_patch(path, {"spec": {"preload": {"mode": "InitContainer", "strict": True}}})
     assert kube_client.get(path)["spec"]["preload"]["strict"] is True
+
+
+def test_kubectl_explain_describes_every_field(
+    crd: dict[str, Any], kube_cluster: LocalCluster, kubectl_bin: Path  # noqa: F811  (the fixture)
+) -> None:
+    """`kubectl explain compilecache.<field>` against the real API server shows each field's
+    description (served from the CRD through OpenAPI v3)."""
+    def explain(field: str) -> subprocess.CompletedProcess[str]:
+        argv = [str(kubectl_bin), "--kubeconfig", str(kube_cluster.kubeconfig), "--cache-dir", str(cache), "explain"]
+        return subprocess.run([*argv, f"compilecache.{field}"], capture_output=True, text=True, timeout=60, check=False)
+
+    cache = kube_cluster.workdir / "kubectl-cache"
+    for _ in range(60):  # the API server publishes a new CRD's OpenAPI a few seconds after it is established
+        if explain("spec").returncode == 0:
+            break
+        shutil.rmtree(cache, ignore_errors=True)
+        time.sleep(1)
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    for top in ("spec", "status"):
+        for path, schema in [(top, root[top]), *fields(root[top], top)]:
+            proc = explain(path)
+            assert proc.returncode == 0, proc.stderr
+            explained = " ".join(proc.stdout.split("DESCRIPTION:")[1].split("FIELDS:")[0].split())
+            assert explained.startswith(" ".join(schema["description"].split())[:60]), (path, proc.stdout)

@@ -20,7 +20,8 @@ No Docker engine and no registry: the base image is made locally and everything 
 3. Tags: ``localhost/compilecache-<name>:<inputs hash>``, the first 12 hex digits of a sha256 over
    everything that goes into the image (the Dockerfile, its ignore file, every file the ignore file lets
    into the build context: ``pyproject.toml``, ``README.md``, ``cachelib/``, ``operator/``,
-   ``images/slim.py``; and the base's digest), plus the moving tag ``localhost/compilecache-<name>:test``.
+   ``images/slim.py``, ``images/<name>/requirements.lock``; and the base's digest), plus the moving tag
+   ``localhost/compilecache-<name>:test``.
    An image whose hash tag exists is reused; podman's storage lives outside the checkout, so a fresh
    clone on a warm machine builds nothing. Older hash tags of the same image are removed.
 

@@ -1,10 +1,13 @@
-"""Linters made for Kubernetes manifests, for the chart tests: kubeconform and kube-score.
+"""Linters made for Kubernetes manifests, for the chart tests: kubeconform and kube-score (and helm-docs, which
+writes the chart's README, and promtool, which tests the chart's alerting rules).
 
-Both are built from the Go module proxy with ``go install`` and cached outside the checkout, keyed by
+All are built from the Go module proxy with ``go install`` and cached outside the checkout, keyed by
 version (a warm machine, and CI's fresh clone on it, builds nothing)::
 
     ${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/tools-kubeconform-<version>/bin/kubeconform
     ${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/tools-kube-score-<version>/bin/kube-score
+    ${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/tools-helm-docs-<version>/bin/helm-docs
+    ${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/tools-promtool-<version>/bin/promtool
 
 kubeconform validates against JSON schemas it normally downloads; here they are made offline, from
 Go modules in the same module cache (``$COMPILECACHE_TEST_CACHE/go/mod``, shared with
@@ -61,7 +64,13 @@ class GoTool:
 KUBECONFORM = GoTool("kubeconform", "github.com/yannh/kubeconform", "github.com/yannh/kubeconform/cmd/kubeconform",
                      "0.8.0")
 KUBE_SCORE = GoTool("kube-score", "github.com/zegl/kube-score", "github.com/zegl/kube-score/cmd/kube-score", "1.20.0")
-TOOLS = (KUBECONFORM, KUBE_SCORE)
+HELM_DOCS = GoTool("helm-docs", "github.com/norwoodj/helm-docs", "github.com/norwoodj/helm-docs/cmd/helm-docs",
+                   "1.14.2")
+"""Writes the chart's README from its template and values.yaml's comments (tests/infra/chartdocs.py)."""
+PROMTOOL = GoTool("promtool", "github.com/prometheus/prometheus", "github.com/prometheus/prometheus/cmd/promtool",
+                  "0.316.0")
+"""Prometheus 3.x's promtool (module versions v0.3xx.y are releases 3.xx.y): checks and unit-tests the chart's rules."""
+TOOLS = (KUBECONFORM, KUBE_SCORE, HELM_DOCS, PROMTOOL)
 PROMETHEUS_OPERATOR = ("github.com/prometheus-operator/prometheus-operator", "0.85.0",
                        "example/prometheus-operator-crd",
                        ("monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_podmonitors.yaml",

@@ -161,7 +161,7 @@ def test_metrics_exposition() -> None:
     assert 'compilecache_preload_bytes_total{cache="mlp",namespace="team-a"} 1000.0' in text
     assert 'compilecache_preload_duration_seconds_count{cache="mlp",namespace="team-a",result="hit"} 1.0' in text
     assert 'compilecache_warmup_jobs_total{cache="mlp",namespace="team-a",result="succeeded"} 1.0' in text
-    assert 'compilecache_warmup_duration_seconds_sum{result="succeeded"} 42.0' in text
+    assert 'compilecache_warmup_duration_seconds_sum{cache="mlp",namespace="team-a",result="succeeded"} 42.0' in text
     assert 'compilecache_bundles{cache="mlp",namespace="team-a"} 2.0' in text
     assert 'compilecache_bundle_bytes{cache="mlp",gpu="NVIDIA-L4",namespace="team-a"} 10.0' in text
     m.set_bundles("team-a", "mlp", [BundleRecord("b", "k2", gpu="cpu", bytes=5)])

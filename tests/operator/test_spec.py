@@ -106,7 +106,7 @@ def test_full_spec_parses() -> None:
         ("AWS_SESSION_TOKEN", "AWS_SESSION_TOKEN", True),
     ]
     assert spec.warmup.resources.limits == {"memory": "16Gi", "cpu": "4"}
-    assert spec.warmup.env == (("HF_HOME", "/tmp/hf"),)
+    assert spec.warmup.env == ({"name": "HF_HOME", "value": "/tmp/hf"},)
     assert spec.remote_cache is not None and spec.remote_cache.env() == {
         "TORCHINDUCTOR_REDIS_HOST": "redis.fleet", "TORCHINDUCTOR_REDIS_PORT": "6379",
         "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",

@@ -10,7 +10,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from cachelib.progress import Progress, format_bar, format_duration, human_bytes, stderr_bar, unwatched
+from cachelib.progress import (
+    Progress,
+    display_label,
+    format_bar,
+    format_duration,
+    human_bytes,
+    stderr_bar,
+    unwatched,
+)
 from cachelib.stores import open_store
 
 
@@ -114,3 +122,23 @@ def test_unwatched_and_off_a_terminal_the_stream_is_the_same_object() -> None:
         assert same is source
     with stderr_bar("k", source, 3) as same:  # pytest's stderr is not a terminal
         assert same is source
+def test_a_key_label_shows_the_cache_and_gpu() -> None:
+    key = "cc1/team-a/llama/0123456789abcdef/fedcba9876543210/nvidia-h100-80gb-hbm3/sm90/torch-2.13.0/triton-3.6.0/cuda-12.8/py-3.11"  # noqa: E501
+    assert display_label(f"get {key}") == "get team-a/llama nvidia-h100-80gb-hbm3"
+    assert display_label("get k") == "get k" and display_label("copying") == "copying"
+
+
+@pytest.mark.parametrize("columns", [100, 80, 60, 40, 20])
+def test_format_bar_fits_the_terminal(columns: int) -> None:
+    label = "get team-a/a-rather-long-cache-name-for-a-model nvidia-h100-80gb-hbm3"
+    for total in (100 * 1024**2, None):
+        line = format_bar(label, 50 * 1024**2, total, 2.0, columns=columns)
+        assert len(line) <= columns - 1, line
+    assert format_bar("get k", 1, 2, 1.0, columns=100).startswith("get k [" + "#" * 15 + "-" * 15 + "]")
+
+
+def test_format_bar_narrows_the_bar_before_cutting_the_label() -> None:
+    line = format_bar("get team-a/llama cpu", 50 * 1024**2, 100 * 1024**2, 2.0, columns=85)
+    assert line.startswith("get team-a/llama cpu [" + "#" * 7 + "-" * 8 + "] 50.0 MiB") and len(line) == 84
+    cut = format_bar("get " + "x" * 80, 50 * 1024**2, 100 * 1024**2, 2.0, columns=70)
+    assert cut.startswith("get xx") and "…" in cut and len(cut) == 69 and "[#####-----]" in cut

@@ -71,7 +71,11 @@ app.kubernetes.io/part-of: compilecache
 {{- printf "%s-webhook" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- define "compilecache-operator.webhookCertSecretName" -}}
+{{- if .Values.webhook.providedCert.secretName }}
+{{- .Values.webhook.providedCert.secretName }}
+{{- else }}
 {{- printf "%s-webhook-tls" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{- end }}
 {{- define "compilecache-operator.webhookCertificateName" -}}
 {{- printf "%s-webhook" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}

@@ -1,0 +1,96 @@
+"""A private CA for a rediss:// store: spec.storage.ca mounts one Secret or ConfigMap key at the fixed
+path the URL names, in the warm-up's publish container and in the injected preload (and the chart
+mounts it into the operator); a URL that does not name that path is refused with the field path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compilecache_operator import builders
+from compilecache_operator.plan import Variant
+from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
+from compilecache_operator.store_ca import STORE_CA_FILE
+
+from tests.chart.chart import Manifest, one, template
+from tests.infra.helm import helm_bin, helm_binaries  # noqa: F401  (fixtures)
+from tests.operator.podpatch import apply_pod_patch
+from tests.operator.restricted import restricted_violations
+from tests.operator.samples import SETTINGS, inject, owner, pod, view
+from tests.operator.test_spec import validator
+
+URL = f"rediss://redis.cache:6380/0?ca={STORE_CA_FILE}"
+MOUNT = {"name": "compilecache-store-ca", "mountPath": "/etc/compilecache/store-ca", "readOnly": True}
+VOLUME = {
+    "name": "compilecache-store-ca",
+    "secret": {"secretName": "redis-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+}
+STORAGE = {"url": URL, "ca": {"secretName": "redis-ca"}}
+
+
+def test_the_publish_container_gets_the_ca() -> None:
+    body = owner(storage=STORAGE)
+    spec = parse_spec(body["spec"], Defaults())
+    job = builders.build_job(body, spec, Variant(id="0123456789", gpu="", image=spec.image),
+                             name="cc-mlp-0123456789-g3", job_id="cc", settings=SETTINGS)  # fmt: skip
+    pod_spec = job["spec"]["template"]["spec"]
+    publish = pod_spec["containers"][0]
+    assert MOUNT in publish["volumeMounts"] and VOLUME in pod_spec["volumes"]
+    assert publish["command"][-1] == URL
+    compile_ = pod_spec["initContainers"][1]
+    assert MOUNT not in compile_["volumeMounts"]  # the user's code needs no store access
+    assert restricted_violations(pod_spec) == []
+
+
+def test_the_injected_preload_gets_the_ca_from_a_config_map() -> None:
+    v = view(storage={"url": URL, "ca": {"configMapName": "trust-bundle", "key": "bundle.pem"}})
+    out = apply_pod_patch(pod(), inject(pod(), v))
+    (preload,) = out["spec"]["initContainers"]
+    assert MOUNT in preload["volumeMounts"]
+    assert {"name": "compilecache-store-ca",
+            "configMap": {"name": "trust-bundle", "items": [{"key": "bundle.pem", "path": "ca.crt"}]}} \
+        in out["spec"]["volumes"]  # fmt: skip
+    assert not any(MOUNT in c.get("volumeMounts", []) for c in out["spec"]["containers"])
+    again = apply_pod_patch(out, inject(out, v))
+    assert again == out  # idempotent: one volume, one mount
+
+
+def test_without_a_ca_nothing_is_added() -> None:
+    out = apply_pod_patch(pod(), inject(pod(), view()))
+    assert not [vol for vol in out["spec"]["volumes"] if vol["name"] == "compilecache-store-ca"]
+
+
+@pytest.mark.parametrize(
+    ("storage", "field", "fragment"),
+    [
+        ({"url": "rediss://r:6380/0", "ca": {"secretName": "c"}}, "spec.storage.ca", f"ca={STORE_CA_FILE}"),
+        ({"url": "redis://r:6379/0", "ca": {"secretName": "c"}}, "spec.storage.ca", "rediss://"),
+        ({"url": URL, "ca": {"secretName": "c", "configMapName": "d"}}, "spec.storage.ca", "exactly one"),
+        ({"url": URL, "ca": {"secretName": "Not_A_Name"}}, "spec.storage.ca.secretName", "not a Secret name"),
+    ],
+)
+def test_a_ca_the_containers_would_not_find_is_refused(storage: dict[str, Any], field: str, fragment: str) -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec(owner(storage=storage)["spec"], Defaults())
+    found = {e.path: e.message for e in caught.value.errors}
+    assert field in found and fragment in found[field], found
+
+
+def test_the_crd_schema_accepts_it() -> None:
+    assert list(validator().iter_errors(owner(storage=STORAGE))) == []
+
+
+@pytest.mark.helm
+def test_the_chart_mounts_the_ca_into_the_operator(helm_bin: Path) -> None:  # noqa: F811
+    def operator_pod(*values: str) -> Manifest:
+        return one(template(helm_bin, set_values=values), "Deployment")["spec"]["template"]["spec"]
+
+    spec = operator_pod("storeCA.secretName=redis-ca")
+    (container,) = spec["containers"]
+    assert {"name": "store-ca", "mountPath": "/etc/compilecache/store-ca", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert {"name": "store-ca", "secret": {"secretName": "redis-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}} \
+        in spec["volumes"]  # fmt: skip
+    assert not [v for v in operator_pod()["volumes"] if v["name"] == "store-ca"]
