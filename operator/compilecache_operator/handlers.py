@@ -1,18 +1,24 @@
 """The Kopf handlers: thin wrappers that call the controller, the webhook and the metrics.
 
-:func:`build_registry` registers them in a registry of their own, with the intervals the
-command line asks for:
+They are registered at import, in Kopf's default registry; the settings they need are read at
+start-up into the memo (``memo["state"]``, ``memo["intervals"]``):
 
-- CompileCache create/update(spec)/resume: reconcile once; a Job event or the timer does the rest;
-- a resync loop: reconcile every CompileCache again now and then (GPU discovery, a Secret created
-  later, a deleted Job). It is a task of its own rather than a Kopf timer, because Kopf puts a
-  finalizer on every object that has a timer, and a finalizer belongs only on caches whose
-  bundles must be deleted;
+- indexes (Kopf keeps them current from its watches): the CompileCaches (the webhook's view and
+  the objects), their warm-up Jobs, the Nodes' labels. A reconcile reads them, not the API.
+  Jobs and pods are watched with server-side label selectors (only warm-up Jobs, only opted-in pods);
+- readiness: Kopf runs the first non-index handler only once every index is loaded; the first
+  Node or CompileCache event therefore marks the operator Ready (``/readyz``), so no replica takes
+  webhook traffic before it knows the caches;
+- CompileCache create/update(spec): reconcile once; Job events and the resync do the rest;
+- the resync: a task of its own (a Kopf timer would put a finalizer on every object) that reconciles
+  the caches whose inputs changed since their last settled reconcile, or that still wait for
+  something; an unchanged cache costs nothing;
 - warm-up Job events: reconcile the owner as soon as a Job finishes;
 - CompileCache deletion with ``deletionPolicy: Delete``: delete its bundles (the only finalizer);
 - opted-in pod events: count each pod's preload result once (a sidecar's when the pod ends, at
   the latest from the DELETED event);
-- the pod mutating webhook (:mod:`compilecache_operator.webhook`).
+- the pod mutating webhook (:mod:`compilecache_operator.webhook`), registered by
+  :func:`register_webhook` when the operator serves one.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
-from compilecache_operator import builders, controller
+from compilecache_operator import builders, controller, probes
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.names import (
     CACHE_LABEL,
@@ -51,16 +57,17 @@ from cachelib.keys import gpu_slug
 
 logger = logging.getLogger(__name__)
 MAX_COUNTED = 100_000
+CC = (GROUP, VERSION, PLURAL)
 
 
 @dataclass(frozen=True)
 class Intervals:
     resync_seconds: float = 60.0
-    """How often each CompileCache is reconciled without any change."""
+    """How often the caches with something to look at are reconciled again."""
     watch_server_timeout: int = 300
     delete_retries: int = 20
     problem_retries: int = 5
-    """Retries with back-off of a change handler after a problem that may pass; the timer goes on after."""
+    """Retries with back-off of a change handler after a problem that may pass; the resync goes on after."""
 
 
 @dataclass
@@ -69,6 +76,14 @@ class Admission:
 
     server: kopf.WebhookServer | None = None
     managed: str | None = None
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Where ``/healthz`` and ``/readyz`` are served (port 0: not at all)."""
+
+    address: str = "0.0.0.0"
+    port: int = 0
 
 
 class CountedPods:
@@ -92,8 +107,19 @@ def _state(memo: kopf.Memo) -> controller.State:
     return cast(controller.State, memo["state"])
 
 
+def _intervals(memo: kopf.Memo) -> Intervals:
+    return cast(Intervals, memo.get("intervals") or Intervals())
+
+
 def _emit(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
+
+
+def plain(body: kopf.Body) -> dict[str, Any]:
+    """The object as a plain dict without ``managedFields`` (what the indexes keep)."""
+    raw = dict(body)
+    meta = {k: v for k, v in (raw.get("metadata") or {}).items() if k != "managedFields"}
+    return {**raw, "metadata": meta}
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -103,115 +129,166 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_kubeconfig(**kwargs)
 
 
-def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) -> kopf.OperatorRegistry:
-    intervals = intervals or Intervals()
-    registry = kopf.OperatorRegistry()
-    cc = (GROUP, VERSION, PLURAL)
+# -- start-up and shut-down ---------------------------------------------------------------------------
+@kopf.on.login(id="login")
+def login_handler(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    return login(**kwargs)
 
-    @kopf.on.login(id="login", registry=registry)
-    def login_handler(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return login(**kwargs)
 
-    @kopf.on.startup(id="configure", registry=registry)
-    async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-        settings.persistence.finalizer = FINALIZER
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=PREFIX, key="last-handled-configuration"
-        )
-        settings.watching.server_timeout = intervals.watch_server_timeout
-        settings.watching.client_timeout = intervals.watch_server_timeout + 30
-        settings.watching.connect_timeout = 30
-        settings.peering.standalone = True
-        settings.posting.level = logging.INFO
-        admission: Admission = memo["admission"]
-        settings.admission.server = admission.server
-        settings.admission.managed = admission.managed
-        info = login(settings=settings)
-        if info is None:
-            raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
-        state = _state(memo)
-        state.api = KubeAPI(info)
-        state.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
-        logger.info("native sidecars %s: %s", "available" if state.sidecars.available else "not available",
-                    state.sidecars.basis)
-        memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
-
-    @kopf.on.cleanup(id="close", registry=registry)
-    async def close(memo: kopf.Memo, **_: Any) -> None:
-        resync: asyncio.Task[None] | None = memo.get("resync")
-        if resync is not None:
-            resync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await resync
-        api = _state(memo).api
-        if api is not None:
-            await api.close()
-
-    @kopf.index(*cc, id="caches", registry=registry)
-    def caches(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
-        view = builders.cache_view(body, _state(memo).settings.defaults)
-        return {(namespace or "", name): view}
-
-    @kopf.on.resume(*cc, id="reconcile", backoff=10, registry=registry)
-    @kopf.on.create(*cc, id="reconcile", backoff=10, registry=registry)
-    @kopf.on.update(*cc, id="reconcile", field="spec", backoff=10, registry=registry)
-    async def reconcile_cache(namespace: str | None, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
-        outcome = await controller.reconcile(_state(memo), namespace or "", name, emit=_emit)
-        if outcome.invalid:
-            raise kopf.PermanentError(outcome.invalid)
-        if outcome.problem and retry < intervals.problem_retries:
-            raise kopf.TemporaryError(outcome.problem, delay=outcome.retry_after or 30.0)
-
-    @kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT}, registry=registry)
-    async def job_event(
-        type: str, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any
-    ) -> None:
-        finished = job_condition(body, "Complete") or job_condition(body, "Failed")
-        if type == "DELETED" or not finished or RECORDED_ANNOTATION in body.metadata.annotations:
-            return
-        for ref in body.metadata.get("ownerReferences") or []:
-            if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-                await controller.reconcile(_state(memo), namespace or "", str(ref["name"]), emit=_emit)
-
-    @kopf.on.delete(
-        *cc,
-        id="delete-bundles",
-        backoff=10,
-        when=lambda spec, **_: spec.get("deletionPolicy") == "Delete",
-        retries=intervals.delete_retries,
-        registry=registry,
+@kopf.on.startup(id="configure")
+async def configure(
+    settings: kopf.OperatorSettings,
+    memo: kopf.Memo,
+    **indexes: Any,
+) -> None:
+    intervals = _intervals(memo)
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
     )
-    async def delete_bundles(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
-        outcome = await controller.cleanup(_state(memo), body)
-        if outcome.done:
-            _emit(body, "Normal", "BundlesDeleted", outcome.message)
-            return
-        if retry + 1 >= intervals.delete_retries:
-            _emit(body, "Warning", "BundlesLeft", f"gave up deleting bundles: {outcome.message}")
-            return
-        raise kopf.TemporaryError(outcome.message, delay=outcome.retry_after or 30.0)
-
-    @kopf.on.event(*cc, id="cache-events", registry=registry)
-    async def cache_event(type: str, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-        if type == "DELETED":
-            _state(memo).metrics.forget_cache(namespace or "", name)
-            _state(memo).warnings.pop((namespace or "", name), None)
-
-    @kopf.on.event(
-        "v1", "pods",
-        id="count-preloads",
-        labels={CACHE_LABEL: kopf.PRESENT},
-        annotations={COUNTED_ANNOTATION: kopf.ABSENT},
-        registry=registry,
+    settings.watching.server_timeout = intervals.watch_server_timeout
+    settings.watching.client_timeout = intervals.watch_server_timeout + 30
+    settings.watching.connect_timeout = 30
+    # Server-side selection: the API server sends only warm-up Jobs and opted-in pods.
+    settings.watching.label_selectors["batch", "jobs"] = WARMUP_LABEL
+    settings.watching.label_selectors["", "pods"] = CACHE_LABEL
+    settings.peering.standalone = True
+    settings.posting.level = logging.INFO
+    admission: Admission = memo["admission"]
+    settings.admission.server = admission.server
+    settings.admission.managed = admission.managed
+    info = login(settings=settings)
+    if info is None:
+        raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
+    state = _state(memo)
+    state.indexes = controller.Indexes(
+        caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
     )
-    async def pod_event(
-        type: str, body: kopf.Body, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
-    ) -> None:
-        await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
+    state.api = KubeAPI(info)
+    state.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
+    logger.info("native sidecars %s: %s", "available" if state.sidecars.available else "not available",
+                state.sidecars.basis)
+    where: Probes = memo.get("probes") or Probes()
+    if where.port:
+        memo["probes_server"] = await probes.serve(where.address, where.port, lambda: state.ready)
+    memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
 
-    if not webhook:
-        return registry
+
+@kopf.on.cleanup(id="close")
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    resync: asyncio.Task[None] | None = memo.get("resync")
+    if resync is not None:
+        resync.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await resync
+    server: probes.Server | None = memo.get("probes_server")
+    if server is not None:
+        await server.cleanup()
+    api = _state(memo).api
+    if api is not None:
+        await api.close()
+
+
+# -- indexes --------------------------------------------------------------------------------------------
+@kopf.index(*CC, id="caches")
+def caches(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+    """The webhook's view of each CompileCache."""
+    return {(namespace or "", name): builders.cache_view(body, _state(memo).settings.defaults)}
+
+
+@kopf.index(*CC, id="cache_objects")
+def cache_objects(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Each CompileCache as the controller reads it."""
+    return {(namespace or "", name): plain(body)}
+
+
+@kopf.index("batch", "v1", "jobs", id="warmup_jobs", labels={WARMUP_LABEL: kopf.PRESENT})
+def warmup_jobs(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Warm-up Jobs by the uid of the CompileCache that owns them."""
+    job = plain(body)
+    return {uid: job for uid in controller.owner_uids(job)}
+
+
+@kopf.index("v1", "nodes", id="node_labels")
+def node_labels(labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
+    """Node label key → value, for ``gpuDiscovery.auto`` (whichever label key a spec names)."""
+    return dict(labels)
+
+
+@kopf.on.event("v1", "nodes", id="ready-nodes", when=lambda memo, **_: not _state(memo).ready)
+@kopf.on.event(*CC, id="ready-caches", when=lambda memo, **_: not _state(memo).ready)
+def mark_ready(memo: kopf.Memo, **_: Any) -> None:
+    """Kopf runs this only after every index is loaded: from now on the webhook knows every cache."""
+    state = _state(memo)
+    if not state.ready:
+        state.ready = True
+        logger.info("indexes loaded: %d CompileCache(s); ready", len(state.indexes.caches))
+
+
+# -- CompileCaches and their Jobs ------------------------------------------------------------------------
+@kopf.on.create(*CC, id="reconcile", backoff=10)
+@kopf.on.update(*CC, id="reconcile", field="spec", backoff=10)
+async def reconcile_cache(namespace: str | None, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    outcome = await controller.reconcile(_state(memo), namespace or "", name, emit=_emit)
+    if outcome.invalid:
+        raise kopf.PermanentError(outcome.invalid)
+    if outcome.problem and retry < _intervals(memo).problem_retries:
+        raise kopf.TemporaryError(outcome.problem, delay=outcome.retry_after or 30.0)
+
+
+@kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT})
+async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    finished = job_condition(body, "Complete") or job_condition(body, "Failed")
+    if type == "DELETED" or not finished or RECORDED_ANNOTATION in body.metadata.annotations:
+        return
+    for ref in body.metadata.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
+            await controller.reconcile(_state(memo), namespace or "", str(ref["name"]), emit=_emit)
+
+
+@kopf.on.delete(
+    *CC,
+    id="delete-bundles",
+    backoff=10,
+    when=lambda spec, memo, **_: controller.deletes_bundles(spec, _state(memo).settings.defaults),
+)
+async def delete_bundles(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    outcome = await controller.cleanup(_state(memo), body)
+    if outcome.done:
+        _emit(body, "Normal", "BundlesDeleted", outcome.message)
+        return
+    if retry + 1 >= _intervals(memo).delete_retries:
+        _emit(body, "Warning", "BundlesLeft", f"gave up deleting bundles: {outcome.message}")
+        return
+    raise kopf.TemporaryError(outcome.message, delay=outcome.retry_after or 30.0)
+
+
+@kopf.on.event(*CC, id="cache-events")
+async def cache_event(type: str, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED":
+        _state(memo).forget((namespace or "", name))
+
+
+# -- opted-in pods ---------------------------------------------------------------------------------------
+@kopf.on.event(
+    "v1", "pods",
+    id="count-preloads",
+    labels={CACHE_LABEL: kopf.PRESENT},
+    annotations={COUNTED_ANNOTATION: kopf.ABSENT},
+)
+async def pod_event(
+    type: str, body: kopf.Body, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
+) -> None:
+    await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
+
+
+def register_webhook(registry: kopf.OperatorRegistry | None = None) -> None:
+    """Register the pod-mutating webhook (once): only an operator that serves it may (Kopf refuses
+    admission handlers without a server)."""
+    registry = registry or kopf.get_default_registry()
+    if any(h.id == WEBHOOK_ID for h in registry._webhooks.get_all_handlers()):
+        return
     kopf.on.mutate(
         "v1",
         "pods",
@@ -222,8 +299,6 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
         side_effects=False,
         registry=registry,
     )(inject_pods)
-
-    return registry
 
 
 async def count_preload(
@@ -258,20 +333,12 @@ async def count_preload(
 
 
 async def resync_loop(state: controller.State, interval: float) -> None:
-    """Reconcile every CompileCache in scope every ``interval`` seconds; errors are logged, never fatal."""
+    """Once the indexes are loaded, reconcile what is unsettled, then again every ``interval``
+    seconds; errors are logged, never fatal."""
+    while not state.ready:
+        await asyncio.sleep(0.1)
     while True:
+        count = await controller.resync(state, _emit)
+        if count:
+            logger.debug("resync: reconciled %d CompileCache(s)", count)
         await asyncio.sleep(interval)
-        api = state.api
-        if api is None:
-            continue
-        try:
-            caches = await api.list_caches(state.settings.namespaces)
-        except Exception as exc:
-            logger.warning("resync: listing CompileCaches failed: %s", exc)
-            continue
-        for cache in caches:
-            meta = cache.get("metadata") or {}
-            try:
-                await controller.reconcile(state, str(meta.get("namespace")), str(meta.get("name")), emit=_emit)
-            except Exception as exc:
-                logger.warning("resync of %s/%s failed: %s", meta.get("namespace"), meta.get("name"), exc)

@@ -76,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-address", default=_env("METRICS_ADDRESS") or "0.0.0.0",
                    help="address the metrics endpoint listens on (default 0.0.0.0)")
     p.add_argument("--health-port", type=int, default=_env_int("HEALTH_PORT", 8081),
-                   help="port of Kopf's liveness endpoint /healthz; 0 turns it off (default 8081)")
+                   help="port of the liveness (/healthz) and readiness (/readyz: the indexes are loaded) endpoints; "
+                        "0 turns them off (default 8081)")
     p.add_argument("--health-address", default=_env("HEALTH_ADDRESS") or "0.0.0.0",
-                   help="address the liveness endpoint listens on (default 0.0.0.0)")
+                   help="address the liveness and readiness endpoints listen on (default 0.0.0.0)")
     p.add_argument("--webhook-config", choices=WEBHOOK_MODES, default=_env("WEBHOOK_CONFIG") or "external",
                    help="managed: the operator writes the MutatingWebhookConfiguration itself (pointing at "
                         "--webhook-host:--webhook-port); external: it is installed separately (the Helm chart); "
@@ -121,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how often each CompileCache is reconciled without a change (default 60)")
     p.add_argument("--retry-seconds", type=float, default=_env_float("RETRY_SECONDS", 30.0),
                    help="delay before looking again after a problem that may pass, e.g. a missing Secret (default 30)")
+    p.add_argument("--concurrency", type=int, default=_env_int("CONCURRENCY", 16),
+                   help="how many CompileCaches are reconciled at once, e.g. when the operator starts (default 16)")
     p.add_argument("--log-format", choices=LOG_FORMATS, default=_env("LOG_FORMAT") or "text",
                    help="text or json (one JSON object per line)")
     p.add_argument("--verbose", "-v", action="store_true", default=_env_bool("VERBOSE"), help="debug logging")
@@ -137,6 +140,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser = build_parser()
     args = parser.parse_args(argv)
     namespaces = tuple(args.namespace or ([] if args.all_namespaces else _csv(_env("NAMESPACE"))))
+    if args.concurrency < 1:
+        parser.error(f"--concurrency: {args.concurrency} is not a positive number")
     for port_name in ("metrics_port", "health_port", "webhook_port"):
         port = getattr(args, port_name)
         if not 0 <= port <= 65535:
@@ -165,6 +170,7 @@ def settings_from(options: Options) -> Settings:
         namespaces=options.namespaces,
         operator_namespace=a.operator_namespace,
         native_sidecars=a.native_sidecars,
+        concurrency=a.concurrency,
     )
 
 
@@ -201,16 +207,19 @@ def run(options: Options) -> None:
     state = State(settings=settings_from(options), metrics=metrics)
     with tempfile.TemporaryDirectory(prefix="compilecache-webhook-") as scratch:
         admission = admission_from(options, Path(scratch))
-        registry = handlers.build_registry(
-            handlers.Intervals(resync_seconds=a.resync_seconds), webhook=admission.server is not None
+        if admission.server is not None:
+            handlers.register_webhook()
+        memo = kopf.Memo(
+            state=state,
+            admission=admission,
+            counted=handlers.CountedPods(),
+            intervals=handlers.Intervals(resync_seconds=a.resync_seconds),
+            probes=handlers.Probes(address=a.health_address, port=a.health_port),
         )
-        memo = kopf.Memo(state=state, admission=admission, counted=handlers.CountedPods())
         kopf.run(
-            registry=registry,
             clusterwide=not options.namespaces,
             namespaces=list(options.namespaces),
             standalone=True,
-            liveness_endpoint=f"http://{a.health_address}:{a.health_port}/healthz" if a.health_port else None,
             memo=memo,
         )
 

@@ -1,6 +1,6 @@
 """The pod-injection webhook: Kopf's mutating admission handler on pod CREATE.
 
-Registered by :func:`compilecache_operator.handlers.build_registry`. The webhook configuration
+Registered by :func:`compilecache_operator.handlers.register_webhook`. The webhook configuration
 selects only pods with the opt-in label and fails open
 (``failurePolicy: Ignore``). The handler computes the patch with
 :func:`builders.build_pod_patch` from the operator's in-memory index of CompileCaches, so
@@ -80,7 +80,7 @@ async def inject_pods(
         sidecars=state.sidecars,
     )
     if result.skipped:
-        logger.info(f"pod not injected ({result.skipped}) for CompileCache {namespace}/{cache}")
+        log.debug("pod not injected (%s) for CompileCache %s/%s", result.skipped, namespace, cache)
     if warnings is not None:
         warnings.extend(result.warnings)
     fallback = result.annotations.get(PRELOAD_MODE_REASON_ANNOTATION)
