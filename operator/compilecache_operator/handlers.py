@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections import OrderedDict
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
-from compilecache_operator import builders, controller, probes
+from compilecache_operator import builders, controller, kubeconfig, probes
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.names import (
     CACHE_LABEL,
@@ -51,7 +52,7 @@ from compilecache_operator.names import (
 )
 from compilecache_operator.results import job_condition, preload_outcome
 from compilecache_operator.sidecars import detect_native_sidecars
-from compilecache_operator.webhook import inject_pods
+from compilecache_operator.webhook import PodWebhookServer, inject_pods, review_pod
 
 from cachelib.keys import gpu_slug
 
@@ -123,10 +124,18 @@ def plain(body: kopf.Body) -> dict[str, Any]:
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """The pod's service account in a cluster, else the kubeconfig (``KUBECONFIG``)."""
+    """The pod's service account in a cluster, else the kubeconfig (``KUBECONFIG``), running its
+    ``exec`` credential plugin where the user has one."""
     if os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"):
         return kopf.login_with_service_account(**kwargs)
-    return kopf.login_with_kubeconfig(**kwargs)
+    info = kopf.login_with_kubeconfig(**kwargs)
+    if info is None:
+        return None
+    try:
+        fields = kubeconfig.exec_credentials(kubeconfig.current_user())
+    except kubeconfig.ExecCredentialError as exc:
+        raise kopf.LoginError(str(exc)) from exc
+    return dataclasses.replace(info, **fields) if fields else info
 
 
 # -- start-up and shut-down ---------------------------------------------------------------------------
@@ -165,7 +174,10 @@ async def configure(
     state.indexes = controller.Indexes(
         caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
     )
-    state.api = KubeAPI(info)
+    state.api = KubeAPI(info, relogin=lambda: login(settings=settings))
+    if isinstance(admission.server, PodWebhookServer):
+        views = indexes["caches"]
+        admission.server.answer = lambda review: review_pod(state, views, review)
     state.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
     logger.info("native sidecars %s: %s", "available" if state.sidecars.available else "not available",
                 state.sidecars.basis)

@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-
 from compilecache_operator import builders, controller
 from compilecache_operator.controller import Actions, Indexes, KeyedLocks, Settings, Snapshot, State
 from compilecache_operator.metrics import Metrics
