@@ -56,6 +56,8 @@ class KubeError(Exception):
 def retry_after(header: str | None, details: Any = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` header (seconds) or a Status' ``retryAfterSeconds``."""
     for value in (header, details.get("retryAfterSeconds") if isinstance(details, dict) else None):
+        if value is None:
+            continue
         try:
             return max(0.0, float(value))
         except (TypeError, ValueError):
