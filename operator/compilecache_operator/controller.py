@@ -30,6 +30,7 @@ from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import (
     EXCLUDED_NAMESPACES,
+    FINALIZER,
     KIND,
     PREFIX,
     RECORDED_ANNOTATION,
@@ -88,6 +89,8 @@ class Settings:
     """``--native-sidecars``: auto (ask the API server's version), on or off."""
     concurrency: int = 16
     """How many reconciles run at once (each makes API calls; a restart resumes every cache)."""
+    delete_attempts: int = 20
+    """Attempts at deleting a cache's bundles before its finalizer is removed anyway (BundlesLeft)."""
 
     def in_scope(self, namespace: str) -> bool:
         return not self.namespaces or namespace in self.namespaces
@@ -164,6 +167,11 @@ class State:
     """Jobs (namespace, name) marked as counted whose annotation the index has not shown yet."""
     ready: bool = False
     """Every index has been loaded once (the webhook's readiness)."""
+    leading: bool = True
+    """This replica acts (reconciles, deletes, counts); the others only serve the webhook."""
+    delete_attempts: dict[Key, int] = field(default_factory=dict)
+    retries: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
+    """Per cache, a look again scheduled after a problem that may pass."""
     _slots: asyncio.Semaphore | None = None
 
     @property
@@ -204,6 +212,10 @@ class State:
         self.warnings.pop(key, None)
         self.settled.pop(key, None)
         self.written.pop(key, None)
+        self.delete_attempts.pop(key, None)
+        retry = self.retries.pop(key, None)
+        if retry is not None:
+            retry.cancel()
         self.metrics.forget_cache(*key)
 
 
@@ -421,6 +433,8 @@ class Actions:
     delete_jobs: tuple[str, ...] = ()
     job_states: Mapping[str, JobState] = field(default_factory=dict)
     """Per missing variant, where its Job stands."""
+    finalizers: tuple[str, ...] | None = None
+    """The cache's new finalizers (ours added for ``deletionPolicy: Delete``, removed for Keep), or None."""
 
     @property
     def warming(self) -> bool:
@@ -436,14 +450,15 @@ def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
         spec = parse_spec(snapshot.body.get("spec"), settings.defaults, name=name)
     except InvalidSpec as exc:
         return Actions(generation, failure=builders.Failure("InvalidSpec", str(exc)))
+    finalizers = finalizers_for(meta.get("finalizers") or [], spec)
     problem = secret_problem(spec.storage, snapshot.secret, namespace)
     if problem is not None:
-        return Actions(generation, failure=problem, storage_url=spec.storage.url, spec=spec)
+        return Actions(generation, failure=problem, storage_url=spec.storage.url, spec=spec, finalizers=finalizers)
     variants = tuple(plan_variants(namespace, name, spec, snapshot.gpus))
     if not variants:
         message = f"spec.gpuDiscovery: no Node has the label {spec.gpu_discovery.label_key!r}"
         return Actions(generation, failure=builders.Failure("NoGPUNodes", message), storage_url=spec.storage.url,
-                       spec=spec)
+                       spec=spec, finalizers=finalizers)
     observed = [
         (job, observe_job(job, snapshot.pods.get(str(job["metadata"].get("uid")), ()), label_prefix=PREFIX))
         for job in snapshot.jobs
@@ -453,7 +468,17 @@ def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
     prune = tuple(bundles_to_prune(list(bundles), [v.id for v in variants], spec.keep_generations))
     delete = tuple(superseded_jobs([s for _, s in observed], {v.id for v in variants}))
     return replace(actions, storage_url=spec.storage.url, spec=spec, variants=variants, bundles=bundles,
-                   prune=prune, delete_jobs=delete)
+                   prune=prune, delete_jobs=delete, finalizers=finalizers)
+
+
+def finalizers_for(current: Sequence[str], spec: CacheSpec) -> tuple[str, ...] | None:
+    """The finalizers a cache of ``spec`` should carry: ours only with ``deletionPolicy: Delete``
+    (its bundles are deleted with it); None when ``current`` is right. An invalid spec changes
+    nothing (it is never asked)."""
+    wanted = spec.deletion_policy == "Delete"
+    if wanted == (FINALIZER in current):
+        return None
+    return (*current, FINALIZER) if wanted else tuple(f for f in current if f != FINALIZER)
 
 
 def _variant_actions(
@@ -544,11 +569,17 @@ def outcome(actions: Actions, status: Mapping[str, Any], retry_seconds: float) -
 
 
 # -- apply -----------------------------------------------------------------------------------------
-async def reconcile(state: State, namespace: str, name: str, *, emit: Emit | None = None) -> Outcome:
-    """Read, decide, apply for one cache; at most ``settings.concurrency`` at once, one at a time per cache."""
+async def reconcile(
+    state: State, namespace: str, name: str, *, emit: Emit | None = None, if_unsettled: bool = False
+) -> Outcome | None:
+    """Read, decide, apply for one cache; at most ``settings.concurrency`` at once, one at a time per
+    cache. With ``if_unsettled``, nothing happens (None) when its inputs are those of its last
+    settled reconcile."""
     key = (namespace, name)
     async with state.slots, state.locks.hold(key):
         before = fingerprint(state, key)
+        if if_unsettled and state.settled.get(key) == before:
+            return None
         snapshot = await read_snapshot(state, key)
         if snapshot is None:
             return Outcome(gone=True)
@@ -556,9 +587,42 @@ async def reconcile(state: State, namespace: str, name: str, *, emit: Emit | Non
         result = await apply_actions(state, snapshot, actions, emit)
         if result.problem or result.warming or actions.create or actions.count or actions.records:
             state.settled.pop(key, None)
-        else:
+        elif actions.finalizers is None:
             state.settled[key] = _settled_fingerprint(state, key, before)
         return result
+
+
+async def handle(state: State, key: Key, emit: Emit | None) -> None:
+    """What an event or the resync does about a cache: finish its deletion, or reconcile it if
+    unsettled; a problem that may pass is looked at again after ``settings.retry_seconds``."""
+    body = state.cache(key)
+    if body is None:
+        return
+    if is_deleting(body):
+        delay = await finalize(state, body, emit)
+    else:
+        result = await reconcile(state, *key, emit=emit, if_unsettled=True)
+        delay = result.retry_after if result is not None and result.problem else None
+    if delay is not None:
+        look_again(state, key, delay, emit)
+
+
+def look_again(state: State, key: Key, delay: float, emit: Emit | None) -> None:
+    """Handle ``key`` again in ``delay`` seconds (once, however often asked)."""
+    if key in state.retries:
+        return
+
+    def fire() -> None:
+        state.retries.pop(key, None)
+        task = asyncio.ensure_future(handle(state, key, emit))
+        task.add_done_callback(_log_failure)
+
+    state.retries[key] = asyncio.get_running_loop().call_later(delay, fire)
+
+
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("looking again failed: %s", task.exception())
 
 
 def _settled_fingerprint(state: State, key: Key, before: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -571,6 +635,9 @@ async def apply_actions(state: State, snapshot: Snapshot, actions: Actions, emit
     api = state.api
     assert api is not None, "the API client is set at start-up"
     body = snapshot.body
+    if actions.finalizers is not None:
+        meta = body["metadata"]
+        await api.set_finalizers(meta["namespace"], meta["name"], meta.get("finalizers") or [], actions.finalizers)
     if actions.failure is not None:
         status = final_status(snapshot, actions, (), "", now_rfc3339())
         await write_status(state, body, status)
@@ -674,7 +741,8 @@ def _emit(emit: Emit | None, body: Mapping[str, Any], type_: str, reason: str, m
 def unsettled(state: State) -> list[Key]:
     """The caches whose inputs changed since their last settled reconcile, or that wait for
     something (a Job, a Secret, a GPU node): the only ones a resync reconciles."""
-    return [key for key in state.indexes.cache_keys() if state.settled.get(key) != fingerprint(state, key)]
+    return [key for key in state.indexes.cache_keys()
+            if state.settled.get(key) != fingerprint(state, key) and key not in state.retries]
 
 
 async def resync(state: State, emit: Emit | None) -> int:
@@ -684,7 +752,7 @@ async def resync(state: State, emit: Emit | None) -> int:
 
     async def one(key: Key) -> None:
         try:
-            await reconcile(state, *key, emit=emit)
+            await handle(state, key, emit)
         except Exception as exc:
             logger.warning("resync of %s/%s failed: %s", key[0], key[1], exc)
 
@@ -698,6 +766,31 @@ class CleanupOutcome:
     done: bool
     message: str
     retry_after: float | None = None
+
+
+async def finalize(state: State, body: Mapping[str, Any], emit: Emit | None) -> float | None:
+    """A cache being deleted that carries our finalizer: delete its bundles, then the finalizer
+    (after ``settings.delete_attempts`` failed attempts, anyway: BundlesLeft). The delay before
+    the next attempt, or None when done."""
+    meta = body["metadata"]
+    current = list(meta.get("finalizers") or [])
+    if FINALIZER not in current:
+        return None
+    key = (str(meta["namespace"]), str(meta["name"]))
+    async with state.slots, state.locks.hold(key):
+        result = await cleanup(state, body)
+        attempts = state.delete_attempts[key] = state.delete_attempts.get(key, 0) + 1
+        if result.done:
+            _emit(emit, body, "Normal", "BundlesDeleted", result.message)
+        elif attempts >= state.settings.delete_attempts:
+            _emit(emit, body, "Warning", "BundlesLeft", f"gave up deleting bundles: {result.message}")
+        else:
+            logger.info("deleting the bundles of %s/%s: %s", key[0], key[1], result.message)
+            return result.retry_after or state.settings.retry_seconds
+        assert state.api is not None
+        await state.api.set_finalizers(key[0], key[1], current, [f for f in current if f != FINALIZER])
+        state.delete_attempts.pop(key, None)
+        return None
 
 
 async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
@@ -745,14 +838,5 @@ async def _clear_store(
     return CleanupOutcome(True, f"deleted {len(report.deleted)} object(s) under {cache_prefix(namespace, name)}")
 
 
-def deletes_bundles(spec: Mapping[str, Any], defaults: Defaults) -> bool:
-    """Whether deleting a cache of this spec deletes its bundles (``deletionPolicy: Delete``); an
-    invalid spec deletes nothing."""
-    try:
-        return parse_spec(spec, defaults).deletion_policy == "Delete"
-    except InvalidSpec:
-        return False
-
-
 __all__ = ["Actions", "Emit", "Outcome", "Settings", "Snapshot", "State", "cleanup", "decide", "decide_actions",
-           "planned_gpu_types", "reconcile"]
+           "finalize", "handle", "planned_gpu_types", "reconcile"]

@@ -9,14 +9,17 @@ start-up into the memo (``memo["state"]``, ``memo["intervals"]``):
 - readiness: Kopf runs the first non-index handler only once every index is loaded; the first
   Node or CompileCache event therefore marks the operator Ready (``/readyz``), so no replica takes
   webhook traffic before it knows the caches;
-- CompileCache create/update(spec): reconcile once; Job events and the resync do the rest;
-- the resync: a task of its own (a Kopf timer would put a finalizer on every object) that reconciles
-  the caches whose inputs changed since their last settled reconcile, or that still wait for
-  something; an unchanged cache costs nothing;
+- CompileCache events: reconcile a cache whose inputs changed since its last settled reconcile
+  (:func:`controller.handle`); with ``deletionPolicy: Delete`` the cache carries the finalizer
+  ``compilecache.io/bundles``, and its deletion deletes its bundles first. These are plain event
+  handlers, not Kopf's change handlers, so Kopf itself writes nothing to the objects;
+- the resync: a task of its own that handles the caches whose inputs changed or that still wait
+  for something; an unchanged cache costs nothing;
 - warm-up Job events: reconcile the owner as soon as a Job finishes;
-- CompileCache deletion with ``deletionPolicy: Delete``: delete its bundles (the only finalizer);
 - opted-in pod events: count each pod's preload result once (a sidecar's when the pod ends, at
   the latest from the DELETED event);
+- with leader election, only the replica holding the Lease acts (events, Jobs, pods, resync);
+  every replica keeps its indexes and serves the webhook;
 - the pod mutating webhook (:mod:`compilecache_operator.webhook`), registered by
   :func:`register_webhook` when the operator serves one.
 """
@@ -39,7 +42,6 @@ from compilecache_operator.kube import KubeAPI
 from compilecache_operator.names import (
     CACHE_LABEL,
     COUNTED_ANNOTATION,
-    FINALIZER,
     GPU_ANNOTATION,
     GROUP,
     KIND,
@@ -66,9 +68,6 @@ class Intervals:
     resync_seconds: float = 60.0
     """How often the caches with something to look at are reconciled again."""
     watch_server_timeout: int = 300
-    delete_retries: int = 20
-    problem_retries: int = 5
-    """Retries with back-off of a change handler after a problem that may pass; the resync goes on after."""
 
 
 @dataclass
@@ -151,11 +150,10 @@ async def configure(
     **indexes: Any,
 ) -> None:
     intervals = _intervals(memo)
-    settings.persistence.finalizer = FINALIZER
+    # No Kopf handler needs a finalizer or stores progress: the controller manages its own finalizer
+    # (compilecache.io/bundles). Kopf's is named so that it never matches one on an object.
+    settings.persistence.finalizer = f"{PREFIX}/kopf-unused"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration"
-    )
     settings.watching.server_timeout = intervals.watch_server_timeout
     settings.watching.client_timeout = intervals.watch_server_timeout + 30
     settings.watching.connect_timeout = 30
@@ -239,47 +237,31 @@ def mark_ready(memo: kopf.Memo, **_: Any) -> None:
 
 
 # -- CompileCaches and their Jobs ------------------------------------------------------------------------
-@kopf.on.create(*CC, id="reconcile", backoff=10)
-@kopf.on.update(*CC, id="reconcile", field="spec", backoff=10)
-async def reconcile_cache(namespace: str | None, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
-    outcome = await controller.reconcile(_state(memo), namespace or "", name, emit=_emit)
-    if outcome.invalid:
-        raise kopf.PermanentError(outcome.invalid)
-    if outcome.problem and retry < _intervals(memo).problem_retries:
-        raise kopf.TemporaryError(outcome.problem, delay=outcome.retry_after or 30.0)
+@kopf.on.event(*CC, id="cache-events")
+async def cache_event(type: str, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A created, changed or deleted CompileCache: reconcile it if what it reads changed, finish its
+    deletion, or forget it. Plain events (no Kopf change handlers) keep Kopf from writing anything
+    to the objects, so standby replicas can watch them too."""
+    state = _state(memo)
+    key = (namespace or "", name)
+    if type == "DELETED":
+        state.forget(key)
+    elif state.leading:
+        await controller.handle(state, key, _emit)
 
 
 @kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT})
 async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A warm-up Job finished: record its result at once."""
     finished = job_condition(body, "Complete") or job_condition(body, "Failed")
     if type == "DELETED" or not finished or RECORDED_ANNOTATION in body.metadata.annotations:
         return
+    state = _state(memo)
+    if not state.leading:
+        return
     for ref in body.metadata.get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-            await controller.reconcile(_state(memo), namespace or "", str(ref["name"]), emit=_emit)
-
-
-@kopf.on.delete(
-    *CC,
-    id="delete-bundles",
-    backoff=10,
-    when=lambda spec, memo, **_: controller.deletes_bundles(spec, _state(memo).settings.defaults),
-)
-async def delete_bundles(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
-    outcome = await controller.cleanup(_state(memo), body)
-    if outcome.done:
-        _emit(body, "Normal", "BundlesDeleted", outcome.message)
-        return
-    if retry + 1 >= _intervals(memo).delete_retries:
-        _emit(body, "Warning", "BundlesLeft", f"gave up deleting bundles: {outcome.message}")
-        return
-    raise kopf.TemporaryError(outcome.message, delay=outcome.retry_after or 30.0)
-
-
-@kopf.on.event(*CC, id="cache-events")
-async def cache_event(type: str, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    if type == "DELETED":
-        _state(memo).forget((namespace or "", name))
+            await controller.handle(state, (namespace or "", str(ref["name"])), _emit)
 
 
 # -- opted-in pods ---------------------------------------------------------------------------------------
@@ -292,7 +274,8 @@ async def cache_event(type: str, namespace: str | None, name: str, memo: kopf.Me
 async def pod_event(
     type: str, body: kopf.Body, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
 ) -> None:
-    await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
+    if _state(memo).leading:
+        await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
 
 
 def register_webhook(registry: kopf.OperatorRegistry | None = None) -> None:
@@ -350,7 +333,7 @@ async def resync_loop(state: controller.State, interval: float) -> None:
     while not state.ready:
         await asyncio.sleep(0.1)
     while True:
-        count = await controller.resync(state, _emit)
+        count = await controller.resync(state, _emit) if state.leading else 0
         if count:
             logger.debug("resync: reconciled %d CompileCache(s)", count)
         await asyncio.sleep(interval)

@@ -33,6 +33,7 @@ from compilecache_operator.names import GROUP, PLURAL, VERSION
 JSON = dict[str, Any]
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 PAGE_SIZE = 500
 logger = logging.getLogger(__name__)
@@ -273,6 +274,14 @@ class KubeAPI:
         return await self.request(
             "PATCH", self.cache_path(namespace, name) + "/status", body={"status": status}, content_type=MERGE_PATCH
         )
+
+    async def set_finalizers(
+        self, namespace: str, name: str, current: Sequence[str], new: Sequence[str]
+    ) -> JSON:
+        """Replace the finalizers, provided they are still ``current`` (else HTTP 422: look again)."""
+        ops = [{"op": "test", "path": "/metadata/finalizers", "value": list(current)}] if current else []
+        ops.append({"op": "add", "path": "/metadata/finalizers", "value": list(new)})
+        return await self.request("PATCH", self.cache_path(namespace, name), body=ops, content_type=JSON_PATCH)
 
     # -- Secrets, Nodes --------------------------------------------------------------------------------
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:

@@ -18,7 +18,7 @@ from compilecache_operator.spec import Defaults, parse_spec
 from compilecache_operator.storeops import DeleteReport
 
 from tests.infra.kube.cluster import free_port
-from tests.operator.samples import KEY, owner, raw_spec
+from tests.operator.samples import KEY, owner
 
 SETTINGS = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=7)
 NOW = "2026-01-01T00:00:00Z"
@@ -222,6 +222,14 @@ def test_keyed_locks_leave_nothing_behind() -> None:
     assert order == ["a+", "a-", "b+", "b-"] and len(locks) == 0
 
 
-@pytest.mark.parametrize(("policy", "deletes"), [("Delete", True), ("Keep", False), ("Bogus", False)])
-def test_deletion_policy_is_read_through_the_spec(policy: str, deletes: bool) -> None:
-    assert controller.deletes_bundles(raw_spec(deletionPolicy=policy), Defaults()) is deletes
+@pytest.mark.parametrize(("policy", "current", "new"), [
+    ("Delete", [], ("compilecache.io/bundles",)),
+    ("Delete", ["other", "compilecache.io/bundles"], None),
+    ("Keep", ["other", "compilecache.io/bundles"], ("other",)),
+    ("Keep", [], None),
+])
+def test_the_finalizer_follows_the_deletion_policy(policy: str, current: list[str], new: Any) -> None:
+    body = cache(deletionPolicy=policy)
+    body["metadata"]["finalizers"] = current
+    assert controller.decide_actions(Snapshot(body), SETTINGS).finalizers == new
+    assert controller.decide_actions(Snapshot(cache(image="", deletionPolicy=policy)), SETTINGS).finalizers is None
