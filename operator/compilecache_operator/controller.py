@@ -172,6 +172,8 @@ class State:
     delete_attempts: dict[Key, int] = field(default_factory=dict)
     retries: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
     """Per cache, a look again scheduled after a problem that may pass."""
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+    """Tasks started on their own (a new leader's first resync), kept until done."""
     _slots: asyncio.Semaphore | None = None
 
     @property

@@ -31,13 +31,15 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
-from compilecache_operator import builders, controller, kubeconfig, probes
+from compilecache_operator import builders, controller, kubeconfig, leader, probes
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.names import (
     CACHE_LABEL,
@@ -76,6 +78,14 @@ class Admission:
 
     server: kopf.WebhookServer | None = None
     managed: str | None = None
+
+
+@dataclass(frozen=True)
+class Election:
+    """The Lease that decides which replica acts (see :mod:`compilecache_operator.leader`)."""
+
+    namespace: str
+    name: str = "compilecache-operator"
 
 
 @dataclass(frozen=True)
@@ -183,15 +193,47 @@ async def configure(
     if where.port:
         memo["probes_server"] = await probes.serve(where.address, where.port, lambda: state.ready)
     memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
+    election: Election | None = memo.get("election")
+    if election is not None:
+        elector = leader.Elector(state.api, election.namespace, election.name, identity(),
+                                 lambda leading: lead(state, leading))
+        state.leading = False
+        memo["elector"] = elector
+        memo["election_task"] = asyncio.create_task(elector.run())
+
+
+def identity() -> str:
+    """This replica's name in the Lease: its pod (host) name and a random part."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+def lead(state: controller.State, leading: bool) -> None:
+    """Start or stop acting; a new leader looks at every cache once (nothing is settled for it)."""
+    state.leading = leading
+    state.settled.clear()
+    for handle in state.retries.values():
+        handle.cancel()
+    state.retries.clear()
+    if leading:
+        task = asyncio.get_running_loop().create_task(controller.resync(state, _emit))
+        state.background.add(task)
+        task.add_done_callback(state.background.discard)
 
 
 @kopf.on.cleanup(id="close")
 async def close(memo: kopf.Memo, **_: Any) -> None:
-    resync: asyncio.Task[None] | None = memo.get("resync")
-    if resync is not None:
-        resync.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await resync
+    for task_name in ("resync", "election_task"):
+        task: asyncio.Task[None] | None = memo.get(task_name)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    elector: leader.Elector | None = memo.get("elector")
+    if elector is not None:
+        try:
+            await elector.release()
+        except Exception as exc:  # the Lease expires by itself
+            logger.warning("could not release the Lease: %s", exc)
     server: probes.Server | None = memo.get("probes_server")
     if server is not None:
         await server.cleanup()

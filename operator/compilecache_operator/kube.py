@@ -283,6 +283,22 @@ class KubeAPI:
         ops.append({"op": "add", "path": "/metadata/finalizers", "value": list(new)})
         return await self.request("PATCH", self.cache_path(namespace, name), body=ops, content_type=JSON_PATCH)
 
+    # -- Leases (leader election) -----------------------------------------------------------------
+    @staticmethod
+    def lease_path(namespace: str, name: str = "") -> str:
+        base = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
+        return f"{base}/{quote(name)}" if name else base
+
+    async def get_lease(self, namespace: str, name: str) -> JSON | None:
+        return await self.get(self.lease_path(namespace, name))
+
+    async def create_lease(self, namespace: str, lease: Mapping[str, Any]) -> JSON:
+        return await self.request("POST", self.lease_path(namespace), body=lease)
+
+    async def replace_lease(self, namespace: str, name: str, lease: Mapping[str, Any]) -> JSON:
+        """PUT with the Lease's resourceVersion: HTTP 409 when someone changed it meanwhile."""
+        return await self.request("PUT", self.lease_path(namespace, name), body=lease)
+
     # -- Secrets, Nodes --------------------------------------------------------------------------------
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         secret = await self.get(f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")

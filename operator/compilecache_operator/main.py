@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how often each CompileCache is reconciled without a change (default 60)")
     p.add_argument("--retry-seconds", type=float, default=_env_float("RETRY_SECONDS", 30.0),
                    help="delay before looking again after a problem that may pass, e.g. a missing Secret (default 30)")
+    p.add_argument("--leader-election-namespace", default=_env("LEADER_ELECTION_NAMESPACE"), metavar="NS",
+                   help="run as one of several replicas: only the holder of a Lease in NS reconciles, deletes and "
+                        "counts; every replica serves the webhook (default: alone, always acting)")
+    p.add_argument("--leader-election-name", default=_env("LEADER_ELECTION_NAME") or "compilecache-operator",
+                   help="name of that Lease (default compilecache-operator)")
     p.add_argument("--concurrency", type=int, default=_env_int("CONCURRENCY", 16),
                    help="how many CompileCaches are reconciled at once, e.g. when the operator starts (default 16)")
     p.add_argument("--log-format", choices=LOG_FORMATS, default=_env("LOG_FORMAT") or "text",
@@ -215,6 +220,8 @@ def run(options: Options) -> None:
             counted=handlers.CountedPods(),
             intervals=handlers.Intervals(resync_seconds=a.resync_seconds),
             probes=handlers.Probes(address=a.health_address, port=a.health_port),
+            election=handlers.Election(a.leader_election_namespace, a.leader_election_name)
+            if a.leader_election_namespace else None,
         )
         kopf.run(
             clusterwide=not options.namespaces,
