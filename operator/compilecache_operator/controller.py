@@ -167,6 +167,8 @@ class State:
     """Jobs (namespace, name) marked as counted whose annotation the index has not shown yet."""
     ready: bool = False
     """Every index has been loaded once (the webhook's readiness)."""
+    draining: bool = False
+    """Shutting down: not ready, still answering admissions for a moment."""
     leading: bool = True
     """This replica acts (reconciles, deletes, counts); the others only serve the webhook."""
     delete_attempts: dict[Key, int] = field(default_factory=dict)

@@ -31,7 +31,9 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import socket
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -191,7 +193,8 @@ async def configure(
                 state.sidecars.basis)
     where: Probes = memo.get("probes") or Probes()
     if where.port:
-        memo["probes_server"] = await probes.serve(where.address, where.port, lambda: state.ready)
+        memo["probes_server"] = await probes.serve(where.address, where.port,
+                                                   lambda: state.ready and not state.draining)
     memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
     election: Election | None = memo.get("election")
     if election is not None:
@@ -270,12 +273,31 @@ def node_labels(labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
 
 @kopf.on.event("v1", "nodes", id="ready-nodes", when=lambda memo, **_: not _state(memo).ready)
 @kopf.on.event(*CC, id="ready-caches", when=lambda memo, **_: not _state(memo).ready)
-def mark_ready(memo: kopf.Memo, **_: Any) -> None:
+async def mark_ready(memo: kopf.Memo, **_: Any) -> None:
     """Kopf runs this only after every index is loaded: from now on the webhook knows every cache."""
     state = _state(memo)
     if not state.ready:
         state.ready = True
         logger.info("indexes loaded: %d CompileCache(s); ready", len(state.indexes.caches))
+        stop: threading.Event | None = memo.get("stop")
+        if stop is not None:
+            drain_on_sigterm(state, stop, float(memo.get("shutdown_delay") or 0.0))
+
+
+def drain_on_sigterm(state: controller.State, stop: threading.Event, delay: float) -> None:
+    """On SIGTERM, report not ready at once and stop ``delay`` seconds later: the webhook goes on
+    answering while the Service's endpoints (and the API server) stop sending admissions here."""
+    loop = asyncio.get_running_loop()
+
+    def on_term() -> None:
+        if state.draining:
+            stop.set()  # a second SIGTERM: now
+            return
+        state.draining = True
+        logger.info("SIGTERM: not ready; stopping in %.1fs", delay)
+        loop.call_later(delay, stop.set)
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
 
 
 # -- CompileCaches and their Jobs ------------------------------------------------------------------------
@@ -312,12 +334,12 @@ async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: kop
     id="count-preloads",
     labels={CACHE_LABEL: kopf.PRESENT},
     annotations={COUNTED_ANNOTATION: kopf.ABSENT},
+    when=lambda memo, **_: _state(memo).leading,
 )
 async def pod_event(
     type: str, body: kopf.Body, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
 ) -> None:
-    if _state(memo).leading:
-        await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
+    await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
 
 
 def register_webhook(registry: kopf.OperatorRegistry | None = None) -> None:

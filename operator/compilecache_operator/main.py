@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -127,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "counts; every replica serves the webhook (default: alone, always acting)")
     p.add_argument("--leader-election-name", default=_env("LEADER_ELECTION_NAME") or "compilecache-operator",
                    help="name of that Lease (default compilecache-operator)")
+    p.add_argument("--shutdown-delay", type=float, default=_env_float("SHUTDOWN_DELAY", 5.0),
+                   help="seconds between SIGTERM (/readyz turns 503) and stopping, so that no admission reaches a "
+                        "stopped webhook; keep it below the pod's terminationGracePeriodSeconds (default 5)")
     p.add_argument("--concurrency", type=int, default=_env_int("CONCURRENCY", 16),
                    help="how many CompileCaches are reconciled at once, e.g. when the operator starts (default 16)")
     p.add_argument("--log-format", choices=LOG_FORMATS, default=_env("LOG_FORMAT") or "text",
@@ -206,6 +210,7 @@ def admission_from(options: Options, scratch: Path) -> handlers.Admission:
 def run(options: Options) -> None:
     a = options.args
     kopf.configure(verbose=a.verbose, log_format=kopf.LogFormat.JSON if a.log_format == "json" else kopf.LogFormat.FULL)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # no log line per admission request
     metrics = Metrics()
     if a.metrics_port:
         start_http_server(a.metrics_port, addr=a.metrics_address, registry=metrics.registry)
@@ -214,8 +219,11 @@ def run(options: Options) -> None:
         admission = admission_from(options, Path(scratch))
         if admission.server is not None:
             handlers.register_webhook()
+        stop = threading.Event()
         memo = kopf.Memo(
             state=state,
+            stop=stop,
+            shutdown_delay=a.shutdown_delay,
             admission=admission,
             counted=handlers.CountedPods(),
             intervals=handlers.Intervals(resync_seconds=a.resync_seconds),
@@ -228,6 +236,7 @@ def run(options: Options) -> None:
             namespaces=list(options.namespaces),
             standalone=True,
             memo=memo,
+            stop_flag=stop,
         )
 
 
