@@ -34,6 +34,7 @@ JSON = dict[str, Any]
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+USER_AGENT = "compilecache-operator"
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 PAGE_SIZE = 500
 logger = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ class KubeAPI:
         return str(path)
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if content_type:
             headers["Content-Type"] = content_type
         token = self._token
