@@ -13,12 +13,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import itertools
-import os
 import socket
-import subprocess
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,21 +48,8 @@ class Replica(OperatorProcess):
                          "--webhook-cert-dir", str(cert_dir), "--leader-election-namespace", namespace)
 
     def start(self, client: KubeClient, timeout: float = 60) -> None:
-        self.starts += 1
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILECACHE_")}
-        env["KUBECONFIG"] = str(self.kubeconfig)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.spawn()
         wait_for(lambda: self._alive() and self.ready(), timeout, "the replica's /readyz")
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
 
 
 class Balancer:
