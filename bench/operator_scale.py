@@ -305,6 +305,7 @@ def table(out: dict[str, Any]) -> str:
         ("idle API requests of the operator", f"{out['idle_rps']:.2f} /s", "≤ 0.5 /s"),
         ("RSS, settled", f"{out['rss_mb']:.0f} MB", "≤ 150 MB"),
         ("RSS, settled after a restart", f"{out['restart_rss_mb']:.0f} MB", "≤ 150 MB"),
+        ("restart → ready (indexes loaded)", f"{out['restart_ready_s']:.1f} s", ""),
         ("restart → correct injection", f"{out['restart_to_injecting_s']:.1f} s", "≤ 5 s"),
         ("webhook direct, p50 / p99", f"{lat('direct_ms')} ms", ""),
         ("pod create through the API server, labelled, p50 / p99", f"{lat('api_labelled_ms')} ms", ""),

@@ -173,7 +173,9 @@ async def configure(
     settings.watching.label_selectors["batch", "jobs"] = WARMUP_LABEL
     settings.watching.label_selectors["", "pods"] = CACHE_LABEL
     settings.peering.standalone = True
-    settings.posting.level = logging.INFO
+    # Kopf turns its log lines about objects into Kubernetes Events from this level: handler failures only
+    # (one Event per handled event would be a request per change). The operator's own events are posted as such.
+    settings.posting.level = logging.WARNING
     admission: Admission = memo["admission"]
     settings.admission.server = admission.server
     settings.admission.managed = admission.managed

@@ -211,6 +211,8 @@ def run(options: Options) -> None:
     a = options.args
     kopf.configure(verbose=a.verbose, log_format=kopf.LogFormat.JSON if a.log_format == "json" else kopf.LogFormat.FULL)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # no log line per admission request
+    if not a.verbose:  # no log line per handled event ("Handler ... succeeded"): thousands on a restart
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     metrics = Metrics()
     if a.metrics_port:
         start_http_server(a.metrics_port, addr=a.metrics_address, registry=metrics.registry)
