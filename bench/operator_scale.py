@@ -288,6 +288,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         out["replan_s"] = wait(replanned, 600, "the re-planned Jobs", interval=0.2) - t0
         operator.kill()
+        if args.log:
+            args.log.write_bytes((Path(scratch) / "operator.log").read_bytes())
     return out
 
 
@@ -327,6 +329,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=50.0, help="admissions per second for the latency runs")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each latency run")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
+    parser.add_argument("--log", type=Path, help="copy the operator's log here")
     args = parser.parse_args()
     out = run(args)
     out["updates"] = args.updates

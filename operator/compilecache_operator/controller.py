@@ -169,6 +169,10 @@ class State:
     """Every index has been loaded once (the webhook's readiness)."""
     draining: bool = False
     """Shutting down: not ready, still answering admissions for a moment."""
+    expected_caches: int | None = None
+    """How many CompileCaches there were at start-up: the webhook is ready once its index holds as many."""
+    views: Collection[Any] = ()
+    """The webhook's index of CompileCaches (its size is what readiness compares)."""
     leading: bool = True
     """This replica acts (reconciles, deletes, counts); the others only serve the webhook."""
     delete_attempts: dict[Key, int] = field(default_factory=dict)
@@ -183,6 +187,14 @@ class State:
         if self._slots is None:
             self._slots = asyncio.Semaphore(max(1, self.settings.concurrency))
         return self._slots
+
+    def serving(self) -> bool:
+        """Ready for admissions: every index loaded, or (sooner: Kopf releases handlers only after
+        every object's indexing) the webhook's index holding every cache counted at start-up."""
+        if self.draining:
+            return False
+        loaded = self.expected_caches is not None and len(self.views) >= self.expected_caches
+        return self.ready or loaded
 
     def cache(self, key: Key) -> Mapping[str, Any] | None:
         """The CompileCache from the index, or the status this operator just wrote while the index

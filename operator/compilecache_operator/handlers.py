@@ -42,7 +42,7 @@ from typing import Any, cast
 
 import kopf
 from compilecache_operator import builders, controller, kubeconfig, leader, probes
-from compilecache_operator.kube import KubeAPI
+from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.names import (
     CACHE_LABEL,
     COUNTED_ANNOTATION,
@@ -187,6 +187,11 @@ async def configure(
         caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
     )
     state.api = KubeAPI(info, relogin=lambda: login(settings=settings))
+    state.views = indexes["caches"]
+    try:
+        state.expected_caches = await state.api.count_caches(state.settings.namespaces)
+    except KubeError as exc:  # readiness then waits for Kopf's own signal
+        logger.warning("could not count the CompileCaches: %s", exc)
     if isinstance(admission.server, PodWebhookServer):
         views = indexes["caches"]
         admission.server.answer = lambda review: review_pod(state, views, review)
@@ -195,8 +200,7 @@ async def configure(
                 state.sidecars.basis)
     where: Probes = memo.get("probes") or Probes()
     if where.port:
-        memo["probes_server"] = await probes.serve(where.address, where.port,
-                                                   lambda: state.ready and not state.draining)
+        memo["probes_server"] = await probes.serve(where.address, where.port, state.serving)
     memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
     election: Election | None = memo.get("election")
     if election is not None:

@@ -233,3 +233,18 @@ def test_the_finalizer_follows_the_deletion_policy(policy: str, current: list[st
     body["metadata"]["finalizers"] = current
     assert controller.decide_actions(Snapshot(body), SETTINGS).finalizers == new
     assert controller.decide_actions(Snapshot(cache(image="", deletionPolicy=policy)), SETTINGS).finalizers is None
+
+
+def test_the_webhook_is_ready_once_its_index_holds_every_cache_counted_at_start() -> None:
+    state = state_with(cache())
+    state.views = {}
+    assert not state.serving(), "nothing counted, nothing loaded"
+    state.expected_caches = 2
+    state.views = {("team-a", "a"): ["view"]}
+    assert not state.serving()
+    state.views = {("team-a", "a"): ["view"], ("team-a", "b"): ["view"]}
+    assert state.serving()
+    state.expected_caches, state.ready = 5, True
+    assert state.serving(), "Kopf's own signal: every index loaded"
+    state.draining = True
+    assert not state.serving(), "shutting down"
