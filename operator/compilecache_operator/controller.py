@@ -169,10 +169,9 @@ class State:
     """Every index has been loaded once (the webhook's readiness)."""
     draining: bool = False
     """Shutting down: not ready, still answering admissions for a moment."""
-    expected_caches: int | None = None
-    """How many CompileCaches there were at start-up: the webhook is ready once its index holds as many."""
-    views: Collection[Any] = ()
-    """The webhook's index of CompileCaches (its size is what readiness compares)."""
+    early_views: Mapping[Key, Any] | None = None
+    """The webhook's views of the CompileCaches listed at start-up, used until Kopf's index is loaded
+    (Kopf indexes a large list object by object, seconds after it arrived)."""
     leading: bool = True
     """This replica acts (reconciles, deletes, counts); the others only serve the webhook."""
     delete_attempts: dict[Key, int] = field(default_factory=dict)
@@ -189,12 +188,8 @@ class State:
         return self._slots
 
     def serving(self) -> bool:
-        """Ready for admissions: every index loaded, or (sooner: Kopf releases handlers only after
-        every object's indexing) the webhook's index holding every cache counted at start-up."""
-        if self.draining:
-            return False
-        loaded = self.expected_caches is not None and len(self.views) >= self.expected_caches
-        return self.ready or loaded
+        """Ready for admissions: every CompileCache known, from Kopf's index or the start-up list."""
+        return not self.draining and (self.ready or self.early_views is not None)
 
     def cache(self, key: Key) -> Mapping[str, Any] | None:
         """The CompileCache from the index, or the status this operator just wrote while the index

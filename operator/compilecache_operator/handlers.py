@@ -187,11 +187,14 @@ async def configure(
         caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
     )
     state.api = KubeAPI(info, relogin=lambda: login(settings=settings))
-    state.views = indexes["caches"]
     try:
-        state.expected_caches = await state.api.count_caches(state.settings.namespaces)
-    except KubeError as exc:  # readiness then waits for Kopf's own signal
-        logger.warning("could not count the CompileCaches: %s", exc)
+        listed = await state.api.list_caches(state.settings.namespaces)
+        state.early_views = {
+            (str(c["metadata"].get("namespace", "")), str(c["metadata"]["name"])):
+            builders.cache_view(c, state.settings.defaults) for c in listed
+        }
+    except KubeError as exc:  # readiness then waits for Kopf's index
+        logger.warning("could not list the CompileCaches: %s", exc)
     if isinstance(admission.server, PodWebhookServer):
         views = indexes["caches"]
         admission.server.answer = lambda review: review_pod(state, views, review)
@@ -284,6 +287,7 @@ async def mark_ready(memo: kopf.Memo, **_: Any) -> None:
     state = _state(memo)
     if not state.ready:
         state.ready = True
+        state.early_views = None
         logger.info("indexes loaded: %d CompileCache(s); ready", len(state.indexes.caches))
         stop: threading.Event | None = memo.get("stop")
         if stop is not None:

@@ -267,15 +267,6 @@ class KubeAPI:
             items += await self.list_all(self.cache_path(namespace))
         return items
 
-    async def count_caches(self, namespaces: Sequence[str] = ()) -> int:
-        """How many CompileCaches there are (one item per namespace is read: ``remainingItemCount``)."""
-        paths = [self.cache_path(n) for n in namespaces] or [f"/apis/{GROUP}/{VERSION}/{PLURAL}"]
-        total = 0
-        for path in paths:
-            found = await self.request("GET", path, query={"limit": 1})
-            total += len(found.get("items") or []) + int((found.get("metadata") or {}).get("remainingItemCount") or 0)
-        return total
-
     async def get_cache(self, namespace: str, name: str) -> JSON | None:
         return await self.get(self.cache_path(namespace, name))
 

@@ -78,6 +78,8 @@ def pod_patch(state: State, views: Views | None, pod: Mapping[str, Any]) -> buil
         return None
     cache = str((meta.get("labels") or {}).get(CACHE_LABEL, ""))
     view = next(iter(views.get((namespace, cache), ()) if views is not None else ()), None)
+    if view is None and state.early_views is not None:  # Kopf's index still loading: the start-up list
+        view = state.early_views.get((namespace, cache))
     result = builders.build_pod_patch(
         pod,
         view,

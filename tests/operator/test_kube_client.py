@@ -150,24 +150,6 @@ def test_lists_are_read_page_by_page() -> None:
     assert [i["name"] for i in asyncio.run(run())] == ["a", "b", "c", "d"]
 
 
-def test_caches_are_counted_from_one_item_per_namespace() -> None:
-    def handler(request: web.Request) -> web.Response:
-        assert request.query["limit"] == "1"
-        if "/namespaces/empty/" in request.path:
-            return web.json_response({"items": [], "metadata": {}})
-        return web.json_response({"items": [{}], "metadata": {"continue": "x", "remainingItemCount": 41}})
-
-    async def run() -> int:
-        async with api_server(handler) as url:
-            api = KubeAPI(kopf.ConnectionInfo(server=url))
-            try:
-                return await api.count_caches(["a", "empty"])
-            finally:
-                await api.close()
-
-    assert asyncio.run(run()) == 42
-
-
 def test_retry_after_and_backoff() -> None:
     assert retry_after("3") == 3.0 and retry_after(None, {"retryAfterSeconds": 2}) == 2.0
     assert retry_after("soon") is None and retry_after(None) is None

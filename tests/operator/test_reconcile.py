@@ -235,16 +235,12 @@ def test_the_finalizer_follows_the_deletion_policy(policy: str, current: list[st
     assert controller.decide_actions(Snapshot(cache(image="", deletionPolicy=policy)), SETTINGS).finalizers is None
 
 
-def test_the_webhook_is_ready_once_its_index_holds_every_cache_counted_at_start() -> None:
+def test_the_webhook_is_ready_once_it_knows_every_cache() -> None:
     state = state_with(cache())
-    state.views = {}
-    assert not state.serving(), "nothing counted, nothing loaded"
-    state.expected_caches = 2
-    state.views = {("team-a", "a"): ["view"]}
-    assert not state.serving()
-    state.views = {("team-a", "a"): ["view"], ("team-a", "b"): ["view"]}
-    assert state.serving()
-    state.expected_caches, state.ready = 5, True
-    assert state.serving(), "Kopf's own signal: every index loaded"
+    assert not state.serving(), "nothing listed, nothing indexed"
+    state.early_views = {}
+    assert state.serving(), "the start-up list (empty) is known"
+    state.early_views, state.ready = None, True
+    assert state.serving(), "Kopf's index is loaded"
     state.draining = True
     assert not state.serving(), "shutting down"
