@@ -1,39 +1,52 @@
 """The Kopf handlers: thin wrappers that call the controller, the webhook and the metrics.
 
-:func:`build_registry` registers them in a registry of their own, with the intervals the
-command line asks for:
+They are registered at import, in Kopf's default registry; the settings they need are read at
+start-up into the memo (``memo["state"]``, ``memo["intervals"]``):
 
-- CompileCache create/update(spec)/resume: reconcile once; a Job event or the timer does the rest;
-- a resync loop: reconcile every CompileCache again now and then (GPU discovery, a Secret created
-  later, a deleted Job). It is a task of its own rather than a Kopf timer, because Kopf puts a
-  finalizer on every object that has a timer, and a finalizer belongs only on caches whose
-  bundles must be deleted;
+- indexes (Kopf keeps them current from its watches): the CompileCaches (the webhook's view and
+  the objects), their warm-up Jobs, the Nodes' labels. A reconcile reads them, not the API.
+  Jobs and pods are watched with server-side label selectors (only warm-up Jobs, only opted-in pods);
+- readiness: Kopf runs the first non-index handler only once every index is loaded; the first
+  Node or CompileCache event therefore marks the operator Ready (``/readyz``), so no replica takes
+  webhook traffic before it knows the caches;
+- CompileCache events: reconcile a cache whose inputs changed since its last settled reconcile
+  (:func:`controller.handle`); with ``deletionPolicy: Delete`` the cache carries the finalizer
+  ``compilecache.io/bundles``, and its deletion deletes its bundles first. These are plain event
+  handlers, not Kopf's change handlers, so Kopf itself writes nothing to the objects;
+- the resync: a task of its own that handles the caches whose inputs changed or that still wait
+  for something; an unchanged cache costs nothing;
 - warm-up Job events: reconcile the owner as soon as a Job finishes;
-- CompileCache deletion with ``deletionPolicy: Delete``: delete its bundles (the only finalizer);
 - opted-in pod events: count each pod's preload result once (a sidecar's when the pod ends, at
   the latest from the DELETED event);
-- the pod mutating webhook (:mod:`compilecache_operator.webhook`).
+- with leader election, only the replica holding the Lease acts (events, Jobs, pods, resync);
+  every replica keeps its indexes and serves the webhook;
+- the pod mutating webhook (:mod:`compilecache_operator.webhook`), registered by
+  :func:`register_webhook` when the operator serves one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+import signal
+import socket
+import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
-from compilecache_operator import builders, controller
-from compilecache_operator.kube import KubeAPI
+from compilecache_operator import builders, controller, kubeconfig, leader, probes
+from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import WEBHOOK_HANDLER, instrumented
 from compilecache_operator.names import (
     CACHE_LABEL,
     COUNTED_ANNOTATION,
-    FINALIZER,
     GPU_ANNOTATION,
     GROUP,
     KIND,
@@ -46,22 +59,20 @@ from compilecache_operator.names import (
 )
 from compilecache_operator.results import job_condition, preload_outcome
 from compilecache_operator.sidecars import detect_native_sidecars
-from compilecache_operator.webhook import inject_pods
+from compilecache_operator.webhook import PodWebhookServer, inject_pods, review_pod
 
 from cachelib.keys import gpu_slug
 
 logger = logging.getLogger(__name__)
 MAX_COUNTED = 100_000
+CC = (GROUP, VERSION, PLURAL)
 
 
 @dataclass(frozen=True)
 class Intervals:
     resync_seconds: float = 60.0
-    """How often each CompileCache is reconciled without any change."""
+    """How often the caches with something to look at are reconciled again."""
     watch_server_timeout: int = 300
-    delete_retries: int = 20
-    problem_retries: int = 5
-    """Retries with back-off of a change handler after a problem that may pass; the timer goes on after."""
 
 
 @dataclass
@@ -70,6 +81,22 @@ class Admission:
 
     server: kopf.WebhookServer | None = None
     managed: str | None = None
+
+
+@dataclass(frozen=True)
+class Election:
+    """The Lease that decides which replica acts (see :mod:`compilecache_operator.leader`)."""
+
+    namespace: str
+    name: str = "compilecache-operator"
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Where ``/healthz`` and ``/readyz`` are served (port 0: not at all)."""
+
+    address: str = "0.0.0.0"
+    port: int = 0
 
 
 class CountedPods:
@@ -93,135 +120,258 @@ def _state(memo: kopf.Memo) -> controller.State:
     return cast(controller.State, memo["state"])
 
 
+def _intervals(memo: kopf.Memo) -> Intervals:
+    return cast(Intervals, memo.get("intervals") or Intervals())
+
+
 def _emit(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
 
 
+def plain(body: kopf.Body) -> dict[str, Any]:
+    """The object as a plain dict without ``managedFields`` (what the indexes keep)."""
+    raw = dict(body)
+    meta = {k: v for k, v in (raw.get("metadata") or {}).items() if k != "managedFields"}
+    return {**raw, "metadata": meta}
+
+
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """The pod's service account in a cluster, else the kubeconfig (``KUBECONFIG``)."""
+    """The pod's service account in a cluster, else the kubeconfig (``KUBECONFIG``), running its
+    ``exec`` credential plugin where the user has one."""
     if os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"):
         return kopf.login_with_service_account(**kwargs)
-    return kopf.login_with_kubeconfig(**kwargs)
+    info = kopf.login_with_kubeconfig(**kwargs)
+    if info is None:
+        return None
+    try:
+        fields = kubeconfig.exec_credentials(kubeconfig.current_user())
+    except kubeconfig.ExecCredentialError as exc:
+        raise kopf.LoginError(str(exc)) from exc
+    return dataclasses.replace(info, **fields) if fields else info
 
 
-def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) -> kopf.OperatorRegistry:
-    intervals = intervals or Intervals()
-    registry = kopf.OperatorRegistry()
-    cc = (GROUP, VERSION, PLURAL)
+# -- start-up and shut-down ---------------------------------------------------------------------------
+@kopf.on.login(id="login")
+def login_handler(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    return login(**kwargs)
 
-    @kopf.on.login(id="login", registry=registry)
-    def login_handler(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return login(**kwargs)
 
-    @kopf.on.startup(id="configure", registry=registry)
-    async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-        settings.persistence.finalizer = FINALIZER
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=PREFIX, key="last-handled-configuration"
-        )
-        settings.watching.server_timeout = intervals.watch_server_timeout
-        settings.watching.client_timeout = intervals.watch_server_timeout + 30
-        settings.watching.connect_timeout = 30
-        settings.peering.standalone = True
-        settings.posting.level = logging.INFO
-        admission: Admission = memo["admission"]
-        settings.admission.server = admission.server
-        settings.admission.managed = admission.managed
-        info = login(settings=settings)
-        if info is None:
-            raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
-        state = _state(memo)
-        state.api = KubeAPI(info)
-        state.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
-        logger.info("native sidecars %s: %s", "available" if state.sidecars.available else "not available",
-                    state.sidecars.basis)
-        memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
+@kopf.on.startup(id="configure")
+async def configure(
+    settings: kopf.OperatorSettings,
+    memo: kopf.Memo,
+    **indexes: Any,
+) -> None:
+    intervals = _intervals(memo)
+    # No Kopf handler needs a finalizer or stores progress: the controller manages its own finalizer
+    # (compilecache.io/bundles). Kopf's is named so that it never matches one on an object.
+    settings.persistence.finalizer = f"{PREFIX}/kopf-unused"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.watching.server_timeout = intervals.watch_server_timeout
+    settings.watching.client_timeout = intervals.watch_server_timeout + 30
+    settings.watching.connect_timeout = 30
+    # Server-side selection: the API server sends only warm-up Jobs and opted-in pods.
+    settings.watching.label_selectors["batch", "jobs"] = WARMUP_LABEL
+    settings.watching.label_selectors["", "pods"] = CACHE_LABEL
+    settings.peering.standalone = True
+    # Kopf turns its log lines about objects into Kubernetes Events from this level: handler failures only
+    # (one Event per handled event would be a request per change). The operator's own events are posted as such.
+    settings.posting.level = logging.WARNING
+    admission: Admission = memo["admission"]
+    settings.admission.server = admission.server
+    settings.admission.managed = admission.managed
+    info = login(settings=settings)
+    if info is None:
+        raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
+    state = _state(memo)
+    state.indexes = controller.Indexes(
+        caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
+    )
+    state.api = KubeAPI(info, relogin=lambda: login(settings=settings))
+    try:
+        listed = await state.api.list_caches(state.settings.namespaces)
+        state.early_views = {
+            (str(c["metadata"].get("namespace", "")), str(c["metadata"]["name"])):
+            builders.cache_view(c, state.settings.defaults, state.settings.confinement) for c in listed
+        }
+    except KubeError as exc:  # readiness then waits for Kopf's index
+        logger.warning("could not list the CompileCaches: %s", exc)
+    if isinstance(admission.server, PodWebhookServer):
+        views = indexes["caches"]
 
-    @kopf.on.cleanup(id="close", registry=registry)
-    async def close(memo: kopf.Memo, **_: Any) -> None:
-        resync: asyncio.Task[None] | None = memo.get("resync")
-        if resync is not None:
-            resync.cancel()
+        def answer(review: Mapping[str, Any]) -> dict[str, Any]:
+            with state.metrics.timed(WEBHOOK_HANDLER):
+                return review_pod(state, views, review)
+
+        admission.server.answer = answer
+    state.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
+    logger.info("native sidecars %s: %s", "available" if state.sidecars.available else "not available",
+                state.sidecars.basis)
+    where: Probes = memo.get("probes") or Probes()
+    if where.port:
+        memo["probes_server"] = await probes.serve(where.address, where.port, state.serving)
+    memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
+    election: Election | None = memo.get("election")
+    if election is not None:
+        elector = leader.Elector(state.api, election.namespace, election.name, identity(),
+                                 lambda leading: lead(state, leading))
+        state.leading = False
+        memo["elector"] = elector
+        memo["election_task"] = asyncio.create_task(elector.run())
+
+
+def identity() -> str:
+    """This replica's name in the Lease: its pod (host) name and a random part."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+def lead(state: controller.State, leading: bool) -> None:
+    """Start or stop acting; a new leader looks at every cache once (nothing is settled for it)."""
+    state.leading = leading
+    state.settled.clear()
+    for handle in state.retries.values():
+        handle.cancel()
+    state.retries.clear()
+    if leading:
+        task = asyncio.get_running_loop().create_task(controller.resync(state, _emit))
+        state.background.add(task)
+        task.add_done_callback(state.background.discard)
+
+
+@kopf.on.cleanup(id="close")
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    for task_name in ("resync", "election_task"):
+        task: asyncio.Task[None] | None = memo.get(task_name)
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await resync
-        api = _state(memo).api
-        if api is not None:
-            await api.close()
+                await task
+    elector: leader.Elector | None = memo.get("elector")
+    if elector is not None:
+        try:
+            await elector.release()
+        except Exception as exc:  # the Lease expires by itself
+            logger.warning("could not release the Lease: %s", exc)
+    server: probes.Server | None = memo.get("probes_server")
+    if server is not None:
+        await server.cleanup()
+    api = _state(memo).api
+    if api is not None:
+        await api.close()
 
-    @kopf.index(*cc, id="caches", registry=registry)
-    def caches(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
-        settings = _state(memo).settings
-        view = builders.cache_view(body, settings.defaults, settings.confinement)
-        return {(namespace or "", name): view}
 
-    @kopf.on.resume(*cc, id="reconcile", backoff=10, registry=registry)
-    @kopf.on.create(*cc, id="reconcile", backoff=10, registry=registry)
-    @kopf.on.update(*cc, id="reconcile", field="spec", backoff=10, registry=registry)
-    @instrumented("reconcile")
-    async def reconcile_cache(namespace: str | None, name: str, memo: kopf.Memo, retry: int, **_: Any) -> None:
-        outcome = await controller.reconcile(_state(memo), namespace or "", name, emit=_emit)
-        if outcome.invalid:
-            raise kopf.PermanentError(outcome.invalid)
-        if outcome.problem and retry < intervals.problem_retries:
-            raise kopf.TemporaryError(outcome.problem, delay=outcome.retry_after or 30.0)
+# -- indexes --------------------------------------------------------------------------------------------
+@kopf.index(*CC, id="caches")
+def caches(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+    """The webhook's view of each CompileCache."""
+    settings = _state(memo).settings
+    return {(namespace or "", name): builders.cache_view(body, settings.defaults, settings.confinement)}
 
-    @kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT}, registry=registry)
-    @instrumented("jobs")
-    async def job_event(
-        type: str, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any
-    ) -> None:
-        finished = job_condition(body, "Complete") or job_condition(body, "Failed")
-        if type == "DELETED" or not finished or RECORDED_ANNOTATION in body.metadata.annotations:
+
+@kopf.index(*CC, id="cache_objects")
+def cache_objects(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Each CompileCache as the controller reads it."""
+    return {(namespace or "", name): plain(body)}
+
+
+@kopf.index("batch", "v1", "jobs", id="warmup_jobs", labels={WARMUP_LABEL: kopf.PRESENT})
+def warmup_jobs(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Warm-up Jobs by the uid of the CompileCache that owns them."""
+    job = plain(body)
+    return {uid: job for uid in controller.owner_uids(job)}
+
+
+@kopf.index("v1", "nodes", id="node_labels")
+def node_labels(labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
+    """Node label key → value, for ``gpuDiscovery.auto`` (whichever label key a spec names)."""
+    return dict(labels)
+
+
+@kopf.on.event("v1", "nodes", id="ready-nodes", when=lambda memo, **_: not _state(memo).ready)
+@kopf.on.event(*CC, id="ready-caches", when=lambda memo, **_: not _state(memo).ready)
+async def mark_ready(memo: kopf.Memo, **_: Any) -> None:
+    """Kopf runs this only after every index is loaded: from now on the webhook knows every cache."""
+    state = _state(memo)
+    if not state.ready:
+        state.ready = True
+        state.early_views = None
+        logger.info("indexes loaded: %d CompileCache(s); ready", len(state.indexes.caches))
+        stop: threading.Event | None = memo.get("stop")
+        if stop is not None:
+            drain_on_sigterm(state, stop, float(memo.get("shutdown_delay") or 0.0))
+
+
+def drain_on_sigterm(state: controller.State, stop: threading.Event, delay: float) -> None:
+    """On SIGTERM, report not ready at once and stop ``delay`` seconds later: the webhook goes on
+    answering while the Service's endpoints (and the API server) stop sending admissions here."""
+    loop = asyncio.get_running_loop()
+
+    def on_term() -> None:
+        if state.draining:
+            stop.set()  # a second SIGTERM: now
             return
-        for ref in body.metadata.get("ownerReferences") or []:
-            if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-                await controller.reconcile(_state(memo), namespace or "", str(ref["name"]), emit=_emit)
+        state.draining = True
+        logger.info("SIGTERM: not ready; stopping in %.1fs", delay)
+        loop.call_later(delay, stop.set)
 
-    @kopf.on.delete(
-        *cc,
-        id="delete-bundles",
-        backoff=10,
-        when=lambda spec, **_: spec.get("deletionPolicy") == "Delete",
-        retries=intervals.delete_retries,
-        registry=registry,
-    )
-    @instrumented("delete-bundles")
-    async def delete_bundles(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
-        outcome = await controller.cleanup(_state(memo), body)
-        if outcome.done:
-            _emit(body, "Normal", "BundlesDeleted", outcome.message)
-            return
-        if retry + 1 >= intervals.delete_retries:
-            _emit(body, "Warning", "BundlesLeft", f"gave up deleting bundles: {outcome.message}")
-            return
-        raise kopf.TemporaryError(outcome.message, delay=outcome.retry_after or 30.0)
+    loop.add_signal_handler(signal.SIGTERM, on_term)
 
-    @kopf.on.event(*cc, id="cache-events", registry=registry)
-    async def cache_event(
-        type: str, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
-    ) -> None:
-        if type != "DELETED":
-            _state(memo).metrics.observe_cache(namespace or "", name, body.get("status"))
-        if type == "DELETED":
-            _state(memo).metrics.forget_cache(namespace or "", name)
-            _state(memo).warnings.pop((namespace or "", name), None)
 
-    @kopf.on.event(
-        "v1", "pods",
-        id="count-preloads",
-        labels={CACHE_LABEL: kopf.PRESENT},
-        annotations={COUNTED_ANNOTATION: kopf.ABSENT},
-        registry=registry,
-    )
-    @instrumented("count-preloads")
-    async def pod_event(
-        type: str, body: kopf.Body, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
-    ) -> None:
-        await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
+# -- CompileCaches and their Jobs ------------------------------------------------------------------------
+@kopf.on.event(*CC, id="cache-events")
+@instrumented("reconcile")
+async def cache_event(
+    type: str, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    """A created, changed or deleted CompileCache: reconcile it if what it reads changed, finish its
+    deletion, or forget it. Plain events (no Kopf change handlers) keep Kopf from writing anything
+    to the objects, so standby replicas can watch them too."""
+    state = _state(memo)
+    key = (namespace or "", name)
+    if type == "DELETED":
+        state.forget(key)
+        return
+    state.metrics.observe_cache(*key, body.get("status"))  # the Ready gauge, on every replica
+    if state.leading:
+        await controller.handle(state, key, _emit)
 
-    if not webhook:
-        return registry
+
+@kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT})
+@instrumented("jobs")
+async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A warm-up Job finished: record its result at once."""
+    finished = job_condition(body, "Complete") or job_condition(body, "Failed")
+    if type == "DELETED" or not finished or RECORDED_ANNOTATION in body.metadata.annotations:
+        return
+    state = _state(memo)
+    if not state.leading:
+        return
+    for ref in body.metadata.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
+            await controller.handle(state, (namespace or "", str(ref["name"])), _emit)
+
+
+# -- opted-in pods ---------------------------------------------------------------------------------------
+@kopf.on.event(
+    "v1", "pods",
+    id="count-preloads",
+    labels={CACHE_LABEL: kopf.PRESENT},
+    annotations={COUNTED_ANNOTATION: kopf.ABSENT},
+    when=lambda memo, **_: _state(memo).leading,
+)
+@instrumented("count-preloads")
+async def pod_event(
+    type: str, body: kopf.Body, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
+) -> None:
+    await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
+
+
+def register_webhook(registry: kopf.OperatorRegistry | None = None) -> None:
+    """Register the pod-mutating webhook (once): only an operator that serves it may (Kopf refuses
+    admission handlers without a server)."""
+    registry = registry or kopf.get_default_registry()
+    if any(h.id == WEBHOOK_ID for h in registry._webhooks.get_all_handlers()):
+        return
     kopf.on.mutate(
         "v1",
         "pods",
@@ -232,8 +382,6 @@ def build_registry(intervals: Intervals | None = None, *, webhook: bool = True) 
         side_effects=False,
         registry=registry,
     )(instrumented(WEBHOOK_HANDLER)(inject_pods))
-
-    return registry
 
 
 async def count_preload(
@@ -268,20 +416,12 @@ async def count_preload(
 
 
 async def resync_loop(state: controller.State, interval: float) -> None:
-    """Reconcile every CompileCache in scope every ``interval`` seconds; errors are logged, never fatal."""
+    """Once the indexes are loaded, reconcile what is unsettled, then again every ``interval``
+    seconds; errors are logged, never fatal."""
+    while not state.ready:
+        await asyncio.sleep(0.1)
     while True:
+        count = await controller.resync(state, _emit) if state.leading else 0
+        if count:
+            logger.debug("resync: reconciled %d CompileCache(s)", count)
         await asyncio.sleep(interval)
-        api = state.api
-        if api is None:
-            continue
-        try:
-            caches = await api.list_caches(state.settings.namespaces)
-        except Exception as exc:
-            logger.warning("resync: listing CompileCaches failed: %s", exc)
-            continue
-        for cache in caches:
-            meta = cache.get("metadata") or {}
-            try:
-                await controller.reconcile(state, str(meta.get("namespace")), str(meta.get("name")), emit=_emit)
-            except Exception as exc:
-                logger.warning("resync of %s/%s failed: %s", meta.get("namespace"), meta.get("name"), exc)

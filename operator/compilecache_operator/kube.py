@@ -1,18 +1,28 @@
 """A small asynchronous Kubernetes API client: plain dicts in and out.
 
-It authenticates exactly as Kopf does (the same login: the pod's service account, else the
-kubeconfig), so the operator needs nothing beyond Kopf and aiohttp. Every call names the method
-and path in its error.
+It authenticates exactly as Kopf's watches do (the same login handler: the pod's service
+account, else the kubeconfig, with ``exec`` credential plugins), so the operator needs nothing
+beyond Kopf and aiohttp. Like the official clients it retries what may pass (429 and 5xx answers,
+honouring ``Retry-After``; dropped or refused connections) with exponential back-off, logs in
+again on 401 (a rotated or expired token), and pages through lists (``limit``/``continue``).
+Every call names the method and path in its error.
+
+Most of what the operator reads comes from Kopf's watches (see ``controller.Indexes``); this
+client makes the few direct calls: Secrets, the pods of unfinished warm-up Jobs, status patches,
+Job create/annotate/delete.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -23,6 +33,11 @@ from compilecache_operator.names import GROUP, PLURAL, VERSION
 JSON = dict[str, Any]
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+USER_AGENT = "compilecache-operator"
+RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+PAGE_SIZE = 500
+logger = logging.getLogger(__name__)
 
 
 class KubeError(Exception):
@@ -36,7 +51,32 @@ class KubeError(Exception):
             parsed = {}
         detail = parsed.get("message", text[:300]) if isinstance(parsed, dict) else text[:300]
         self.reason = str(parsed.get("reason", "")) if isinstance(parsed, dict) else ""
+        self.retry_after: float | None = None
         super().__init__(f"{method} {path}: HTTP {status} {self.reason}: {detail}")
+
+
+def retry_after(header: str | None, details: Any = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (seconds) or a Status' ``retryAfterSeconds``."""
+    for value in (header, details.get("retryAfterSeconds") if isinstance(details, dict) else None):
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value))
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def backoff(attempt: int, base: float = 0.2, cap: float = 10.0) -> float:
+    """Exponential back-off before retry ``attempt`` (1, 2, ...)."""
+    return float(min(cap, base * 2 ** (attempt - 1)))
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _data(value: str | bytes) -> bytes:
@@ -48,16 +88,45 @@ def _data(value: str | bytes) -> bytes:
 class KubeAPI:
     """One API server with one identity; reuse a single instance per operator."""
 
-    def __init__(self, info: Any, *, timeout: float = 30.0) -> None:
-        """``info`` is a :class:`kopf.ConnectionInfo` (from the same login handler Kopf uses)."""
-        self.server = str(info.server).rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+    def __init__(
+        self,
+        info: Any,
+        *,
+        timeout: float = 30.0,
+        attempts: int = 5,
+        relogin: Callable[[], Any] | None = None,
+    ) -> None:
+        """``info`` is a :class:`kopf.ConnectionInfo` (from the same login handler Kopf uses);
+        ``relogin`` gives a fresh one after a 401 or once ``info.expiration`` has passed. A
+        request is tried up to ``attempts`` times; ``timeout`` bounds connecting and each read,
+        not the wait for a free connection."""
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        self._attempts = max(1, attempts)
+        self._relogin = relogin
         self._scratch = tempfile.TemporaryDirectory(prefix="compilecache-kube-")
+        self._session: aiohttp.ClientSession | None = None
+        self._use(info)
+
+    def _use(self, info: Any) -> None:
+        self.server = str(info.server).rstrip("/")
         self._ssl = self._ssl_context(info)
         self._token: str | None = info.token
         self._token_file = SERVICE_ACCOUNT_TOKEN if info.token and os.path.exists(SERVICE_ACCOUNT_TOKEN) else None
         self._basic = (info.username, info.password) if info.username and info.password else None
-        self._session: aiohttp.ClientSession | None = None
+        expiration = getattr(info, "expiration", None)
+        if isinstance(expiration, datetime) and expiration.tzinfo is None:
+            expiration = expiration.replace(tzinfo=UTC)
+        self._expiration: datetime | None = expiration
+
+    def _login_again(self) -> bool:
+        """Log in afresh; False when there is no way to."""
+        if self._relogin is None:
+            return False
+        info = self._relogin()
+        if info is None:
+            return False
+        self._use(info)
+        return True
 
     def _ssl_context(self, info: Any) -> ssl.SSLContext | bool:
         if not self.server.startswith("https"):
@@ -86,7 +155,7 @@ class KubeAPI:
         return str(path)
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if content_type:
             headers["Content-Type"] = content_type
         token = self._token
@@ -114,6 +183,32 @@ class KubeAPI:
         body: Any = None,
         content_type: str | None = None,
     ) -> JSON:
+        """One API call, retried while the answer or the connection says it may pass."""
+        if self._expiration is not None and datetime.now(UTC) >= self._expiration:
+            self._login_again()
+        logged_in_again = False
+        for attempt in range(1, self._attempts + 1):
+            last = attempt == self._attempts
+            try:
+                return await self._send(method, path, query, body, content_type)
+            except KubeError as exc:
+                if exc.status == 401 and not logged_in_again and self._login_again():
+                    logged_in_again = True
+                    continue
+                if exc.status not in RETRIED_STATUSES or last:
+                    raise
+                delay = exc.retry_after if exc.retry_after is not None else backoff(attempt)
+            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+                if last:
+                    raise KubeError(method, path, 0, f"{type(exc).__name__}: {exc}") from exc
+                delay = backoff(attempt)
+            logger.debug("%s %s: retry %d in %.1fs", method, path, attempt, delay)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _send(
+        self, method: str, path: str, query: Mapping[str, Any] | None, body: Any, content_type: str | None
+    ) -> JSON:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         url = self.server + path
@@ -127,8 +222,23 @@ class KubeAPI:
         ) as response:
             text = await response.text()
             if response.status >= 300:
-                raise KubeError(method, path, response.status, text)
+                error = KubeError(method, path, response.status, text)
+                details = _json_or_none(text)
+                error.retry_after = retry_after(response.headers.get("Retry-After"),
+                                                (details or {}).get("details") if isinstance(details, dict) else None)
+                raise error
             return json.loads(text) if text else {}
+
+    async def list_all(self, path: str, query: Mapping[str, Any] | None = None, *, page: int = PAGE_SIZE) -> list[JSON]:
+        """Every item of a list, page by page (``limit``/``continue``)."""
+        items: list[JSON] = []
+        token: str | None = None
+        while True:
+            found = await self.request("GET", path, query={**(query or {}), "limit": page, "continue": token})
+            items += found.get("items") or []
+            token = (found.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return items
 
     async def get(self, path: str, query: Mapping[str, Any] | None = None) -> JSON | None:
         try:
@@ -151,11 +261,10 @@ class KubeAPI:
     async def list_caches(self, namespaces: Sequence[str] = ()) -> list[JSON]:
         """Every CompileCache in ``namespaces`` (all namespaces when empty)."""
         if not namespaces:
-            found = await self.request("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")
-            return list(found.get("items") or [])
+            return await self.list_all(f"/apis/{GROUP}/{VERSION}/{PLURAL}")
         items: list[JSON] = []
         for namespace in namespaces:
-            items += (await self.request("GET", self.cache_path(namespace))).get("items") or []
+            items += await self.list_all(self.cache_path(namespace))
         return items
 
     async def get_cache(self, namespace: str, name: str) -> JSON | None:
@@ -167,6 +276,30 @@ class KubeAPI:
             "PATCH", self.cache_path(namespace, name) + "/status", body={"status": status}, content_type=MERGE_PATCH
         )
 
+    async def set_finalizers(
+        self, namespace: str, name: str, current: Sequence[str], new: Sequence[str]
+    ) -> JSON:
+        """Replace the finalizers, provided they are still ``current`` (else HTTP 422: look again)."""
+        ops = [{"op": "test", "path": "/metadata/finalizers", "value": list(current)}] if current else []
+        ops.append({"op": "add", "path": "/metadata/finalizers", "value": list(new)})
+        return await self.request("PATCH", self.cache_path(namespace, name), body=ops, content_type=JSON_PATCH)
+
+    # -- Leases (leader election) -----------------------------------------------------------------
+    @staticmethod
+    def lease_path(namespace: str, name: str = "") -> str:
+        base = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
+        return f"{base}/{quote(name)}" if name else base
+
+    async def get_lease(self, namespace: str, name: str) -> JSON | None:
+        return await self.get(self.lease_path(namespace, name))
+
+    async def create_lease(self, namespace: str, lease: Mapping[str, Any]) -> JSON:
+        return await self.request("POST", self.lease_path(namespace), body=lease)
+
+    async def replace_lease(self, namespace: str, name: str, lease: Mapping[str, Any]) -> JSON:
+        """PUT with the Lease's resourceVersion: HTTP 409 when someone changed it meanwhile."""
+        return await self.request("PUT", self.lease_path(namespace, name), body=lease)
+
     # -- Secrets, Nodes --------------------------------------------------------------------------------
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         secret = await self.get(f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
@@ -175,10 +308,10 @@ class KubeAPI:
         return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
 
     async def node_label_values(self, label_key: str) -> set[str]:
-        nodes = await self.request("GET", "/api/v1/nodes", query={"labelSelector": label_key})
+        nodes = await self.list_all("/api/v1/nodes", query={"labelSelector": label_key})
         return {
             str(n["metadata"]["labels"][label_key])
-            for n in nodes.get("items") or []
+            for n in nodes
             if (n.get("metadata") or {}).get("labels", {}).get(label_key)
         }
 
@@ -189,8 +322,7 @@ class KubeAPI:
         return f"{base}/{quote(name)}" if name else base
 
     async def list_jobs(self, namespace: str, selector: str) -> list[JSON]:
-        found = await self.request("GET", self.jobs_path(namespace), query={"labelSelector": selector})
-        return list(found.get("items") or [])
+        return await self.list_all(self.jobs_path(namespace), query={"labelSelector": selector})
 
     async def create_job(self, namespace: str, job: Mapping[str, Any]) -> bool:
         """Create the Job unless one of that name exists; True when this call created it."""
@@ -219,10 +351,7 @@ class KubeAPI:
 
     # -- Pods ---------------------------------------------------------------------------------------
     async def list_pods(self, namespace: str, selector: str) -> list[JSON]:
-        found = await self.request(
-            "GET", f"/api/v1/namespaces/{quote(namespace)}/pods", query={"labelSelector": selector}
-        )
-        return list(found.get("items") or [])
+        return await self.list_all(f"/api/v1/namespaces/{quote(namespace)}/pods", query={"labelSelector": selector})
 
     async def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> bool:
         """Add annotations; False when the pod is gone."""

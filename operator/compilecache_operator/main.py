@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -80,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-address", default=_env("METRICS_ADDRESS") or "0.0.0.0",
                    help="address the metrics endpoint listens on (default 0.0.0.0)")
     p.add_argument("--health-port", type=int, default=_env_int("HEALTH_PORT", 8081),
-                   help="port of Kopf's liveness endpoint /healthz; 0 turns it off (default 8081)")
+                   help="port of the liveness (/healthz) and readiness (/readyz: the indexes are loaded) endpoints; "
+                        "0 turns them off (default 8081)")
     p.add_argument("--health-address", default=_env("HEALTH_ADDRESS") or "0.0.0.0",
-                   help="address the liveness endpoint listens on (default 0.0.0.0)")
+                   help="address the liveness and readiness endpoints listen on (default 0.0.0.0)")
     p.add_argument("--webhook-config", choices=WEBHOOK_MODES, default=_env("WEBHOOK_CONFIG") or "external",
                    help="managed: the operator writes the MutatingWebhookConfiguration itself (pointing at "
                         "--webhook-host:--webhook-port); external: it is installed separately (the Helm chart); "
@@ -140,6 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-warmup-service-accounts", default=_env("ALLOWED_WARMUP_SERVICE_ACCOUNTS"),
                    help="comma-separated ServiceAccounts warm-ups may run as: NAME or NAMESPACE/NAME "
                         "(default: not confined)")
+    p.add_argument("--leader-election-namespace", default=_env("LEADER_ELECTION_NAMESPACE"), metavar="NS",
+                   help="run as one of several replicas: only the holder of a Lease in NS reconciles, deletes and "
+                        "counts; every replica serves the webhook (default: alone, always acting)")
+    p.add_argument("--leader-election-name", default=_env("LEADER_ELECTION_NAME") or "compilecache-operator",
+                   help="name of that Lease (default compilecache-operator)")
+    p.add_argument("--shutdown-delay", type=float, default=_env_float("SHUTDOWN_DELAY", 5.0),
+                   help="seconds between SIGTERM (/readyz turns 503) and stopping, so that no admission reaches a "
+                        "stopped webhook; keep it below the pod's terminationGracePeriodSeconds (default 5)")
+    p.add_argument("--concurrency", type=int, default=_env_int("CONCURRENCY", 16),
+                   help="how many CompileCaches are reconciled at once, e.g. when the operator starts (default 16)")
     p.add_argument("--log-format", choices=LOG_FORMATS, default=_env("LOG_FORMAT") or "text",
                    help="text or json (one JSON object per line)")
     p.add_argument("--verbose", "-v", action="store_true", default=_env_bool("VERBOSE"), help="debug logging")
@@ -156,6 +168,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser = build_parser()
     args = parser.parse_args(argv)
     namespaces = tuple(args.namespace or ([] if args.all_namespaces else _csv(_env("NAMESPACE"))))
+    if args.concurrency < 1:
+        parser.error(f"--concurrency: {args.concurrency} is not a positive number")
     for port_name in ("metrics_port", "health_port", "webhook_port"):
         port = getattr(args, port_name)
         if not 0 <= port <= 65535:
@@ -186,6 +200,7 @@ def settings_from(options: Options) -> Settings:
         native_sidecars=a.native_sidecars,
         confinement=confinement_from(a),
         signing=load_signing(a.signing_key_file, _csv(a.trusted_public_keys)) if a.signing_key_file else None,
+        concurrency=a.concurrency,
     )
 
 
@@ -232,23 +247,35 @@ def admission_from(options: Options, scratch: Path) -> handlers.Admission:
 def run(options: Options) -> None:
     a = options.args
     kopf.configure(verbose=a.verbose, log_format=kopf.LogFormat.JSON if a.log_format == "json" else kopf.LogFormat.FULL)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # no log line per admission request
+    if not a.verbose:  # no log line per handled event ("Handler ... succeeded"): thousands on a restart
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     metrics = Metrics()
     if a.metrics_port:
         start_http_server(a.metrics_port, addr=a.metrics_address, registry=metrics.registry)
     state = State(settings=settings_from(options), metrics=metrics)
     with tempfile.TemporaryDirectory(prefix="compilecache-webhook-") as scratch:
         admission = admission_from(options, Path(scratch))
-        registry = handlers.build_registry(
-            handlers.Intervals(resync_seconds=a.resync_seconds), webhook=admission.server is not None
+        if admission.server is not None:
+            handlers.register_webhook()
+        stop = threading.Event()
+        memo = kopf.Memo(
+            state=state,
+            stop=stop,
+            shutdown_delay=a.shutdown_delay,
+            admission=admission,
+            counted=handlers.CountedPods(),
+            intervals=handlers.Intervals(resync_seconds=a.resync_seconds),
+            probes=handlers.Probes(address=a.health_address, port=a.health_port),
+            election=handlers.Election(a.leader_election_namespace, a.leader_election_name)
+            if a.leader_election_namespace else None,
         )
-        memo = kopf.Memo(state=state, admission=admission, counted=handlers.CountedPods())
         kopf.run(
-            registry=registry,
             clusterwide=not options.namespaces,
             namespaces=list(options.namespaces),
             standalone=True,
-            liveness_endpoint=f"http://{a.health_address}:{a.health_port}/healthz" if a.health_port else None,
             memo=memo,
+            stop_flag=stop,
         )
 
 

@@ -141,11 +141,13 @@ def test_every_optional_branch_is_rendered_by_some_scenario(renderings: dict[str
     assert not missing, f"no ci/ scenario renders: {missing}"
 
 
-def test_operator_deployment_is_one_recreated_hardened_replica(default_rendering: list[Manifest]) -> None:
+def test_operator_deployment_is_rolled_hardened_and_highly_available(default_rendering: list[Manifest]) -> None:
     deployment = one(default_rendering, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    budget = one(default_rendering, "PodDisruptionBudget")["spec"]
+    assert budget["minAvailable"] == 1 and budget["selector"] == spec["selector"]
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
@@ -161,6 +163,14 @@ def test_operator_deployment_is_one_recreated_hardened_replica(default_rendering
     assert probe["path"] == "/healthz"
     health_port = next(p["containerPort"] for p in container["ports"] if p["name"] == probe["port"])
     assert health_port == 8081
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    namespace = deployment["metadata"]["namespace"]
+    assert f"--leader-election-namespace={namespace}" in container["args"]
+    assert pod["terminationGracePeriodSeconds"] > 5 and "--shutdown-delay=5" in container["args"]
+    lease_rules = [r for role in of_kind(default_rendering, "Role") if role["metadata"]["namespace"] == namespace
+                   for r in role["rules"] if "leases" in r["resources"]]
+    assert lease_rules == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                            "verbs": ["get", "create", "update"]}]
     assert "--health-port=8081" in container["args"]
     assert "--webhook-config=external" in container["args"]
     assert "--all-namespaces" in container["args"]
@@ -220,6 +230,7 @@ EXPECTED_VERBS = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
     ("", "namespaces"): {"list", "watch"},
     ("", "secrets"): {"get"},
+    ("coordination.k8s.io", "leases"): {"get", "create", "update"},
 }
 
 
@@ -263,7 +274,7 @@ def test_secrets_role_follows_the_listed_namespaces(renderings: dict[str, list[M
                          for res in rule["resources"]}
     assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces"}
     watched = {r["metadata"]["namespace"] for r in of_kind(namespaced, "Role") if not r["metadata"]["name"].endswith(
-        "-secrets")}
+        ("-secrets", "-leader"))}
     assert watched == {"ml-team", "ml-research"}
     args = operator_container(namespaced)["args"]
     assert "--namespace=ml-team" in args and "--namespace=ml-research" in args and "--all-namespaces" not in args

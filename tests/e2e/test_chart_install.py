@@ -59,6 +59,7 @@ def test_default_chart_installs_upgrades_and_uninstalls(kube_client: KubeClient,
             "Secret": f"/api/v1/namespaces/{ns}/secrets/{name}",
             "Service": f"/api/v1/namespaces/{ns}/services/{name}",
             "Deployment": f"/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+            "PodDisruptionBudget": f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}",
             "ClusterRole": f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}",
             "ClusterRoleBinding": f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
             "Role": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}",
@@ -72,7 +73,7 @@ def test_default_chart_installs_upgrades_and_uninstalls(kube_client: KubeClient,
         assert kube_client.get(path)["metadata"]["name"] == name
     wait_for(lambda: crd_established(kube_client), 30, "the chart's CRD to be established")
     deployment = kube_client.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{release.fullname}")
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
 
     tls = webhook_tls(kube_client, release)
     webhook = kube_client.get(f"{MWC_API}/{release.fullname}")["webhooks"][0]

@@ -89,7 +89,8 @@ class OperatorProcess:
             *self.extra,
         ]  # fmt: skip
 
-    def start(self, client: KubeClient, timeout: float = 60) -> None:
+    def spawn(self) -> None:
+        """Start the process (not waiting for anything)."""
         self.starts += 1
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILECACHE_")}
         env["KUBECONFIG"] = str(self.kubeconfig)
@@ -99,6 +100,17 @@ class OperatorProcess:
                 self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 cwd=REPO_ROOT, start_new_session=True,
             )
+
+    def ready(self) -> bool:
+        """``/readyz`` answers 200: every index is loaded."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def start(self, client: KubeClient, timeout: float = 60) -> None:
+        self.spawn()
         wait_for(lambda: self._alive() and self._healthy(), timeout, "the operator's liveness endpoint")
         wait_for(lambda: self._alive() and self._webhook_configured(client), timeout,
                  f"the managed webhook configuration {self.webhook_config}")

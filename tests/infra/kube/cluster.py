@@ -146,12 +146,22 @@ def etcd_args(binaries: KubeBinaries, data_dir: Path, client_port: int, peer_por
     ]
 
 
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+                "rules": [{"level": "Metadata"}]}
+"""Every request at Metadata level (who, what, user agent, status), once answered (benchmarks count them)."""
+
+
 def apiserver_args(
     binaries: KubeBinaries, pki: Path, etcd_port: int, secure_port: int, ca: Path, serving: KeyPair, sa: KeyPair,
-    issuer: str,
+    issuer: str, audit_log: Path | None = None,
 ) -> list[str]:
+    audit = [] if audit_log is None else [
+        f"--audit-policy-file={audit_log.with_suffix('.policy.yaml')}", f"--audit-log-path={audit_log}",
+        "--audit-log-mode=batch", "--audit-log-maxsize=0",
+    ]
     return [
         str(binaries.apiserver),
+        *audit,
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
         "--advertise-address=127.0.0.1",
         # Current releases refuse a loopback address for the `kubernetes` Service's endpoints; nothing here
@@ -247,6 +257,7 @@ class LocalCluster:
         workdir: Path | None = None,
         startup_timeout: float = 120.0,
         keep_workdir: bool = False,
+        audit: bool = False,
     ) -> None:
         self.binaries = binaries or find_binaries()
         self._own_workdir = workdir is None
@@ -259,6 +270,8 @@ class LocalCluster:
         self.startup_seconds: float | None = None
         self.server = ""
         self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.audit_log: Path | None = self.workdir / "audit.log" if audit else None
+        """With ``audit``: the API server's audit log (JSON lines, one per answered request)."""
         self._ca: CertificateAuthority | None = None
 
     @property
@@ -322,9 +335,12 @@ class LocalCluster:
         issuer = "https://kubernetes.default.svc.cluster.local"
 
         self._spawn("etcd", etcd_args(self.binaries, self.workdir / "etcd", etcd_port, peer_port))
+        if self.audit_log is not None:
+            self.audit_log.with_suffix(".policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
         self._spawn(
             "kube-apiserver",
-            apiserver_args(self.binaries, self.pki_dir, etcd_port, api_port, ca.cert_path, serving, sa, issuer),
+            apiserver_args(self.binaries, self.pki_dir, etcd_port, api_port, ca.cert_path, serving, sa, issuer,
+                           self.audit_log),
         )
         self._wait_healthz()
         self._spawn("kube-controller-manager", controller_manager_args(self.binaries, kcm_kubeconfig, ca.pair, sa))

@@ -1,0 +1,236 @@
+"""Several operator replicas on the real API server: one leads (a Lease), every one serves the webhook.
+
+The replicas share one serving certificate and sit behind a loopback TCP balancer that routes only to
+replicas whose ``/readyz`` answers, as a Service does with its ready endpoints; the
+MutatingWebhookConfiguration points at the balancer. Under a steady stream of labelled pod creates the
+replicas are replaced one by one (a rolling update: a new one starts and gets ready, then an old one
+stops), and no pod is admitted without the webhook knowing its CompileCache (no ``unknown-cache`` skip,
+no pod without the webhook's annotation). The Lease moves to a live replica, which goes on reconciling.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from compilecache_operator import certs
+
+from tests.e2e.conftest import WORKLOAD_IMAGE
+from tests.infra.kube.cluster import LocalCluster
+from tests.infra.kube.rest import KubeAPIError, KubeClient
+from tests.infra.podspec import restricted
+from tests.infra.wait import wait_for
+from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, crd
+
+__all__ = ["crd"]
+
+pytestmark = [pytest.mark.e2e]
+
+CACHE_LABEL = "compilecache.io/cache"
+SKIPPED = "compilecache.io/skipped"
+INJECTED = "compilecache.io/injected"
+LEASE = "compilecache-operator"
+
+
+class Replica(OperatorProcess):
+    """One replica: the shared certificate, the webhook configuration left to the test, a Lease."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str, workdir: Path, cert_dir: Path) -> None:
+        super().__init__(cluster.kubeconfig, namespace, workdir, "--webhook-config", "external",
+                         "--webhook-cert-dir", str(cert_dir), "--leader-election-namespace", namespace)
+
+    def start(self, client: KubeClient, timeout: float = 60) -> None:
+        self.spawn()
+        wait_for(lambda: self._alive() and self.ready(), timeout, "the replica's /readyz")
+
+
+class Balancer:
+    """A TCP balancer on loopback over the replicas that are ready (what a Service does)."""
+
+    def __init__(self) -> None:
+        self.replicas: list[Replica] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._ready: list[int] = []
+        self._turn = itertools.count()
+        self._stop = threading.Event()
+        threading.Thread(target=self._probe, daemon=True).start()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _probe(self) -> None:
+        while not self._stop.is_set():
+            self._ready = [r.webhook_port for r in list(self.replicas) if r.ready()]
+            time.sleep(0.5)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            ready = self._ready
+            if not ready:
+                client.close()
+                continue
+            port = ready[next(self._turn) % len(ready)]
+            try:
+                upstream = socket.create_connection(("127.0.0.1", port), timeout=2)
+            except OSError:
+                client.close()
+                continue
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.listener.close()
+
+
+def webhook_configuration(name: str, namespace: str, port: int, ca: bytes) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "inject-pods.compilecache.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "failurePolicy": "Ignore", "timeoutSeconds": 5, "reinvocationPolicy": "Never",
+            "clientConfig": {"url": f"https://127.0.0.1:{port}/inject-pods", "caBundle": base64.b64encode(ca).decode()},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+            "objectSelector": {"matchExpressions": [{"key": CACHE_LABEL, "operator": "Exists"}]},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        }],
+    }
+
+
+class PodStream:
+    """Labelled pods created one after another at ``rate`` per second until stopped."""
+
+    def __init__(self, client: KubeClient, namespace: str, rate: float = 4.0) -> None:
+        self.client, self.namespace, self.rate = client, namespace, rate
+        self.names: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for n in itertools.count():
+            if self._stop.is_set():
+                return
+            name = f"app-{n:04d}"
+            self.client.post(f"/api/v1/namespaces/{self.namespace}/pods", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: "mlp"}},
+                "spec": restricted({"restartPolicy": "Never", "nodeSelector": {"compilecache.test/nowhere": "1"},
+                                    "containers": [{"name": "app", "image": WORKLOAD_IMAGE,
+                                                    "command": ["python", "-c", "pass"]}]}),
+            })
+            self.names.append(name)
+            time.sleep(1 / self.rate)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+@pytest.fixture
+def replicas(kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str, crd: None, tmp_path: Path,
+             request: pytest.FixtureRequest) -> Iterator[tuple[Balancer, list[Replica]]]:
+    cert_dir = tmp_path / "tls"
+    cert_dir.mkdir()
+    files = certs.self_signed(["127.0.0.1", "localhost"], cert_dir)
+    assert files.ca is not None
+    balancer = Balancer()
+    config = webhook_configuration(f"{kube_namespace}.ha.compilecache.io", kube_namespace, balancer.port,
+                                   files.ca.read_bytes())
+    kube_client.post("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", config)
+    started: list[Replica] = []
+    try:
+        yield balancer, started
+    finally:
+        request.node.add_report_section("teardown", "replica logs", "\n".join(r.log_tail(4000) for r in started))
+        for replica in started:
+            replica.stop()
+        balancer.close()
+        with contextlib.suppress(KubeAPIError):
+            kube_client.delete(f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
+                               f"{config['metadata']['name']}")
+
+
+def lease_holder(client: KubeClient, namespace: str) -> str:
+    try:
+        return str(client.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE}")["spec"]
+                   .get("holderIdentity") or "")
+    except KubeAPIError:
+        return ""
+
+
+def test_a_rolling_replacement_under_a_stream_of_pods_skips_none(
+    kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str, crd: None, tmp_path: Path,
+    replicas: tuple[Balancer, list[Replica]],
+) -> None:
+    ns = kube_namespace
+    balancer, started = replicas
+    cert_dir = tmp_path / "tls"
+    kube_client.post(cache_path(ns), compile_cache("mlp", {
+        "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": "redis://127.0.0.1:1/0"},
+    }))
+
+    def replica(index: int) -> Replica:
+        r = Replica(kube_cluster, ns, tmp_path / f"replica-{index}", cert_dir)
+        started.append(r)
+        r.start(kube_client)
+        balancer.replicas.append(r)
+        return r
+
+    first, second = replica(0), replica(1)
+    wait_for(lambda: lease_holder(kube_client, ns), 30, "a leader")
+    stream = PodStream(kube_client, ns)
+    try:
+        time.sleep(3)
+        third = replica(2)  # the rolling update: a new replica gets ready, then an old one goes
+        first.stop()
+        time.sleep(3)
+        fourth = replica(3)
+        second.stop()
+        time.sleep(3)
+        assert third.process is not None and fourth.process is not None
+    finally:
+        stream.stop()
+
+    def annotation_of(name: str) -> tuple[str | None, str | None]:
+        meta = kube_client.get(f"/api/v1/namespaces/{ns}/pods/{name}")["metadata"]
+        annotations = meta.get("annotations") or {}
+        return annotations.get(SKIPPED), annotations.get(INJECTED)
+
+    seen = {name: annotation_of(name) for name in stream.names}
+    assert len(seen) >= 30, f"only {len(seen)} pods were created"
+    unserved = [n for n, (skipped, injected) in seen.items() if skipped is None and injected is None]
+    unknown = [n for n, (skipped, _) in seen.items() if skipped == "unknown-cache"]
+    assert not unserved and not unknown, f"admitted without the webhook: {unserved}; unknown cache: {unknown}"
+
+    # The Lease is with a live replica, which goes on reconciling: a spec change is observed.
+    wait_for(lambda: lease_holder(kube_client, ns) and all(r.process is not None for r in (third, fourth)), 30,
+             "a live leader")
+    kube_client.request("PATCH", cache_path(ns, "mlp"), body={"spec": {"retention": {"keepGenerations": 3}}},
+                        content_type="application/merge-patch+json")
+    generation = kube_client.get(cache_path(ns, "mlp"))["metadata"]["generation"]
+    wait_for(lambda: kube_client.get(cache_path(ns, "mlp")).get("status", {}).get("observedGeneration") == generation,
+             60, "the new leader to reconcile the change")

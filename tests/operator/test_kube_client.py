@@ -1,0 +1,198 @@
+"""The operator's API client: retries what may pass, logs in again on 401, pages through lists, and
+runs kubeconfig ``exec`` credential plugins.
+
+The server is a real HTTP server on loopback that answers as the API server does when it is
+overloaded (429 with Retry-After), failing over (503), or sees an expired token (401): behaviour
+the local kube-apiserver cannot be made to show on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+from aiohttp import web
+from compilecache_operator import kubeconfig
+from compilecache_operator.handlers import login
+from compilecache_operator.kube import KubeAPI, KubeError, backoff, retry_after
+
+Handler = Callable[[web.Request], web.Response]
+
+
+@asynccontextmanager
+async def api_server(handler: Handler) -> AsyncIterator[str]:
+    async def serve(request: web.Request) -> web.Response:
+        return handler(request)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def status(code: int, **headers: str) -> web.Response:
+    return web.json_response({"kind": "Status", "reason": "Nope", "message": f"status {code}"}, status=code,
+                             headers=headers)
+
+
+def test_overload_and_failover_answers_are_retried() -> None:
+    answers = [status(429, **{"Retry-After": "0"}), status(503), web.json_response({"ok": 1})]
+    seen: list[str] = []
+
+    def handler(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return answers.pop(0)
+
+    async def run() -> dict[str, Any]:
+        async with api_server(handler) as url:
+            api = KubeAPI(kopf.ConnectionInfo(server=url))
+            try:
+                return await api.request("GET", "/api/v1/x")
+            finally:
+                await api.close()
+
+    assert asyncio.run(run()) == {"ok": 1} and len(seen) == 3
+
+
+def test_a_client_error_is_not_retried_and_the_last_failure_is_raised() -> None:
+    calls: list[int] = []
+
+    def handler(request: web.Request) -> web.Response:
+        calls.append(1)
+        return status(422 if request.path.endswith("bad") else 500)
+
+    async def run() -> tuple[KubeError, KubeError]:
+        async with api_server(handler) as url:
+            api = KubeAPI(kopf.ConnectionInfo(server=url), attempts=2)
+            try:
+                with pytest.raises(KubeError) as bad:
+                    await api.request("POST", "/bad", body={})
+                with pytest.raises(KubeError) as down:
+                    await api.request("GET", "/down")
+                return bad.value, down.value
+            finally:
+                await api.close()
+
+    bad, down = asyncio.run(run())
+    assert bad.status == 422 and down.status == 500 and len(calls) == 3
+    assert str(down).startswith("GET /down: HTTP 500 Nope: status 500")
+
+
+def test_a_401_logs_in_again_once() -> None:
+    def handler(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer fresh":
+            return status(401)
+        return web.json_response({"ok": 1})
+
+    async def run() -> tuple[dict[str, Any], int]:
+        async with api_server(handler) as url:
+            logins: list[int] = []
+
+            def relogin() -> kopf.ConnectionInfo:
+                logins.append(1)
+                return kopf.ConnectionInfo(server=url, token="fresh")
+
+            api = KubeAPI(kopf.ConnectionInfo(server=url, token="stale"), relogin=relogin)
+            try:
+                return await api.request("GET", "/api/v1/x"), len(logins)
+            finally:
+                await api.close()
+
+    assert asyncio.run(run()) == ({"ok": 1}, 1)
+
+
+def test_a_dropped_connection_is_retried_then_named() -> None:
+    async def run() -> KubeError:
+        from tests.infra.kube.cluster import free_port
+
+        api = KubeAPI(kopf.ConnectionInfo(server=f"http://127.0.0.1:{free_port()}"), attempts=2)
+        try:
+            with pytest.raises(KubeError) as refused:
+                await api.request("GET", "/api/v1/x")
+            return refused.value
+        finally:
+            await api.close()
+
+    error = asyncio.run(run())
+    assert error.status == 0 and "GET /api/v1/x" in str(error)
+
+
+def test_lists_are_read_page_by_page() -> None:
+    pages = {None: (["a", "b"], "t1"), "t1": (["c"], "t2"), "t2": (["d"], None)}
+
+    def handler(request: web.Request) -> web.Response:
+        assert request.query["limit"] == "2" and request.query["labelSelector"] == "x"
+        items, token = pages[request.query.get("continue")]
+        return web.json_response({"items": [{"name": i} for i in items], "metadata": {"continue": token or ""}})
+
+    async def run() -> list[dict[str, Any]]:
+        async with api_server(handler) as url:
+            api = KubeAPI(kopf.ConnectionInfo(server=url))
+            try:
+                return await api.list_all("/api/v1/pods", {"labelSelector": "x"}, page=2)
+            finally:
+                await api.close()
+
+    assert [i["name"] for i in asyncio.run(run())] == ["a", "b", "c", "d"]
+
+
+def test_retry_after_and_backoff() -> None:
+    assert retry_after("3") == 3.0 and retry_after(None, {"retryAfterSeconds": 2}) == 2.0
+    assert retry_after("soon") is None and retry_after(None) is None
+    assert [backoff(n) for n in (1, 2, 3)] == [0.2, 0.4, 0.8] and backoff(20) == 10.0
+
+
+# -- exec credential plugins --------------------------------------------------------------------------------
+PLUGIN = """
+import json, os, sys
+info = json.loads(os.environ["KUBERNETES_EXEC_INFO"])
+assert info["kind"] == "ExecCredential" and os.environ["CLUSTER"] == "c1", info
+print(json.dumps({"apiVersion": info["apiVersion"], "kind": "ExecCredential",
+                  "status": {"token": "tok-" + sys.argv[1], "expirationTimestamp": "2030-01-01T00:00:00Z"}}))
+"""
+
+
+def write_kubeconfig(tmp_path: Path, exec_spec: dict[str, Any]) -> Path:
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c1", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c1", "user": "u"}}],
+        "users": [{"name": "u", "user": {"exec": exec_spec}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_an_exec_plugin_gives_the_token_and_its_expiry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(PLUGIN)
+    spec = {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable, "args": [str(plugin), "x"],
+            "env": [{"name": "CLUSTER", "value": "c1"}]}
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path, spec)))
+    info = login(settings=kopf.OperatorSettings())
+    assert info is not None and info.token == "tok-x" and info.server == "https://127.0.0.1:6443"
+    assert info.expiration is not None and info.expiration.year == 2030
+
+
+def test_a_failing_exec_plugin_says_what_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = {"command": sys.executable, "args": ["-c", "import sys; sys.exit('no cloud credentials')"]}
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path, spec)))
+    with pytest.raises(kopf.LoginError, match="exited with 1: no cloud credentials"):
+        login(settings=kopf.OperatorSettings())
+    with pytest.raises(kubeconfig.ExecCredentialError, match="no ExecCredential status"):
+        kubeconfig.run_exec_plugin({"command": sys.executable, "args": ["-c", "print(1)"]})

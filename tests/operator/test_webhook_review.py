@@ -1,0 +1,96 @@
+"""The webhook's direct answer: the JSON patch built from the pod patch does what Kopf's generic
+path (deep copy, merge, diff) does, and the webhook fails open."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import jsonpatch
+import kopf
+from compilecache_operator import webhook
+from compilecache_operator.builders import JobSettings
+from compilecache_operator.controller import Settings, State
+from compilecache_operator.metrics import Metrics
+from compilecache_operator.names import CACHE_LABEL, SKIPPED_ANNOTATION
+from compilecache_operator.spec import Defaults
+
+from tests.operator.podpatch import apply_pod_patch
+from tests.operator.samples import pod, view
+
+STATE = State(settings=Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p")), metrics=Metrics())
+VIEWS = {("team-a", "mlp"): [view()]}
+VIEWS_BY_KEY = {("team-a", "mlp"): view()}
+
+
+def review(obj: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    obj = json.loads(json.dumps(obj))
+    obj["metadata"].pop("namespace", None)  # the API server may leave it to the request
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "operation": operation, "namespace": "team-a", "object": obj}}
+
+
+def patched(obj: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    ops = json.loads(base64.b64decode(answer["response"]["patch"])) if "patch" in answer["response"] else []
+    result: dict[str, Any] = jsonpatch.apply_patch(obj, ops)
+    return result
+
+
+def kopf_patched(obj: dict[str, Any]) -> dict[str, Any]:
+    result = webhook.pod_patch(STATE, VIEWS, obj)
+    assert result is not None
+    patch = kopf.Patch(body=kopf.Body(obj))  # type: ignore[arg-type]
+    if result.init_containers is not None or result.containers is not None or result.volumes is not None:
+        patch["spec"] = {k: v for k, v in (("initContainers", result.init_containers),
+                                           ("containers", result.containers), ("volumes", result.volumes))
+                         if v is not None}
+    if result.annotations:
+        patch["metadata"] = {"annotations": dict(result.annotations)}
+    applied: dict[str, Any] = jsonpatch.apply_patch(obj, patch.as_json_patch())
+    return applied
+
+
+def test_the_direct_patch_equals_kopfs() -> None:
+    shapes = [
+        pod(),
+        pod(initContainers=[{"name": "setup", "image": "busybox"}], volumes=[{"name": "data", "emptyDir": {}}]),
+        pod(containers=[{"name": "app", "image": "other:1"}]),  # skipped: image mismatch, annotations only
+    ]
+    for shape in shapes:
+        shape["metadata"]["annotations"] = {"a/b~c": "kept"} if shape is shapes[1] else None
+        if shape["metadata"]["annotations"] is None:
+            del shape["metadata"]["annotations"]
+        answer = webhook.review_pod(STATE, VIEWS, review(shape))
+        assert answer["response"]["allowed"] is True and answer["response"]["uid"] == "u-1"
+        assert patched(shape, answer) == kopf_patched(shape)
+        assert patched(shape, answer) == apply_pod_patch(shape, webhook.pod_patch(STATE, VIEWS, shape))
+
+
+def test_a_skipped_pod_carries_the_reason_and_a_warning() -> None:
+    shape = pod(containers=[{"name": "app", "image": "other:1"}])
+    answer = webhook.review_pod(STATE, VIEWS, review(shape))
+    assert patched(shape, answer)["metadata"]["annotations"][SKIPPED_ANNOTATION] == "image-mismatch"
+    assert answer["response"]["warnings"][0].startswith("compilecache: pod starts without a preloaded cache")
+
+
+def test_only_labelled_pods_being_created_are_patched() -> None:
+    unlabelled = pod()
+    del unlabelled["metadata"]["labels"][CACHE_LABEL]
+    assert "patch" not in webhook.review_pod(STATE, VIEWS, review(unlabelled))["response"]
+    assert "patch" not in webhook.review_pod(STATE, VIEWS, review(pod(), operation="UPDATE"))["response"]
+
+
+def test_the_webhook_fails_open() -> None:
+    broken = pod(containers="not a list")
+    answer = webhook.review_pod(STATE, VIEWS, review(broken))
+    assert answer["response"] == {"uid": "u-1", "allowed": True}
+
+
+def test_until_kopfs_index_is_loaded_the_start_up_list_answers() -> None:
+    state = State(settings=STATE.settings, metrics=Metrics())
+    assert "compilecache.io/injected" not in patched(pod(), webhook.review_pod(state, {}, review(pod())))["metadata"][
+        "annotations"]
+    state.early_views = VIEWS_BY_KEY
+    assert "compilecache.io/injected" in patched(pod(), webhook.review_pod(state, {}, review(pod())))["metadata"][
+        "annotations"]
