@@ -166,42 +166,6 @@ def build_job(
     generation = int(meta.get("generation") or 1)
     warm = spec.warmup
     labels = warmup_labels(cache_name, variant, generation)
-
-    compile_env = [{"name": "TORCH_COMPILE_JOB_ID", "value": job_id}]
-    if variant.gpu:
-        compile_env.append({"name": "COMPILECACHE_GPU", "value": variant.gpu})
-    if spec.remote_cache is not None:
-        compile_env += [{"name": k, "value": v} for k, v in spec.remote_cache.env().items()]
-    compile_env += [dict(e) for e in warm.env]
-
-    resources = _resources_dict(warm.resources)
-    if variant.gpu and warm.gpus_per_job > 0:
-        limits = resources.setdefault("limits", {})
-        limits.setdefault(warm.gpu_resource_name, str(warm.gpus_per_job))
-
-    compile_container: dict[str, Any] = {
-        "name": COMPILE_CONTAINER,
-        "image": spec.image,
-        "command": harness_command(namespace, cache_name, spec),
-        "env": compile_env,
-        "volumeMounts": [
-            {"name": HARNESS_VOLUME, "mountPath": HARNESS_DIR, "readOnly": True},
-            {"name": WORK_VOLUME, "mountPath": WORK_DIR},
-            *(dict(m) for m in warm.volume_mounts),
-        ],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        # The user's image: torch and its libraries write temporary files where they please.
-        "securityContext": restricted_container_context(read_only_root=False),
-    }
-    if resources:
-        compile_container["resources"] = resources
-    if spec.image_pull_policy:
-        compile_container["imagePullPolicy"] = spec.image_pull_policy
-
-    node_selector = dict(warm.node_selector)
-    if variant.gpu:
-        node_selector[spec.gpu_discovery.label_key] = variant.gpu
-
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "securityContext": restricted_pod_context(
@@ -222,36 +186,11 @@ def build_job(
                 "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
                 "securityContext": restricted_container_context(),
             },
-            compile_container,
+            _compile_container(namespace, cache_name, spec, variant, job_id),
         ],
-        "containers": [
-            {
-                "name": PUBLISH_CONTAINER,
-                "image": settings.preloader_image,
-                "command": ["compilecache", "publish", OUT_DIR, "--store", spec.storage.url],
-                # The bundle is packed in a temporary directory: on the work volume, as the root file
-                # system is read-only.
-                "env": [{"name": "TMPDIR", "value": WORK_DIR}, *storage_env(spec.storage)],
-                "volumeMounts": [
-                    {"name": WORK_VOLUME, "mountPath": WORK_DIR},
-                    *([dict(store_ca.CA_MOUNT)] if spec.storage.ca else []),
-                ],
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-                "securityContext": restricted_container_context(),
-            }
-        ],
+        "containers": [_publish_container(spec, settings)],
+        **_warmup_placement(spec, variant, settings),
     }
-    if node_selector:
-        pod_spec["nodeSelector"] = node_selector
-    if warm.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in warm.tolerations]
-    if warm.service_account_name:
-        pod_spec["serviceAccountName"] = warm.service_account_name
-    pull_secrets = list(dict.fromkeys([*settings.image_pull_secrets, *warm.image_pull_secrets]))
-    if pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
-
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -268,6 +207,83 @@ def build_job(
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+def _compile_container(
+    namespace: str, cache_name: str, spec: CacheSpec, variant: Variant, job_id: str
+) -> dict[str, Any]:
+    """The warm-up's ``compile`` container: the user's image running the harness into ``/work/out``."""
+    warm = spec.warmup
+    compile_env = [{"name": "TORCH_COMPILE_JOB_ID", "value": job_id}]
+    if variant.gpu:
+        compile_env.append({"name": "COMPILECACHE_GPU", "value": variant.gpu})
+    if spec.remote_cache is not None:
+        compile_env += [{"name": k, "value": v} for k, v in spec.remote_cache.env().items()]
+    compile_env += [dict(e) for e in warm.env]
+
+    resources = _resources_dict(warm.resources)
+    if variant.gpu and warm.gpus_per_job > 0:
+        limits = resources.setdefault("limits", {})
+        limits.setdefault(warm.gpu_resource_name, str(warm.gpus_per_job))
+
+    container: dict[str, Any] = {
+        "name": COMPILE_CONTAINER,
+        "image": spec.image,
+        "command": harness_command(namespace, cache_name, spec),
+        "env": compile_env,
+        "volumeMounts": [
+            {"name": HARNESS_VOLUME, "mountPath": HARNESS_DIR, "readOnly": True},
+            {"name": WORK_VOLUME, "mountPath": WORK_DIR},
+            *(dict(m) for m in warm.volume_mounts),
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        # The user's image: torch and its libraries write temporary files where they please.
+        "securityContext": restricted_container_context(read_only_root=False),
+    }
+    if resources:
+        container["resources"] = resources
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    return container
+
+
+def _publish_container(spec: CacheSpec, settings: JobSettings) -> dict[str, Any]:
+    """The warm-up's ``publish`` container (preloader image): packs, verifies, publishes, reports."""
+    return {
+        "name": PUBLISH_CONTAINER,
+        "image": settings.preloader_image,
+        "command": ["compilecache", "publish", OUT_DIR, "--store", spec.storage.url],
+        # The bundle is packed in a temporary directory: on the work volume, as the root file
+        # system is read-only.
+        "env": [{"name": "TMPDIR", "value": WORK_DIR}, *storage_env(spec.storage)],
+        "volumeMounts": [
+            {"name": WORK_VOLUME, "mountPath": WORK_DIR},
+            *([dict(store_ca.CA_MOUNT)] if spec.storage.ca else []),
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "securityContext": restricted_container_context(),
+    }
+
+
+def _warmup_placement(spec: CacheSpec, variant: Variant, settings: JobSettings) -> dict[str, Any]:
+    """Where and as whom the warm-up pod runs: node selector (the variant's GPU), tolerations,
+    service account and image pull secrets; only those that are set."""
+    warm = spec.warmup
+    placement: dict[str, Any] = {}
+    node_selector = dict(warm.node_selector)
+    if variant.gpu:
+        node_selector[spec.gpu_discovery.label_key] = variant.gpu
+    if node_selector:
+        placement["nodeSelector"] = node_selector
+    if warm.tolerations:
+        placement["tolerations"] = [dict(t) for t in warm.tolerations]
+    if warm.service_account_name:
+        placement["serviceAccountName"] = warm.service_account_name
+    pull_secrets = list(dict.fromkeys([*settings.image_pull_secrets, *warm.image_pull_secrets]))
+    if pull_secrets:
+        placement["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
+    return placement
 
 
 # -- the webhook's pod patch ------------------------------------------------------------------------
