@@ -465,6 +465,14 @@ class Actions:
         return any(s.phase == "active" for s in self.job_states.values())
 
 
+def recorded_bundles(
+    snapshot: Snapshot, records: Sequence[BundleRecord], variants: Sequence[Variant], keep_generations: int
+) -> tuple[tuple[BundleRecord, ...], tuple[BundleRecord, ...]]:
+    """The status bundles with ``records`` merged in, and those of them outside retention."""
+    bundles = tuple(merge_bundles(bundles_from_status(snapshot.body.get("status")), records))
+    return bundles, tuple(bundles_to_prune(list(bundles), [v.id for v in variants], keep_generations))
+
+
 def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
     """Everything a reconcile of ``snapshot`` does, as data (no I/O)."""
     meta = snapshot.body["metadata"]
@@ -488,8 +496,7 @@ def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
         for job in snapshot.jobs
     ]
     actions = _variant_actions(snapshot, spec, variants, observed, generation, settings)
-    bundles = tuple(merge_bundles(bundles_from_status(snapshot.body.get("status")), actions.records))
-    prune = tuple(bundles_to_prune(list(bundles), [v.id for v in variants], spec.keep_generations))
+    bundles, prune = recorded_bundles(snapshot, actions.records, variants, spec.keep_generations)
     delete = tuple(superseded_jobs([s for _, s in observed], {v.id for v in variants}))
     return replace(actions, storage_url=spec.storage.url, spec=spec, variants=variants, bundles=bundles,
                    prune=prune, delete_jobs=delete, finalizers=finalizers)
@@ -699,19 +706,17 @@ async def sign_new_records(actions: Actions, snapshot: Snapshot, signing: Signin
     """Sign the new bundles in the store before they are recorded; those that cannot be signed are
     left out of status (and counted in the second value)."""
     assert actions.spec is not None
-    signed, _ = await _sign(actions.spec, list(actions.records), snapshot.secret, signing)
+    signed = await _sign(actions.spec, list(actions.records), snapshot.secret, signing)
     unsigned = len(actions.records) - len(signed)
     if not unsigned:
         return actions, 0
-    bundles = tuple(merge_bundles(bundles_from_status(snapshot.body.get("status")), signed))
-    variant_ids = [v.id for v in actions.variants]
-    prune = tuple(bundles_to_prune(list(bundles), variant_ids, actions.spec.keep_generations))
+    bundles, prune = recorded_bundles(snapshot, signed, actions.variants, actions.spec.keep_generations)
     return replace(actions, records=tuple(signed), bundles=bundles, prune=prune), unsigned
 
 
 async def _sign(
     spec: CacheSpec, records: list[BundleRecord], secret: Mapping[str, bytes] | None, signing: Signing
-) -> tuple[list[BundleRecord], bool]:
+) -> list[BundleRecord]:
     """Sign the new bundles in the store; those that cannot be signed are left out (and logged)."""
 
     def run() -> list[BundleRecord]:
@@ -725,8 +730,8 @@ async def _sign(
         signed = await asyncio.to_thread(run)
     except StoreError as exc:
         logger.warning("cannot open the store to sign %d bundle(s): %s", len(records), exc)
-        return [], True
-    return signed, len(signed) < len(records)
+        return []
+    return signed
 
 
 async def write_status(state: State, body: Mapping[str, Any], status: Mapping[str, Any]) -> None:
