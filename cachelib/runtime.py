@@ -137,8 +137,8 @@ def warm_start(cache_dir: str | None = None, *, wait: bool = True) -> warmstart.
     """Before the first ``torch.compile``: apply the preloaded bundle's warm-start manifest.
 
     With a bundle made with ``spec.model.precompile: Auto`` and the very torch and Triton
-    installation of the warm-up, torch gets the warm-up's source keys (no hashing of its
-    sources) and Dynamo's caching precompile (no re-tracing); on any mismatch, nothing of it,
+    installation of the warm-up, torch and Triton get the warm-up's source keys (no hashing of
+    their sources) and Dynamo's caching precompile (no re-tracing); on any mismatch, nothing of it,
     and the reasons are in the answer's ``declined``. See :mod:`cachelib.warmstart`.
 
     Dynamo looks its precompiled entry up when ``torch.compile`` is called, so a preload running

@@ -1,11 +1,9 @@
 """A warm first call: what the warm-up hands to the workload beyond torch's caches.
 
 A cache directory full of hits still leaves a new process two jobs that do not depend on the
-model's compiled code: Dynamo re-traces the model and rebuilds its guards, and torch hashes
-its own (and Triton's) installed sources to make its cache keys (``torch_key``,
-``triton_key``). With ``spec.model.precompile: Auto`` the warm-up removes the first and the
-cache keys' share of the second (Triton's hash made while kernels are set up stays: torch offers
-no way to hand it over):
+model's compiled code: Dynamo re-traces the model and rebuilds its guards, and torch and Triton
+hash their own installed sources to make their cache keys (``torch_key``, ``triton_key``). With
+``spec.model.precompile: Auto`` the warm-up removes the tracing and both hashes:
 
 - it compiles with Dynamo's caching precompile (``torch._dynamo.config.caching_precompile``,
   env ``TORCH_CACHING_PRECOMPILE=1``), which saves Dynamo's traced code and guards with the
@@ -13,7 +11,7 @@ no way to hand it over):
   same setting loads them instead of tracing;
 - it writes the *warm-start manifest* (``compilecache-warm-start.json``) into the cache
   directory: the versions and a digest of the installed torch and Triton files, the source
-  keys torch computed, and whether Dynamo entries were saved.
+  keys torch and Triton computed, and whether Dynamo entries were saved.
 
 Both travel in the bundle's ``cachedir`` part; the preload lays them down with the rest. The
 workload makes one call before its first compile::
@@ -24,9 +22,10 @@ workload makes one call before its first compile::
 
 It reads the manifest from ``$TORCHINDUCTOR_CACHE_DIR`` and compares it with this process:
 torch, Triton and Python versions and the digest of the installed files. Only when all of
-them match does it hand torch the source keys (``torch_key.set``) and turn caching precompile
-on; on any difference, or a manifest it cannot read, it turns caching precompile off and
-leaves torch to compute everything as it would without compilecache. Torch checks a Dynamo
+them match does it hand the source keys over (torch's ``torch_key.set``; Triton's
+``triton_key``, see :func:`hand_over_triton_key`) and turn caching precompile on; on any
+difference, or a manifest it cannot read, it turns caching precompile off and leaves torch
+and Triton to compute everything as they would without compilecache. Torch checks a Dynamo
 entry again when it loads it (torch and Python versions, device, the hashes of the traced
 source lines) and compiles afresh when that fails.
 
@@ -36,6 +35,7 @@ is copied beside ``harness.py`` into warm-up containers, so it imports nothing f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -145,15 +145,27 @@ def enable_caching_precompile() -> bool:
 
 
 def source_keys() -> dict[str, str | None]:
-    """torch's ``torch_key`` (hex) and ``triton_key`` as this process computes them."""
+    """torch's ``torch_key`` (hex) and Triton's ``triton_key`` as this process computes them.
+
+    ``triton_key`` is Triton's own hash of its installed sources and library
+    (``triton.runtime.cache.triton_key``); torch 2.13's ``codecache.triton_key`` returns the same."""
     from torch._inductor import codecache
 
     torch_key = getattr(codecache, "torch_key", None)
-    triton_key = getattr(codecache, "triton_key", None)
     return {
         "torch_key": torch_key().hex() if torch_key is not None else None,
-        "triton_key": triton_key() if triton_key is not None else None,
+        "triton_key": _triton_source_key(),
     }
+
+
+def _triton_source_key() -> str | None:
+    try:
+        from triton.runtime.cache import (  # type: ignore[import-not-found,import-untyped,unused-ignore]
+            triton_key,
+        )
+    except ImportError:
+        return None
+    return str(triton_key())
 
 
 def dynamo_entries(cache_dir: Path) -> int:
@@ -262,6 +274,49 @@ def _set_source_key(name: str, value: Any, done: Prepared) -> None:
     done.applied.append(name)
 
 
+def hand_over_triton_key(value: str, done: Prepared) -> bool:
+    """Give Triton's own ``triton_key`` the warm-up's value instead of hashing its files again.
+
+    Triton hashes its sources and its 300-600 MB library in every process (0.4 s on an H100
+    host) the first time a kernel is set up, through ``torch.utils._triton.triton_hash_with_backend``
+    and its own ``get_cache_key``. Both cache the result (``functools``) but take no value from
+    outside, so the function itself is replaced, under its own name, in every module that holds
+    it (``triton.runtime.cache``, ``triton.runtime.autotuner``, torch's ``triton_compat``):
+    modules imported later take it from there. Only called once the installation digest matched,
+    and only for the zero-argument, ``lru_cache``-wrapped function this was checked against (Triton
+    3.x), with a value that starts with this Triton's version, before Triton computed its own.
+    Whether it was handed over; when not, why is in ``done.declined``."""
+    try:
+        import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
+        import triton.runtime.cache as triton_cache  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        done.declined.append("triton_key: Triton is not installed here")
+        return False
+    original = vars(triton_cache).get("triton_key")
+    cache_info = getattr(original, "cache_info", None)
+    if original is None or cache_info is None:
+        done.declined.append("triton_key: this Triton's triton_key is not a cached function")
+        return False
+    if not value.startswith(str(triton.__version__)):
+        done.declined.append(f"triton_key: the warm-up's key is not for Triton {triton.__version__}")
+        return False
+    if cache_info().currsize:
+        done.declined.append("triton_key: already computed in this process")
+        return False
+
+    @functools.cache
+    def triton_key() -> str:
+        return value
+
+    triton_key.__doc__ = original.__doc__
+    triton_key.__wrapped__ = original
+    for module in list(sys.modules.values()):
+        if module is not None and vars(module).get("triton_key") is original:
+            module.triton_key = triton_key  # type: ignore[attr-defined]
+    done.applied.append("triton_key")
+    return True
+
+
 def _set_caching_precompile(value: bool) -> None:
     import torch._dynamo.config as dynamo_config
 
@@ -302,8 +357,9 @@ def prepare(cache_dir: str | Path | None = None, env: Mapping[str, str] | None =
     keys = manifest["source_keys"]
     if isinstance(keys.get("torch_key"), str):
         _set_source_key("torch_key", bytes.fromhex(keys["torch_key"]), done)
-    if isinstance(keys.get("triton_key"), str):
-        _set_source_key("triton_key", keys["triton_key"], done)
+    triton_key = keys.get("triton_key")
+    if isinstance(triton_key, str) and not hand_over_triton_key(triton_key, done):
+        _set_source_key("triton_key", triton_key, done)  # torch's settable wrapper (2.13), if any
     if manifest["dynamo_precompile"]:
         if enable_caching_precompile():
             done.applied.append("caching_precompile")

@@ -93,7 +93,8 @@ class InvalidSpec(ValueError):
 PRECOMPILE_AUTO = "Auto"
 PRECOMPILE_OFF = "Off"
 PRECOMPILE = (PRECOMPILE_AUTO, PRECOMPILE_OFF)
-"""spec.model.precompile: Auto carries Dynamo's precompiled entries and torch's source keys (cachelib.warmstart)."""
+"""spec.model.precompile: Auto carries Dynamo's precompiled entries and torch's and Triton's source keys
+(cachelib.warmstart)."""
 
 
 @dataclass(frozen=True)

@@ -220,7 +220,7 @@ def test_the_runtime_call_loads_dynamo_entries_and_matches_eager(preloaded: Path
     seen = run_workload(fresh_copy(preloaded, tmp_path), "call")
     assert seen["allclose"], seen
     assert seen["prepared"]["declined"] == [], seen["prepared"]
-    assert {"torch_key", "caching_precompile"} <= set(seen["prepared"]["applied"])
+    assert {"torch_key", "triton_key", "caching_precompile"} <= set(seen["prepared"]["applied"])
     assert seen["counters"]["dynamo_cache"] == {"dynamo_cache_hit": 1}, seen["counters"]
     assert seen["counters"]["frames"] == {}, "Dynamo traced a frame: the precompiled entry was not used"
 
@@ -246,6 +246,59 @@ def test_a_foreign_installation_falls_back_to_an_ordinary_compile(preloaded: Pat
     assert seen["prepared"]["declined"] == ["the installed torch files differ from the warm-up's"]
     assert seen["counters"]["dynamo_cache"] == {}, "caching precompile stayed on"
     assert seen["counters"]["frames"].get("ok") == 1  # traced and compiled as without compilecache
+
+
+HAND_OVER = """
+import json, sys
+import triton, triton.runtime.cache, triton.runtime.autotuner
+from cachelib import warmstart
+value = sys.argv[1].replace("VERSION", triton.__version__)
+if sys.argv[2] == "computed":
+    triton.runtime.cache.triton_key()
+done = warmstart.Prepared()
+handed = warmstart.hand_over_triton_key(value, done)
+from torch._inductor import codecache
+from torch._inductor.runtime import triton_compat  # imported after the hand-over: takes it from triton
+print(json.dumps({
+    "handed": handed, "done": done.to_dict(),
+    "seen": [triton.runtime.cache.triton_key(), triton.runtime.autotuner.triton_key(), triton_compat.triton_key(),
+             codecache.triton_key()],
+    "key_of_a_kernel": triton.runtime.cache.get_cache_key.__globals__["triton_key"](),
+}))
+"""
+
+
+def hand_over(value: str, when: str = "fresh") -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-c", HAND_OVER, value, when],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_json(proc.stdout)
+
+
+@pytest.mark.slow
+def test_tritons_own_key_is_handed_over_wherever_it_is_called() -> None:
+    """Triton hashes its files the first time a kernel is set up; handed over, every caller sees the value."""
+    seen = hand_over("VERSIONwarm-up")
+    assert seen["handed"] and seen["done"]["applied"] == ["triton_key"], seen
+    value = seen["seen"][0]
+    assert value.endswith("warm-up") and seen["seen"] == [value] * 4 and seen["key_of_a_kernel"] == value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("value", "when", "reason"),
+    [
+        ("0.0.0warm-up", "fresh", "the warm-up's key is not for Triton"),
+        ("VERSIONwarm-up", "computed", "already computed in this process"),
+    ],
+)
+def test_tritons_key_is_not_handed_over_when_it_cannot_be_right(value: str, when: str, reason: str) -> None:
+    seen = hand_over(value, when)
+    assert not seen["handed"] and seen["done"]["applied"] == [], seen
+    assert seen["done"]["declined"][0].startswith(f"triton_key: {reason}"), seen
+    assert not any(key.endswith("warm-up") for key in seen["seen"]), "Triton's own hash was replaced"
 
 
 def test_the_runtime_call_waits_for_a_preload_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
