@@ -311,8 +311,9 @@ def hand_over_triton_key(value: str, done: Prepared) -> bool:
     triton_key.__doc__ = original.__doc__
     triton_key.__wrapped__ = original
     for module in list(sys.modules.values()):
-        if module is not None and vars(module).get("triton_key") is original:
-            module.triton_key = triton_key  # type: ignore[attr-defined]
+        namespace = getattr(module, "__dict__", None)  # not getattr(module, name): no lazy __getattr__ runs
+        if isinstance(namespace, dict) and namespace.get("triton_key") is original:
+            namespace["triton_key"] = triton_key
     done.applied.append("triton_key")
     return True
 
