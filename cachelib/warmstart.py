@@ -274,35 +274,37 @@ def _set_source_key(name: str, value: Any, done: Prepared) -> None:
     done.applied.append(name)
 
 
-def hand_over_triton_key(value: str, done: Prepared) -> bool:
+def hand_over_triton_key(value: str, done: Prepared) -> None:
     """Give Triton's own ``triton_key`` the warm-up's value instead of hashing its files again.
 
-    Triton hashes its sources and its 300-600 MB library in every process (0.4 s on an H100
-    host) the first time a kernel is set up, through ``torch.utils._triton.triton_hash_with_backend``
-    and its own ``get_cache_key``. Both cache the result (``functools``) but take no value from
-    outside, so the function itself is replaced, under its own name, in every module that holds
-    it (``triton.runtime.cache``, ``triton.runtime.autotuner``, torch's ``triton_compat``):
-    modules imported later take it from there. Only called once the installation digest matched,
-    and only for the zero-argument, ``lru_cache``-wrapped function this was checked against (Triton
-    3.x), with a value that starts with this Triton's version, before Triton computed its own.
-    Whether it was handed over; when not, why is in ``done.declined``."""
+    Triton hashes its sources and its library (440 MiB in Triton 3.7.1) in every process (0.4 s
+    on an H100 host) the first time a kernel is set up, through
+    ``torch.utils._triton.triton_hash_with_backend`` and its own ``get_cache_key``. Both cache the
+    result (``functools``) but take no value from outside, so the function itself is replaced,
+    under its own name, in every module that holds it (``triton.runtime.cache``,
+    ``triton.runtime.autotuner``, torch's ``triton_compat``): modules imported later take it from
+    there. Only called once the installation digest matched; only with a value that starts with
+    this Triton's version, and before Triton computed its own. A Triton whose ``triton_key`` is
+    not the zero-argument ``lru_cache`` function this was checked against (Triton 3.x) keeps
+    it; then only torch's settable wrapper (torch 2.13) gets the value. What was done, or why
+    not, is in ``done``."""
     try:
         import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
         import triton.runtime.cache as triton_cache  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
         done.declined.append("triton_key: Triton is not installed here")
-        return False
+        return
+    if not value.startswith(str(triton.__version__)):
+        done.declined.append(f"triton_key: the warm-up's key is not for Triton {triton.__version__}")
+        return
     original = vars(triton_cache).get("triton_key")
     cache_info = getattr(original, "cache_info", None)
     if original is None or cache_info is None:
-        done.declined.append("triton_key: this Triton's triton_key is not a cached function")
-        return False
-    if not value.startswith(str(triton.__version__)):
-        done.declined.append(f"triton_key: the warm-up's key is not for Triton {triton.__version__}")
-        return False
+        _set_source_key("triton_key", value, done)
+        return
     if cache_info().currsize:
         done.declined.append("triton_key: already computed in this process")
-        return False
+        return
 
     @functools.cache
     def triton_key() -> str:
@@ -315,7 +317,6 @@ def hand_over_triton_key(value: str, done: Prepared) -> bool:
         if isinstance(namespace, dict) and namespace.get("triton_key") is original:
             namespace["triton_key"] = triton_key
     done.applied.append("triton_key")
-    return True
 
 
 def _set_caching_precompile(value: bool) -> None:
@@ -358,9 +359,8 @@ def prepare(cache_dir: str | Path | None = None, env: Mapping[str, str] | None =
     keys = manifest["source_keys"]
     if isinstance(keys.get("torch_key"), str):
         _set_source_key("torch_key", bytes.fromhex(keys["torch_key"]), done)
-    triton_key = keys.get("triton_key")
-    if isinstance(triton_key, str) and not hand_over_triton_key(triton_key, done):
-        _set_source_key("triton_key", triton_key, done)  # torch's settable wrapper (2.13), if any
+    if isinstance(keys.get("triton_key"), str):
+        hand_over_triton_key(keys["triton_key"], done)
     if manifest["dynamo_precompile"]:
         if enable_caching_precompile():
             done.applied.append("caching_precompile")
