@@ -36,7 +36,7 @@ import socket
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -209,7 +209,7 @@ async def configure(
                 state.sidecars.basis)
     where: Probes = memo.get("probes") or Probes()
     if where.port:
-        memo["probes_server"] = await probes.serve(where.address, where.port, state.serving)
+        memo["probes_server"] = await probes.serve(where.address, where.port, readiness(state, admission.server))
     memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
     election: Election | None = memo.get("election")
     if election is not None:
@@ -218,6 +218,17 @@ async def configure(
         state.leading = False
         memo["elector"] = elector
         memo["election_task"] = asyncio.create_task(elector.run())
+
+
+def readiness(state: controller.State, server: kopf.WebhookServer | None) -> Callable[[], bool]:
+    """What ``/readyz`` answers: the caches are known and, where this replica serves the webhook,
+    its endpoint accepts connections; not while shutting down (whose answers then close their
+    connections)."""
+    if not isinstance(server, PodWebhookServer):
+        return state.serving
+    server.draining = lambda: state.draining
+    webhook = server
+    return lambda: state.serving() and webhook.listening
 
 
 def identity() -> str:

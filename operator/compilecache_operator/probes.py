@@ -1,4 +1,4 @@
-"""``/healthz`` and ``/readyz``: liveness while the event loop answers, readiness once the indexes are loaded.
+"""``/healthz`` and ``/readyz``: liveness while the event loop answers, readiness once the webhook can inject.
 
 Readiness matters for the webhook: a replica that answered admissions before it knew the caches
 would let pods start cold (the webhook fails open). Kubernetes routes the webhook Service only to
@@ -23,7 +23,8 @@ async def serve(address: str, port: int, ready: Callable[[], bool]) -> Server:
     async def readyz(_: web.Request) -> web.Response:
         if ready():
             return web.json_response({"ready": True})
-        return web.json_response({"ready": False, "reason": "indexes loading"}, status=503)
+        reason = "caches not known yet, webhook not listening yet, or shutting down"
+        return web.json_response({"ready": False, "reason": reason}, status=503)
 
     app = web.Application()
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
 
 import kopf
+from aiohttp import web
 from compilecache_operator import builders
 from compilecache_operator.controller import State
 from compilecache_operator.names import CACHE_LABEL, PRELOAD_MODE_REASON_ANNOTATION, WEBHOOK_ID
@@ -40,10 +41,21 @@ class PodWebhookServer(kopf.WebhookServer):
 
     On CREATE the API server may send an object without ``metadata.namespace`` (it is in the
     request instead); the handlers need it to find the CompileCache.
+
+    Kopf starts the server only after the start-up handlers and its resource scan, so the
+    replica's readiness also waits for :attr:`listening`: a Service must not route admissions to
+    a port that refuses them (the webhook fails open, and the pod would start cold). While
+    :attr:`draining` says so, every answer closes its connection (``Connection: close``): the
+    API server's kept-alive connections move to the ready replicas during the shutdown delay,
+    instead of breaking under a request when this one exits.
     """
 
     answer: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     """Set at start-up: the direct answer to a review for :data:`WEBHOOK_ID`."""
+    draining: Callable[[], bool] | None = None
+    """Set at start-up: whether this replica is shutting down."""
+    listening: bool = False
+    """Whether the endpoint accepts connections (from the site's start to its clean-up)."""
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         async def with_namespace(request: Any, **kwargs: Any) -> Any:
@@ -52,8 +64,18 @@ class PodWebhookServer(kopf.WebhookServer):
             fill_namespace(request)
             return await fn(request, **kwargs)
 
-        async for config in super().__call__(with_namespace):
-            yield config
+        try:
+            async for config in super().__call__(with_namespace):
+                self.listening = True  # Kopf yields once its site has started
+                yield config
+        finally:
+            self.listening = False
+
+    async def _serve(self, fn: kopf.WebhookFn, request: web.Request) -> web.Response:  # type: ignore[override]
+        response = await kopf.WebhookServer._serve(fn, request)
+        if self.draining is not None and self.draining():
+            response.force_close()
+        return response
 
 
 def fill_namespace(review: Mapping[str, Any]) -> None:
