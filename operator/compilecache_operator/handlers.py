@@ -204,6 +204,7 @@ async def configure(
                 return review_pod(state, views, review)
 
         admission.server.answer = answer
+        admission.server.draining = lambda: state.draining
     state.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
     logger.info("native sidecars %s: %s", "available" if state.sidecars.available else "not available",
                 state.sidecars.basis)
@@ -222,11 +223,9 @@ async def configure(
 
 def readiness(state: controller.State, server: kopf.WebhookServer | None) -> Callable[[], bool]:
     """What ``/readyz`` answers: the caches are known and, where this replica serves the webhook,
-    its endpoint accepts connections; not while shutting down (whose answers then close their
-    connections)."""
+    its endpoint accepts connections; not while shutting down."""
     if not isinstance(server, PodWebhookServer):
         return state.serving
-    server.draining = lambda: state.draining
     webhook = server
     return lambda: state.serving() and webhook.listening
 

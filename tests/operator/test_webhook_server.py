@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from typing import Any
 
 import aiohttp
@@ -16,15 +15,10 @@ from compilecache_operator import handlers
 from compilecache_operator.webhook import PodWebhookServer
 
 from tests.operator.test_reconcile import cache, state_with
+from tests.servers import free_port
 
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
           "request": {"uid": "u-1", "operation": "CREATE", "object": {"metadata": {}}}}  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def not_used(request: Any, **_: Any) -> Any:
@@ -38,6 +32,7 @@ def test_ready_only_once_the_endpoint_listens_and_a_drain_closes_each_connection
     server = PodWebhookServer(addr="127.0.0.1", port=port, insecure=True)
     server.answer = lambda review: {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                     "response": {"uid": review["request"]["uid"], "allowed": True}}
+    server.draining = lambda: state.draining  # as the operator's start-up wires it
     ready = handlers.readiness(state, server)
 
     async def run() -> list[tuple[bool, str | None]]:
