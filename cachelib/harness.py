@@ -70,6 +70,8 @@ CACHEDIR = "cachedir"
 CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 JOB_ID_ENV = "TORCH_COMPILE_JOB_ID"
+CHECK_FLAG = "--check-precompile"
+"""The harness in its checking role (cachelib.precheck): run by the harness itself, never by users."""
 TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
@@ -154,6 +156,11 @@ def cache_summary(counters: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
 Entry = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
+def load_precheck() -> Any:
+    """``cachelib.precheck``, or ``precheck.py`` beside this file (a warm-up container)."""
+    return _import("cachelib.precheck")
+
+
 def load_warmstart() -> Any:
     """``cachelib.warmstart``, or ``warmstart.py`` beside this file (a warm-up container)."""
     return _import("cachelib.warmstart")
@@ -176,7 +183,7 @@ def load_target(target: str) -> Callable[..., Any]:
 
 
 def _import(module_name: str) -> Any:
-    copied = {compilekey.BUILTIN_MODULE: "targets", "cachelib.warmstart": "warmstart"}
+    copied = {compilekey.BUILTIN_MODULE: "targets", "cachelib.warmstart": "warmstart", "cachelib.precheck": "precheck"}
     try:
         return importlib.import_module(module_name)
     except ImportError:
@@ -247,35 +254,41 @@ def _scalar_loss(output: Any) -> Any:
     return total
 
 
-def compile_entry(fn: Callable[..., Any], options: compilekey.CompileOptions) -> Callable[..., Any]:
-    """The compiled callable for one entry; with compiled autograd, a whole training step."""
-    compile_fn = make_compile(options)
+def eager_entry(fn: Callable[..., Any], options: compilekey.CompileOptions) -> Callable[..., Any]:
+    """What one entry runs, before compiling: with compiled autograd, a whole training step."""
     if not options.compiled_autograd:
-        return compile_fn(fn)
+        return fn
 
     def train_step(*args: Any, **kwargs: Any) -> Any:
         loss = _scalar_loss(fn(*args, **kwargs))
         loss.backward()
         return loss
 
-    return compile_fn(train_step)
+    return train_step
+
+
+def compile_entry(fn: Callable[..., Any], options: compilekey.CompileOptions) -> Callable[..., Any]:
+    """The compiled callable for one entry; with compiled autograd, a whole training step."""
+    return make_compile(options)(eager_entry(fn, options))
 
 
 def run_entry(
     compiled: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: compilekey.CompileOptions
-) -> None:
-    """One first call: inference under no_grad, or forward and backward."""
+) -> Any:
+    """One call: inference under no_grad, or forward and backward; its output."""
     import torch
 
     if options.compiled_autograd:
-        compiled(*args, **kwargs)
+        output = compiled(*args, **kwargs)
     elif options.backward:
-        _scalar_loss(compiled(*args, **kwargs)).backward()
+        output = compiled(*args, **kwargs)
+        _scalar_loss(output).backward()
     else:
         with torch.no_grad():
-            compiled(*args, **kwargs)
+            output = compiled(*args, **kwargs)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+    return output
 
 
 def describe(fn: Callable[..., Any]) -> str:
@@ -425,6 +438,9 @@ def warm_up(request: Request) -> dict[str, Any]:
     total = time.perf_counter() - started
     megacache = save_megacache(request.out)  # with caching precompile, also writes Dynamo's entries
     precompile = write_warm_start(request) if request.options.precompile == "auto" else None
+    if precompile is not None and precompile["dynamo_entries"]:
+        precompile.update(prove_precompiled(request, job_id, total))
+        megacache = megacache_after_check(request.out, megacache, precompile)
     result = {
         "format": RESULT_FORMAT,
         "producer": f"compilecache-harness/{HARNESS_VERSION}",
@@ -447,6 +463,100 @@ def warm_up(request: Request) -> dict[str, Any]:
     }
     _write_atomic(request.out / RESULT_FILE, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
     return result
+
+
+def prove_precompiled(request: Request, job_id: str, compile_seconds: float) -> dict[str, Any]:
+    """Check the precompiled part as a pod will load it (:mod:`cachelib.precheck`); when it fails,
+    take it out of the cache directory and record why in the manifest. What the check decided."""
+    precheck = load_precheck()
+    if request.target is None:
+        verdict = precheck.Verdict(False, "a --command warm-up cannot be checked; precompile needs --target", 0.0, {})
+    else:
+        _release_compiled()
+        argv = [sys.executable, str(Path(__file__).absolute()), CHECK_FLAG, "--target", request.target,
+                "--namespace", request.namespace, "--name", request.name, *request.options.harness_args()]  # fmt: skip
+        verdict = precheck.check_in_fresh_process(argv, request.cache_path, job_id, max(600.0, 4 * compile_seconds))
+    check = verdict.to_dict()
+    if not verdict.verified:
+        print(f"harness: precompiled part left out: {verdict.reason}", file=sys.stderr)
+        check["removed_entries"] = precheck.strip_precompiled(request.cache_path)
+        warmstart = load_warmstart()
+        manifest = warmstart.build_manifest(request.cache_path)
+        manifest["precompile_check"] = {"verified": False, "reason": verdict.reason}
+        warmstart.write_manifest(request.cache_path, manifest)
+    else:
+        _record_check(request.cache_path, {"verified": True, "reason": None})
+    return {"check": check, "dynamo_entries": load_warmstart().dynamo_entries(request.cache_path)}
+
+
+def _record_check(cache_path: Path, check: Mapping[str, Any]) -> None:
+    warmstart = load_warmstart()
+    manifest = warmstart.read_manifest(cache_path) or warmstart.build_manifest(cache_path)
+    manifest["precompile_check"] = dict(check)
+    warmstart.write_manifest(cache_path, manifest)
+
+
+def _release_compiled() -> None:
+    """Free what the compile holds (models, device memory) before the check loads them again."""
+    import gc
+
+    import torch
+
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def megacache_after_check(out: Path, megacache: dict[str, Any], precompile: Mapping[str, Any]) -> dict[str, Any]:
+    """The Mega-Cache less its precompiled entries when the check left them out (else unchanged)."""
+    if precompile["check"]["verified"] or not megacache["artifacts"].get("precompile"):
+        return megacache
+    data = (out / MEGACACHE_FILE).read_bytes()
+    kept = load_precheck().without_precompiled_artifacts(data)
+    kept = b"" if kept is None else kept
+    _write_atomic(out / MEGACACHE_FILE, kept)
+    artifacts = {k: v for k, v in megacache["artifacts"].items() if k != "precompile"} if kept else {}
+    return {"bytes": len(kept), "sha256": hashlib.sha256(kept).hexdigest(), "artifacts": artifacts}
+
+
+def check_precompiled(request: Request) -> int:
+    """The checking process (``--check-precompile``): the pod's ``warm_start()``, then each entry
+    eager and compiled; writes :data:`cachelib.precheck.CHECK_FILE` into ``--out``."""
+    precheck = load_precheck()
+    warmstart = load_warmstart()
+    options = request.options
+    job_id = os.environ.get(JOB_ID_ENV) or compilekey.default_job_id(request.namespace, request.name)
+    prepared = warmstart.prepare(request.cache_path)  # what cachelib.runtime.warm_start() does in a pod
+    function = load_target(request.target or "")
+    apply_options(dataclasses.replace(options, precompile="off"), job_id)  # prepare() decided precompile
+    import torch
+
+    torch.manual_seed(precheck.SEED)
+    try:
+        returned = function(make_compile(options)) if _required_params(function) >= 1 else function()
+        entries = normalise_entries(request.target or "", returned) or []
+        problems, notes = precheck.check_entries(
+            entries,
+            lambda fn: compile_entry(fn, options),
+            lambda fn: eager_entry(fn, options),
+            lambda fn, args, kwargs: run_entry(fn, args, kwargs, options),
+            training=options.backward or options.compiled_autograd,
+        )
+    except Exception as exc:
+        traceback.print_exc()
+        problems, notes = [f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"], []
+        entries = []
+    counters = counters_snapshot()
+    fell_back = [d.split(": fell back ", 1)[1] for d in prepared.declined if ": fell back " in d]
+    reason = precheck.judge(counters, fell_back, problems)
+    if not entries and reason is None:
+        reason = "the target compiled its own models (returned None): nothing to check"
+    precheck.write_check(request.out, {
+        "verified": reason is None, "reason": reason, "notes": notes, "entries": len(entries),
+        "prepared": prepared.to_dict(), "counters": {g: counters.get(g, {}) for g in ("dynamo_cache", "frames")},
+    })  # fmt: skip
+    return EXIT_OK
 
 
 def write_warm_start(request: Request) -> dict[str, Any]:
@@ -506,6 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="compile into this cache directory instead of OUT/cachedir (to measure a preloaded cache)",
     )
+    parser.add_argument(CHECK_FLAG, action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -539,6 +650,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())  # targets import like `python -m` would find them
     args = build_parser().parse_args(argv)
     try:
+        if args.check_precompile:
+            return check_precompiled(request_from_args(args))
         result = warm_up(request_from_args(args))
     except (HarnessError, compilekey.UsageError) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)

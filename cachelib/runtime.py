@@ -17,6 +17,9 @@ Metrics:
 - ``compilecache_runtime_graph_breaks_total`` -- graph breaks Dynamo met.
 - ``compilecache_runtime_warm_start_levers{lever}`` -- 1 for each lever :func:`warm_start` applied
   (``torch_key``, ``triton_key``, ``caching_precompile``); absent until it was called.
+- ``compilecache_runtime_warm_start_fallbacks_total{reason}`` -- precompiled entries refused and
+  compiled afresh instead (``unreadable``, ``source_changed``, ``load_failed``, ``install_failed``):
+  :func:`warm_start` guards torch's loader, so a bad entry costs a compile, never the process.
 - ``compilecache_runtime_preload_wait_seconds{result}`` -- how long
   :func:`cachelib.handoff.wait_for_preload` waited for a preload running beside the workload,
   labelled with the preload's result (hit, miss, error, timeout); absent until it was called.
@@ -112,6 +115,14 @@ class TorchCompileCacheCollector(Collector):
             "Graph breaks torch.compile (Dynamo) met in this process.",
             value=sum(int(v) for v in breaks.values()),
         )
+        fallbacks = CounterMetricFamily(
+            "compilecache_runtime_warm_start_fallbacks",
+            "Precompiled entries this process refused and compiled afresh instead, by reason.",
+            labels=["reason"],
+        )
+        for reason in warmstart.FALLBACK_REASONS:
+            fallbacks.add_metric([reason], warmstart.fallbacks.get(reason, 0))
+        yield fallbacks
         prepared = warmstart.last_prepared
         if prepared is not None:
             levers = GaugeMetricFamily(
@@ -139,7 +150,9 @@ def warm_start(cache_dir: str | None = None, *, wait: bool = True) -> warmstart.
     With a bundle made with ``spec.model.precompile: Auto`` and the very torch and Triton
     installation of the warm-up, torch and Triton get the warm-up's source keys (no hashing of
     their sources) and Dynamo's caching precompile (no re-tracing); on any mismatch, nothing of it,
-    and the reasons are in the answer's ``declined``. See :mod:`cachelib.warmstart`.
+    and the reasons are in the answer's ``declined``. Torch's loader of precompiled entries is
+    guarded: an entry that fails to load is a counted fallback (an ordinary compile, the FX-graph
+    cache still hits), never an exception. See :mod:`cachelib.warmstart`.
 
     Dynamo looks its precompiled entry up when ``torch.compile`` is called, so a preload running
     beside the workload (Sidecar mode) must be done by then: with ``wait`` (the default) this

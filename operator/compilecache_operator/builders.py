@@ -80,7 +80,8 @@ HARNESS_FILE = f"{HARNESS_DIR}/harness.py"
 COPY_HARNESS = (
     "import importlib.util, os, shutil, sys; "
     "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
-    "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) for m in ('harness', 'compilekey', 'targets', 'warmstart')]"
+    "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) "
+    "for m in ('harness', 'compilekey', 'targets', 'warmstart', 'precheck')]"
 )
 PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 """Set on app containers of a cache with spec.model.precompile Auto (torch reads it at import)."""

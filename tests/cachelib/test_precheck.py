@@ -1,0 +1,258 @@
+"""The warm-up's check of its precompiled part (cachelib.precheck) and the guarded loader of the
+workload (cachelib.warmstart.guard_precompile_loader).
+
+The pure parts (tolerances, output comparison, the verdict) are tested with real tensors. The
+guard is tested on the CPU with real ``torch.compile``: a warm-up with ``--precompile auto`` of a
+model whose source lives in its own module and calls a helper library, then fresh processes in
+which the entry is damaged, the model's source changed, or the library's source changed. Each
+must fall back with the reason counted and compute what the code it runs says (equal to eager),
+never what the warm-up's code said."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from cachelib import harness, precheck, warmstart
+from tests.cachelib.helpers import ROOT, last_json
+
+
+# -- pure parts --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [("float32", (1e-3, 1e-4)), ("bfloat16", (5e-2, 1e-2)), ("float8_e4m3fn", precheck.FP8_TOLERANCE), ("int64", None)],
+)
+def test_each_dtype_has_its_tolerance(dtype: str, expected: Any) -> None:
+    assert precheck.tolerance(dtype) == expected
+
+
+def test_outputs_within_tolerance_agree_and_beyond_it_are_named() -> None:
+    want = torch.ones(4, 4)
+    assert precheck.compare(want, want + 1e-6) == []
+    found = precheck.compare({"logits": want}, {"logits": want + 0.5})
+    assert len(found) == 1 and found[0].startswith("out.logits: float32 max abs difference 0.5"), found
+
+
+def test_bfloat16_is_compared_more_loosely_than_float32() -> None:
+    want = torch.full((8,), 3.0)
+    off = want * 1.01
+    assert precheck.compare(want, off) != []
+    assert precheck.compare(want.bfloat16(), off.bfloat16()) == []
+
+
+def test_integers_and_structure_must_be_equal() -> None:
+    ids = torch.arange(6)
+    assert precheck.compare(ids, ids + 1) == ["out: int64 values differ from eager"]
+    assert precheck.compare((ids,), (ids, ids))[0].startswith("output structure differs")
+    assert precheck.compare(ids, ids.reshape(2, 3))[0].startswith("out: eager torch.int64[6], compiled")
+    nan = torch.tensor([float("nan"), 1.0])
+    assert precheck.compare(nan, nan.clone()) == []
+
+
+def test_leaves_walk_mappings_sequences_and_model_outputs() -> None:
+    class Output(dict[str, Any]):
+        def to_tuple(self) -> tuple[Any, ...]:
+            return tuple(self.values())
+
+    class Opaque:
+        def to_tuple(self) -> tuple[Any, ...]:
+            return (torch.zeros(1), "not a tensor")
+
+    value = {"a": torch.zeros(1), "b": [torch.ones(1), Output(c=torch.ones(2))], "d": Opaque(), "e": None}
+    assert [path for path, _ in precheck.leaves(value)] == ["out.a", "out.b[0]", "out.b[1].c", "out.d[0]"]
+
+
+@pytest.mark.parametrize(
+    ("counters", "fell_back", "problems", "reason"),
+    [
+        ({"dynamo_cache": {"dynamo_cache_hit": 1}}, [], [], None),
+        ({"dynamo_cache": {"dynamo_cache_hit": 1}}, ["install_failed: TypeError: x"], [], "failed to load: install"),
+        ({"dynamo_cache": {"dynamo_cache_hit": 1}}, [], ["entry 0: out: bad"], "outputs differ from eager: entry 0"),
+        ({}, [], [], "Dynamo did not load the precompiled entry"),
+        ({"dynamo_cache": {"dynamo_cache_hit": 1, "dynamo_cache_miss": 1}}, [], [], "Dynamo missed"),
+        ({"dynamo_cache": {"dynamo_cache_hit": 1}, "frames": {"ok": 2}}, [], [], "Dynamo compiled 2 frame(s)"),
+    ],
+)
+def test_the_verdict_names_the_first_reason(
+    counters: dict[str, dict[str, int]], fell_back: list[str], problems: list[str], reason: str | None
+) -> None:
+    found = precheck.judge(counters, fell_back, problems)
+    assert found == reason if reason is None else found is not None and reason in found, found
+
+
+def test_the_check_runs_in_the_pods_environment(tmp_path: Path) -> None:
+    base = {"PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": "/warm-up", "TRITON_CACHE_DIR": "/t", "TORCHINDUCTOR_X": "1"}
+    env = precheck.check_environment(base, tmp_path, "job")
+    assert env == {
+        "PATH": "/bin",
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path),
+        "TORCH_CACHING_PRECOMPILE": "1",
+        "TORCH_COMPILE_JOB_ID": "job",
+    }
+
+
+def test_stripping_removes_entries_and_keeps_the_dynamic_shape_profile(tmp_path: Path) -> None:
+    (tmp_path / "dynamo" / ("a" * 64)).mkdir(parents=True)
+    (tmp_path / "dynamo" / ("a" * 64) / "entry").write_bytes(b"x")
+    (tmp_path / "dynamo" / "code_state_job.pkl").write_bytes(b"pgo")
+    assert precheck.strip_precompiled(tmp_path) == 1
+    assert sorted(p.name for p in (tmp_path / "dynamo").iterdir()) == ["code_state_job.pkl"]
+    assert precheck.strip_precompiled(tmp_path / "absent") == 0
+
+
+@pytest.mark.parametrize(
+    ("stage", "message", "reason"),
+    [
+        ("initialize", "Source code changes detected for m (line 1 - line 9)", "source_changed"),
+        ("initialize", "torch version mismatch", "load_failed"),
+        ("install", "'_Missing' object has no attribute '__closure__'", "install_failed"),
+        ("read", "bad pickle", "unreadable"),
+    ],
+)
+def test_fallback_reasons_are_bounded(stage: str, message: str, reason: str) -> None:
+    assert warmstart.fallback_reason(stage, RuntimeError(message)) == reason
+    assert reason in warmstart.FALLBACK_REASONS
+
+
+@pytest.mark.parametrize(("text", "release"), [("2.13.0+cu130", (2, 13)), ("2.15.0", (2, 15)), ("dev", None)])
+def test_torch_release(text: str, release: tuple[int, int] | None) -> None:
+    assert warmstart.torch_release(text) == release
+
+
+def test_this_torchs_loader_can_be_guarded() -> None:
+    assert warmstart.precompile_loader_problem() is None
+
+
+def test_fallbacks_are_exported_for_every_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cachelib import runtime
+
+    monkeypatch.setattr(warmstart, "fallbacks", {"install_failed": 2})
+    text = runtime.metrics_text()
+    assert 'compilecache_runtime_warm_start_fallbacks_total{reason="install_failed"} 2.0' in text
+    for reason in warmstart.FALLBACK_REASONS:
+        assert f'compilecache_runtime_warm_start_fallbacks_total{{reason="{reason}"}}' in text
+
+
+# -- the guard on the real loader --------------------------------------------------------------------
+MODEL = """
+import torch
+import zoolib
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.lin(x)
+        y = torch.relu(y)
+        return zoolib.scale(y)
+
+
+def build():
+    torch.manual_seed(0)
+    return [(Net().eval(), (torch.randn(4, 16),))]
+"""
+LIBRARY = """
+def scale(t):
+    return t * 2.0
+"""
+POD = """
+import json, sys
+import torch
+from cachelib import runtime, warmstart
+import zoomodel
+prepared = runtime.warm_start(wait=False).to_dict()
+[(model, args)] = zoomodel.build()
+compiled = torch.compile(model)
+with torch.no_grad():
+    got, want = compiled(*args), model(*args)
+from torch._dynamo.utils import counters
+print(json.dumps({"prepared": prepared, "fallbacks": warmstart.fallbacks,
+                  "same": bool(torch.allclose(got, want, atol=1e-5)),
+                  "counters": {g: dict(counters[g]) for g in ("dynamo_cache", "frames", "inductor")}}))
+"""
+
+
+def write_sources(where: Path, model: str = MODEL, library: str = LIBRARY) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "zoomodel.py").write_text(model)
+    (where / "zoolib.py").write_text(library)
+    return where
+
+
+@pytest.fixture(scope="module")
+def warmed_sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    work = tmp_path_factory.mktemp("guard")
+    sources = write_sources(work / "src")
+    out = work / "out"
+    proc = subprocess.run(
+        [sys.executable, harness.__file__, "--target", "zoomodel:build", "--out", str(out),
+         "--namespace", "default", "--name", "guard", "--precompile", "auto"],
+        capture_output=True, text=True, cwd=sources, timeout=900, check=False,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{sources}"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["precompile"]["check"]["verified"] is True, result["precompile"]
+    return out / "cachedir", result
+
+
+def pod(cache: Path, sources: Path, job_id: str, tmp_path: Path) -> dict[str, Any]:
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TORCH_CACHING"))}
+    env.update(PYTHONPATH=f"{ROOT}:{sources}", TORCHINDUCTOR_CACHE_DIR=str(copy), TORCH_COMPILE_JOB_ID=job_id)
+    proc = subprocess.run(
+        [sys.executable, "-c", POD], capture_output=True, text=True, env=env, cwd=sources, timeout=600, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_json(proc.stdout)
+
+
+@pytest.mark.slow
+def test_the_unchanged_code_uses_the_entry(warmed_sources: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    cache, result = warmed_sources
+    seen = pod(cache, write_sources(tmp_path / "src"), result["job_id"], tmp_path)
+    assert seen["same"] and seen["fallbacks"] == {}, seen
+    assert seen["counters"]["dynamo_cache"] == {"dynamo_cache_hit": 1} and seen["counters"]["frames"] == {}, seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "library"),
+    [
+        (MODEL.replace("torch.relu(y)", "torch.tanh(y)"), LIBRARY),  # the model's own source changed
+        (MODEL, LIBRARY.replace("2.0", "3.0")),  # a library it calls changed (another version of it)
+    ],
+    ids=["model-source", "library-source"],
+)
+def test_changed_code_is_a_refused_entry_never_a_wrong_result(
+    warmed_sources: tuple[Path, dict[str, Any]], tmp_path: Path, model: str, library: str
+) -> None:
+    cache, result = warmed_sources
+    seen = pod(cache, write_sources(tmp_path / "src", model, library), result["job_id"], tmp_path)
+    assert seen["same"], "the pod computed what the warm-up's code said, not what its own code says"
+    assert seen["fallbacks"] == {"source_changed": 1}, seen
+    assert seen["counters"]["frames"].get("ok", 0) >= 1, "not compiled afresh"
+
+
+@pytest.mark.slow
+def test_a_damaged_entry_is_a_counted_fallback(warmed_sources: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    cache, result = warmed_sources
+    damaged = tmp_path / "damaged"
+    shutil.copytree(cache, damaged)
+    for entry in (damaged / "dynamo").glob("*/entry"):
+        entry.write_bytes(b"not a pickle")
+    seen = pod(damaged, write_sources(tmp_path / "src"), result["job_id"], tmp_path)
+    assert seen["same"] and seen["fallbacks"] == {"unreadable": 1}, seen
+    assert seen["counters"]["inductor"].get("fxgraph_cache_hit", 0) >= 1, seen
