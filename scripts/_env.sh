@@ -9,6 +9,14 @@ export COMPILECACHE_TEST_CACHE="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilec
 # installed from there, so a fresh clone (CI's) does not download them again.
 WHEELHOUSE="${COMPILECACHE_WHEELHOUSE:-$HOME/.cache/compilecache-wheels}"
 TORCH_REQUIREMENT="torch==2.13.0"
+# The model zoo's libraries (tests/zoo), at the versions that go with that torch.
+ZOO_REQUIREMENTS="torchvision==0.28.0 transformers==5.24.0 timm==1.0.31 numpy"
+# The newest torch the project supports, in a venv of its own for the zoo's other end (scripts/test.sh).
+NEWEST_TORCH_REQUIREMENT="torch==2.15.0"
+NEWEST_VENV="$COMPILECACHE_TEST_CACHE/venv-torch-2.15"
+# Byte code of every Python module the tests import, written once outside the checkout: the machines set
+# PYTHONDONTWRITEBYTECODE=1, so without it every fresh process that imports torch compiles its sources again.
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$COMPILECACHE_TEST_CACHE/pycache}"
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -43,16 +51,41 @@ pick_python() {
     echo "compilecache needs Python >= 3.11" >&2; return 1
 }
 
-install_torch() {
-    # install_torch : torch into $VENV from the wheelhouse, filling the wheelhouse first if it lacks it.
-    local stamp="$WHEELHOUSE/.${TORCH_REQUIREMENT}.complete"
+from_wheelhouse() {
+    # from_wheelhouse PYTHON [--no-deps] REQUIREMENT... : install into PYTHON's environment from the wheelhouse,
+    # filling the wheelhouse first (once per set of requirements).
+    local python="$1"; shift
+    local stamp="$WHEELHOUSE/.$(echo "$*" | tr ' /' '__').complete"
     if [ ! -f "$stamp" ]; then
-        log "downloading $TORCH_REQUIREMENT and its dependencies into $WHEELHOUSE (once)"
+        log "downloading $* into $WHEELHOUSE (once)"
         mkdir -p "$WHEELHOUSE"
-        "$VENV/bin/python" -m pip download -q -d "$WHEELHOUSE" "$TORCH_REQUIREMENT"
+        "$python" -m pip download -q -d "$WHEELHOUSE" "$@"
         touch "$stamp"
     fi
-    "$VENV/bin/python" -m pip install -q --no-index --find-links "$WHEELHOUSE" "$TORCH_REQUIREMENT"
+    "$python" -m pip install -q --no-index --find-links "$WHEELHOUSE" "$@"
+}
+
+install_torch() {
+    # install_torch : torch into $VENV from the wheelhouse.
+    from_wheelhouse "$VENV/bin/python" "$TORCH_REQUIREMENT"
+}
+
+ensure_newest_torch_venv() {
+    # ensure_newest_torch_venv : $NEWEST_VENV with the newest supported torch and the zoo's libraries that have a
+    # release for it (transformers; torchvision, and timm with it, have none for torch 2.15 yet).
+    local stamp="$NEWEST_VENV/.compilecache-zoo.stamp"
+    [ -f "$stamp" ] && return 0
+    log "a venv with $NEWEST_TORCH_REQUIREMENT for the zoo's newest end: $NEWEST_VENV (once)"
+    rm -rf "$NEWEST_VENV"
+    "$(pick_python)" -m venv "$NEWEST_VENV"
+    from_wheelhouse "$NEWEST_VENV/bin/python" "$NEWEST_TORCH_REQUIREMENT" transformers==5.24.0 numpy prometheus-client
+    touch "$stamp"
+}
+
+compile_bytecode() {
+    # compile_bytecode DIR... : byte code of every module under DIR into $PYTHONPYCACHEPREFIX (up-to-date files are
+    # skipped; Python still checks each .pyc against its source's size and time, so a changed file is recompiled).
+    "$VENV/bin/python" -m compileall -q -j 2 "$@" >/dev/null 2>&1 || true
 }
 
 ensure_venv() {
@@ -69,6 +102,7 @@ ensure_venv() {
         log "installing torch==2.13.0 and compilecache[$extras] into $VENV"
         "$VENV/bin/python" -m pip install -q --upgrade pip
         install_torch
+        [ "$extras" = test ] && from_wheelhouse "$VENV/bin/python" $ZOO_REQUIREMENTS
         "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"
         touch "$stamp"
     fi

@@ -11,6 +11,9 @@ cd "$ROOT"
 # util-linux (setpriv): the test node agent runs each container as the uid its pod spec says.
 apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap util-linux
 ensure_venv "test"
+ensure_newest_torch_venv
+log "byte code of the venvs' packages into $PYTHONPYCACHEPREFIX (once; later runs check it in seconds)"
+compile_bytecode "$VENV/lib" "$NEWEST_VENV/lib"
 
 log "kube-apiserver, kube-controller-manager and etcd (built once from Go modules, then cached)"
 bash tests/infra/kube/build.sh

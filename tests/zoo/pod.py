@@ -1,0 +1,65 @@
+"""A pod's process for a zoo model: build it, make the workload's start-up call, compile, compare.
+
+    python -m tests.zoo.pod TARGET warm_start|env [--backward] [--dynamic]
+
+``warm_start``: ``cachelib.runtime.warm_start()`` before the first ``torch.compile``, as the docs
+tell users; ``env``: nothing but the environment the webhook sets (``TORCH_CACHING_PRECOMPILE=1``
+for a verified bundle). Then each entry eager and compiled from the same random state (the
+comparison the warm-up's check makes, :mod:`cachelib.precheck`), and with ``--dynamic`` once more
+on another input shape. Prints one JSON line: what ``warm_start()`` did, the differences from
+eager, torch's counters and the fallbacks counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import torch
+
+from cachelib import compilekey, harness, precheck, warmstart
+from tests.zoo import models
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("target")
+    parser.add_argument("how", choices=["warm_start", "env"])
+    parser.add_argument("--backward", action="store_true")
+    parser.add_argument("--dynamic", action="store_true")
+    args = parser.parse_args(argv)
+    prepared = None
+    if args.how == "warm_start":
+        from cachelib import runtime
+
+        prepared = runtime.warm_start(wait=False).to_dict()
+    options = compilekey.CompileOptions(backward=args.backward, dynamic=True if args.dynamic else None)
+    entries = [(fn, tuple(a), {}) for fn, a in getattr(models, args.target)()]
+    problems, notes = precheck.check_entries(
+        entries,
+        lambda fn: harness.compile_entry(fn, options),
+        lambda fn: harness.eager_entry(fn, options),
+        lambda fn, a, k: harness.run_entry(fn, a, k, options),
+        training=args.backward,
+    )
+    second = models.SECOND_INPUTS.get(args.target)
+    if second is not None:
+        fn = entries[0][0]
+        compiled = harness.compile_entry(fn, options)
+        other: Any = second()
+        problems += [f"second input: {p}" for p in precheck.compare(
+            harness.run_entry(fn, other, {}, options), harness.run_entry(compiled, other, {}, options))]  # fmt: skip
+    from torch._dynamo.utils import counters
+
+    print(json.dumps({
+        "prepared": prepared, "problems": problems, "notes": notes, "fallbacks": dict(warmstart.fallbacks),
+        "counters": {g: dict(counters[g]) for g in ("dynamo_cache", "frames", "inductor", "aot_autograd")},
+        "torch": torch.__version__,
+    }))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
