@@ -122,6 +122,23 @@ def publish_and_preload(work: Path, key: str) -> Path:
     return target
 
 
+def report(case: Case, end: str, result: dict[str, Any], seen: dict[str, dict[str, Any]]) -> None:
+    """One JSON line per case into ``$COMPILECACHE_ZOO_REPORT`` when set (docs/benchmarks.md's zoo table)."""
+    path = os.environ.get("COMPILECACHE_ZOO_REPORT")
+    if not path:
+        return
+    check = result["precompile"]["check"]
+    line = {
+        "target": case.target, "end": end, "torch": result["versions"]["torch"],
+        "compile_seconds": result["compile_seconds"], "check_seconds": check["seconds"],
+        "verified": check["verified"], "reason": check["reason"],
+        "pods": {how: {"dynamo": pod["counters"]["dynamo_cache"], "frames": pod["counters"]["frames"],
+                       "fallbacks": pod["fallbacks"], "problems": pod["problems"]} for how, pod in seen.items()},
+    }  # fmt: skip
+    with open(path, "a") as f:
+        f.write(json.dumps(line, sort_keys=True) + "\n")
+
+
 def pods(python: str, case: Case, cache: Path, job_id: str) -> dict[str, dict[str, Any]]:
     """The two pod processes, side by side, each on its own copy of the preloaded directory."""
     running = {}
@@ -173,6 +190,7 @@ def test_a_zoo_model_warms_and_never_breaks_a_pod(case: Case, end: str, tmp_path
         else:
             assert not dynamo.get("dynamo_cache_hit"), (how, "a left-out entry was loaded", dynamo)
             assert pod["counters"]["inductor"].get("fxgraph_cache_hit", 0) >= 1, (how, pod["counters"])
+    report(case, end, result, seen)
     prepared = seen["warm_start"]["prepared"]
     if check["verified"]:
         assert "caching_precompile" in prepared["applied"], prepared
