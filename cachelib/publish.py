@@ -60,6 +60,8 @@ class PublishResult:
     versions: dict[str, str]
     digest: str = ""
     """The bundle digest (sha256 of preamble and header) that a signature covers."""
+    precompile: dict[str, Any] | None = None
+    """The warm-up's check of the precompiled part (:func:`precompile_verdict`), when it made one."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,7 +77,7 @@ class PublishResult:
             "parts": self.parts,
             "seconds": round(self.seconds, 3),
             "versions": self.versions,
-        }
+        } | ({"precompile": self.precompile} if self.precompile is not None else {})
 
 
 # -- the cache directory as a tar stream ---------------------------------------------------------
@@ -147,7 +149,26 @@ def key_from_result(result: dict[str, Any], where: str = RESULT_FILE) -> CacheKe
 def header_result(result: dict[str, Any]) -> dict[str, Any]:
     """The free-form ``result`` metadata a bundle header carries."""
     keep = ("target", "command", "options", "device", "targets", "compile_seconds", "counters", "cache", "megacache")
-    return {name: result.get(name) for name in keep if name in result}
+    header = {name: result.get(name) for name in keep if name in result}
+    verdict = precompile_verdict(result)
+    if verdict is not None:
+        header["precompile"] = verdict
+    return header
+
+
+def precompile_verdict(result: dict[str, Any]) -> dict[str, Any] | None:
+    """What the warm-up's check of the precompiled part decided (``--precompile auto`` only):
+    ``verified``, ``reason``, ``seconds`` and the Dynamo entries shipped; None without a check."""
+    precompile = result.get("precompile")
+    check = precompile.get("check") if isinstance(precompile, dict) else None
+    if not isinstance(check, dict):
+        return None
+    return {
+        "verified": check.get("verified") is True,
+        "reason": check.get("reason"),
+        "seconds": check.get("seconds"),
+        "dynamo_entries": precompile.get("dynamo_entries") if isinstance(precompile, dict) else None,
+    }
 
 
 def pack(outdir: Path, bundle: Path, *, level: int = DEFAULT_LEVEL) -> WrittenBundle:
@@ -223,6 +244,7 @@ def publish(
         seconds=time.perf_counter() - started,
         versions=dict(header.versions),
         digest=bundle_digest,
+        precompile=header.result.get("precompile") if isinstance(header.result.get("precompile"), dict) else None,
     )
 
 

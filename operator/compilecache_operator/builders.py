@@ -546,7 +546,7 @@ def _wired_apps(
             job_id=view.job_id,
             remote=view.spec.remote_cache,
             handoff=handoff,
-            precompile=view.spec.model.precompile == PRECOMPILE_AUTO,
+            precompile=precompile_verified(view),
         )
         containers.append(wired)
         warning = env_from_overrides(container, added)
@@ -657,7 +657,7 @@ def _with_cache(
         extra[DONE_FILE_ENV] = done_file
     if remote is not None:
         extra.update(remote.env())
-    if precompile:  # Dynamo loads the bundle's precompiled entries (cachelib.warmstart): no code change
+    if precompile:  # Dynamo loads the bundle's verified precompiled entries (cachelib.warmstart): no code change
         extra[PRECOMPILE_ENV] = "1"
     added = [k for k in extra if k not in names]
     env += [{"name": k, "value": extra[k]} for k in added]
@@ -728,6 +728,37 @@ def _ready_condition(
     if degraded.status:
         return cond.Condition(cond.READY, False, "WarmupFailed", degraded.message)
     return cond.Condition(cond.READY, False, "WarmupPending", "warm-up Jobs are being created")
+
+
+PRECOMPILED = "Precompiled"
+"""Condition type of caches with spec.model.precompile Auto: whether the current bundles carry a verified
+precompiled part."""
+
+
+def precompile_condition(bundles: Sequence[BundleRecord]) -> cond.Condition | None:
+    """Precompiled from the warm-up checks of the current bundles; None before any was recorded."""
+    checked = [b for b in bundles if b.precompile]
+    if not checked:
+        return None
+    left_out = [b for b in checked if b.precompile != "Verified"]
+    if not left_out:
+        message = f"{len(checked)} bundle(s) carry a verified precompiled part"
+        return cond.Condition(PRECOMPILED, True, "Verified", message)
+    text = "; ".join(f"{b.gpu}: {b.precompile_reason or 'the check failed'}" for b in left_out)
+    return cond.Condition(
+        PRECOMPILED, False, "PrecompileUnverified",
+        f"precompiled part left out of {len(left_out)} of {len(checked)} bundle(s) (they still serve the FX-graph "
+        f"cache; pods compile with Dynamo as without Auto): {text}",
+    )  # fmt: skip
+
+
+def precompile_verified(view: CacheView) -> bool:
+    """Whether pods of ``view`` may get TORCH_CACHING_PRECOMPILE: Auto, and every current bundle's
+    precompiled part passed the warm-up's check (a pod's GPU picks its bundle only at preload time)."""
+    if view.spec is None or view.spec.model.precompile != PRECOMPILE_AUTO:
+        return False
+    current = [b for b in view.bundles if b.variant in view.current_variants]
+    return bool(current) and all(b.precompile == "Verified" for b in current)
 
 
 def failure_conditions(failure: Failure) -> list[cond.Condition]:

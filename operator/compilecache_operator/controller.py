@@ -583,6 +583,9 @@ def final_status(snapshot: Snapshot, actions: Actions, kept: Sequence[BundleReco
     if prune_note and not any(c.type == "Degraded" and c.status for c in conditions):
         conditions = [c for c in conditions if c.type != "Degraded"]
         conditions.append(Condition("Degraded", True, "StorePruneFailed", prune_note))
+    precompiled = builders.precompile_condition(current_bundles(kept, actions.variants))
+    if precompiled is not None:
+        conditions.append(precompiled)
     return builders.build_status(status, generation=actions.generation, conditions=conditions, bundles=kept,
                                  planned_gpus=[v.gpu_label for v in actions.variants],
                                  storage_url=actions.storage_url, now=now)
@@ -694,6 +697,9 @@ async def apply_actions(state: State, snapshot: Snapshot, actions: Actions, emit
     state.metrics.set_bundles(namespace, str(body["metadata"]["name"]), kept)
     for record in actions.records:
         _emit(emit, body, "Normal", "BundlePublished", f"{record.gpu}: {record.key} ({record.bytes} bytes)")
+        if record.precompile == "LeftOut":
+            _emit(emit, body, "Warning", "PrecompileUnverified",
+                  f"{record.gpu}: precompiled part left out of {record.key}: {record.precompile_reason}")
     post_warnings(state, body, [WarningEvent("StorePruneFailed", prune_note)] if prune_note else [], emit)
     result = outcome(actions, status, state.settings.retry_seconds)
     if unsigned:  # their Jobs stay: the next look signs and records them

@@ -59,6 +59,9 @@ def is_ready(status: Mapping[str, Any] | None) -> bool:
     return False
 
 
+PRECOMPILE_STATES = ("Verified", "LeftOut")
+
+
 class Metrics:
     """Every metric the operator exports."""
 
@@ -107,6 +110,12 @@ class Metrics:
             "compilecache_bundles",
             "Bundles recorded in a CompileCache's status.",
             ["namespace", "cache"],
+            registry=r,
+        )
+        self.bundles_precompile = Gauge(
+            "compilecache_bundles_precompile",
+            "Bundles of a precompile Auto cache by what the warm-up's check decided (Verified, LeftOut).",
+            ["namespace", "cache", "state"],
             registry=r,
         )
         self.cache_ready = Gauge(
@@ -177,6 +186,7 @@ class Metrics:
         """Set the bundle gauges of one cache, dropping GPU series that no longer have bundles."""
         per_gpu: dict[str, int] = {}
         count = 0
+        bundles = list(bundles)
         for bundle in bundles:
             per_gpu[bundle.gpu] = per_gpu.get(bundle.gpu, 0) + bundle.bytes
             count += 1
@@ -187,6 +197,13 @@ class Metrics:
             self.bundle_bytes.labels(namespace, cache, gpu).set(size)
         self._bundle_gpus[key] = set(per_gpu)
         self.bundles.labels(namespace, cache).set(count)
+        states = [b.precompile for b in bundles if b.precompile]
+        for state in PRECOMPILE_STATES:
+            if states:
+                self.bundles_precompile.labels(namespace, cache, state).set(states.count(state))
+            else:
+                with contextlib.suppress(KeyError):
+                    self.bundles_precompile.remove(namespace, cache, state)
 
     def forget_cache(self, namespace: str, cache: str) -> None:
         """Drop the gauges of a deleted CompileCache (counters keep their history)."""
@@ -195,6 +212,9 @@ class Metrics:
         for gauge in (self.bundles, self.cache_ready):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, cache)
+        for state in PRECOMPILE_STATES:
+            with contextlib.suppress(KeyError):
+                self.bundles_precompile.remove(namespace, cache, state)
 
     # -- the operator itself ---------------------------------------------------------------------
     def observe_cache(self, namespace: str, cache: str, status: Mapping[str, Any] | None) -> None:

@@ -59,6 +59,9 @@ class BundleRecord:
     generation: int = 0
     job_id: str = ""
     job: str = ""
+    precompile: str = ""
+    """With precompile Auto: ``Verified`` or ``LeftOut`` by the warm-up's check (cachelib.precheck)."""
+    precompile_reason: str = ""
     bundle_digest: str = field(default="", compare=False)
     """What a bundle signature covers, as the publish step reported it (cachelib.signing); not kept in
     the status: only needed to sign the bundle when it is recorded."""
@@ -81,6 +84,8 @@ class BundleRecord:
             "generation": self.generation,
             "jobId": self.job_id,
             "job": self.job,
+            "precompile": self.precompile,
+            "precompileReason": self.precompile_reason,
         }
 
     @classmethod
@@ -102,6 +107,8 @@ class BundleRecord:
             generation=int(entry.get("generation") or 0),
             job_id=str(entry.get("jobId", "")),
             job=str(entry.get("job", "")),
+            precompile=str(entry.get("precompile", "")),
+            precompile_reason=str(entry.get("precompileReason", "")),
         )
 
     @property

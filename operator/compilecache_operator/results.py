@@ -95,6 +95,7 @@ def bundle_from_publish(message: str | None, variant: Variant, *, generation: in
         raise ResultError(f"publish result has no valid key: {exc}") from None
     result = data.get("result_metadata") or data.get("metadata") or {}
     seconds = data.get("compile_seconds", result.get("compile_seconds") if isinstance(result, dict) else None)
+    precompile, precompile_reason = precompile_verdict(data.get("precompile"))
     return BundleRecord(
         variant=variant.id,
         key=str(key),
@@ -113,7 +114,22 @@ def bundle_from_publish(message: str | None, variant: Variant, *, generation: in
         job_id=str(data.get("job_id") or ""),
         job=job,
         bundle_digest=str(data.get("bundle_digest") or ""),
+        precompile=precompile,
+        precompile_reason=precompile_reason,
     )
+
+
+PRECOMPILE_REASON_LIMIT = 1024
+
+
+def precompile_verdict(reported: Any) -> tuple[str, str]:
+    """``(Verified|LeftOut|"", reason)`` from the publish result's ``precompile`` (the warm-up's check)."""
+    if not isinstance(reported, Mapping) or "verified" not in reported:
+        return "", ""
+    if reported.get("verified") is True:
+        return "Verified", ""
+    reason = (str(reported.get("reason") or "the warm-up's check failed").strip().splitlines() or [""])[0]
+    return "LeftOut", reason[:PRECOMPILE_REASON_LIMIT]
 
 
 def parse_preload(message: str | None) -> PreloadOutcome:

@@ -92,6 +92,17 @@ def test_publish_puts_the_bundle_under_its_key(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("compilecache-publish-*"))
 
 
+def test_publish_reports_the_warm_up_check_of_the_precompiled_part(tmp_path: Path) -> None:
+    out = make_outdir(tmp_path / "out", make_key())
+    result = json.loads((out / "result.json").read_text())
+    result["precompile"] = {"dynamo_entries": 0, "check": {"verified": False, "reason": "outputs differ", "seconds": 3}}
+    (out / "result.json").write_text(json.dumps(result))
+    payload = publish(out, f"file://{tmp_path / 'store'}").to_dict()
+    assert payload["precompile"] == {"verified": False, "reason": "outputs differ", "seconds": 3, "dynamo_entries": 0}
+    plain = publish(make_outdir(tmp_path / "plain", make_key(name="other")), f"file://{tmp_path / 'store'}")
+    assert "precompile" not in plain.to_dict()
+
+
 def test_publish_takes_a_bundle_file_and_refuses_a_bad_one(tmp_path: Path) -> None:
     key = make_key()
     pack(make_outdir(tmp_path / "out", key), tmp_path / "b.ccb")

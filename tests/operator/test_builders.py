@@ -476,11 +476,13 @@ def test_status_never_carries_empty_strings() -> None:
 
 
 def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
-    """The copy command of the ``harness`` init container, run for real: harness.py, targets.py and
-    warmstart.py land side by side, so that short target names and --precompile work in an image
-    without cachelib."""
+    """The copy command of the ``harness`` init container, run for real: harness.py, targets.py,
+    warmstart.py and precheck.py land side by side, so that short target names and --precompile
+    (with its check) work in an image without cachelib."""
     subprocess.run([sys.executable, "-c", builders.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["compilekey.py", "harness.py", "targets.py", "warmstart.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "compilekey.py", "harness.py", "precheck.py", "targets.py", "warmstart.py"
+    ]  # fmt: skip
     assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()
 
 
@@ -491,8 +493,31 @@ def test_precompile_auto_reaches_the_harness_and_the_app_containers() -> None:
     assert command[-2:] == ["--precompile", "auto"]
     assert "warmstart" in compile_["initContainers"][0]["command"][2]  # copied beside harness.py
     p = pod()
-    out = apply_pod_patch(p, inject(p, view(model={"target": "tiny_mlp", "precompile": "Auto"})))
+    auto = view(model={"target": "tiny_mlp", "precompile": "Auto"}, precompile="Verified")
+    out = apply_pod_patch(p, inject(p, auto))
     assert env_of(out["spec"]["containers"][0])["TORCH_CACHING_PRECOMPILE"] == "1"
+
+
+@pytest.mark.parametrize("precompile", ["LeftOut", ""])
+def test_precompile_env_only_for_bundles_whose_precompiled_part_was_verified(precompile: str) -> None:
+    """A left-out part (or a bundle from before the check) gets no TORCH_CACHING_PRECOMPILE: torch
+    would load its entries inside torch.compile, where no guard of ours runs."""
+    p = pod()
+    auto = view(model={"target": "tiny_mlp", "precompile": "Auto"}, precompile=precompile)
+    out = apply_pod_patch(p, inject(p, auto))
+    assert "TORCH_CACHING_PRECOMPILE" not in env_of(out["spec"]["containers"][0])
+
+
+def test_the_precompiled_condition_names_each_left_out_bundle() -> None:
+    verified = BundleRecord(variant="a", key="k1", gpu="NVIDIA-H100", precompile="Verified")
+    left = BundleRecord(variant="b", key="k2", gpu="NVIDIA-L4", precompile="LeftOut",
+                        precompile_reason="the precompiled entry failed to load: install_failed: TypeError: x")
+    assert builders.precompile_condition([BundleRecord(variant="c", key="k3")]) is None
+    ok = builders.precompile_condition([verified])
+    assert ok is not None and ok.status and ok.reason == "Verified"
+    bad = builders.precompile_condition([verified, left])
+    assert bad is not None and not bad.status and bad.reason == "PrecompileUnverified"
+    assert "1 of 2" in bad.message and "NVIDIA-L4: the precompiled entry failed to load: install_failed" in bad.message
 
 
 def test_precompile_off_changes_neither_the_harness_nor_the_app_containers() -> None:

@@ -64,7 +64,8 @@ def test_the_parsers_take_the_same_options() -> None:
         return {
             a.option_strings[-1]: (a.choices, a.default, a.type)
             for a in parser._actions
-            if a.option_strings and a.dest not in ("help", "out", "namespace", "name", "cache_dir")
+            # check_precompile: the harness's internal second role (cachelib.precheck), not a compile option
+            if a.option_strings and a.dest not in ("help", "out", "namespace", "name", "cache_dir", "check_precompile")
         }
 
     warmup = cli.build_parser()._subparsers._group_actions[0].choices["warmup"]  # type: ignore[union-attr]

@@ -60,6 +60,23 @@ def test_bundle_record_from_the_publish_message() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("reported", "state", "reason"),
+    [
+        (None, "", ""),
+        ({"verified": True, "reason": None, "seconds": 5.6}, "Verified", ""),
+        ({"verified": False, "reason": "the precompiled entry failed to load: install_failed: TypeError: x\nmore"},
+         "LeftOut", "the precompiled entry failed to load: install_failed: TypeError: x"),
+        ({"verified": False, "reason": "r" * 5000}, "LeftOut", "r" * 1024),
+    ],
+)
+def test_the_warm_up_check_reaches_the_bundle_record(reported: Any, state: str, reason: str) -> None:
+    message = json.dumps({"result": "published", "key": KEY, "precompile": reported})
+    rec = bundle_from_publish(message, VARIANT, generation=1, job="j")
+    assert (rec.precompile, rec.precompile_reason) == (state, reason)
+    assert BundleRecord.from_status(rec.to_status()) == rec
+
+
 @pytest.mark.parametrize("message", [None, "", "Traceback: boom", '{"result": "error", "reason": "store down"}',
                                      '{"result": "published", "key": "cc1/bad"}'])
 def test_unusable_publish_messages_raise(message: str | None) -> None:
@@ -168,6 +185,19 @@ def test_metrics_exposition() -> None:
     assert 'gpu="NVIDIA-L4"' not in m.exposition().decode().split("compilecache_bundle_bytes")[-1]
     m.forget_cache("team-a", "mlp")
     assert "compilecache_bundles{" not in m.exposition().decode()
+
+
+def test_bundles_by_precompile_check_are_gauged_only_for_checked_caches() -> None:
+    m = Metrics()
+    m.set_bundles("team-a", "bert", [BundleRecord("a", "k1", precompile="Verified"),
+                                     BundleRecord("b", "k2", precompile="LeftOut", precompile_reason="r")])
+    text = m.exposition().decode()
+    assert 'compilecache_bundles_precompile{cache="bert",namespace="team-a",state="LeftOut"} 1.0' in text
+    assert 'compilecache_bundles_precompile{cache="bert",namespace="team-a",state="Verified"} 1.0' in text
+    m.set_bundles("team-a", "plain", [BundleRecord("c", "k3")])
+    assert 'cache="plain"' not in text and 'cache="plain",namespace="team-a",state' not in m.exposition().decode()
+    m.forget_cache("team-a", "bert")
+    assert "compilecache_bundles_precompile{" not in m.exposition().decode()
 
 
 # -- controller decisions -------------------------------------------------------------------------
