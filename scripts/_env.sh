@@ -14,9 +14,6 @@ ZOO_REQUIREMENTS="torchvision==0.28.0 transformers==5.24.0 timm==1.0.31 numpy"
 # The newest torch the project supports, in a venv of its own for the zoo's other end (scripts/test.sh).
 NEWEST_TORCH_REQUIREMENT="torch==2.15.0"
 NEWEST_VENV="$COMPILECACHE_TEST_CACHE/venv-torch-2.15"
-# Byte code of every Python module the tests import, written once outside the checkout: the machines set
-# PYTHONDONTWRITEBYTECODE=1, so without it every fresh process that imports torch compiles its sources again.
-export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$COMPILECACHE_TEST_CACHE/pycache}"
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -80,12 +77,6 @@ ensure_newest_torch_venv() {
     "$(pick_python)" -m venv "$NEWEST_VENV"
     from_wheelhouse "$NEWEST_VENV/bin/python" "$NEWEST_TORCH_REQUIREMENT" transformers==5.24.0 numpy prometheus-client
     touch "$stamp"
-}
-
-compile_bytecode() {
-    # compile_bytecode DIR... : byte code of every module under DIR into $PYTHONPYCACHEPREFIX (up-to-date files are
-    # skipped; Python still checks each .pyc against its source's size and time, so a changed file is recompiled).
-    "$VENV/bin/python" -m compileall -q -j 2 "$@" >/dev/null 2>&1 || true
 }
 
 ensure_venv() {
