@@ -183,7 +183,12 @@ def load_target(target: str) -> Callable[..., Any]:
 
 
 def _import(module_name: str) -> Any:
-    copied = {compilekey.BUILTIN_MODULE: "targets", "cachelib.warmstart": "warmstart", "cachelib.precheck": "precheck"}
+    copied = {
+        compilekey.BUILTIN_MODULE: "targets",
+        "cachelib.warmstart": "warmstart",
+        "cachelib.precheck": "precheck",
+        "cachelib.bytecode": "bytecode",
+    }
     try:
         return importlib.import_module(module_name)
     except ImportError:
@@ -437,6 +442,7 @@ def warm_up(request: Request) -> dict[str, Any]:
         counters = counters_snapshot()
     total = time.perf_counter() - started
     megacache = save_megacache(request.out)  # with caching precompile, also writes Dynamo's entries
+    bytecode = write_bytecode(request)
     precompile = write_warm_start(request) if request.options.precompile == "auto" else None
     if precompile is not None and precompile["dynamo_entries"]:
         precompile.update(prove_precompiled(request, job_id, total))
@@ -460,9 +466,22 @@ def warm_up(request: Request) -> dict[str, Any]:
         "cache": cache_summary(counters) if counters is not None else None,
         "megacache": megacache,
         "precompile": precompile,
+        "bytecode": bytecode,
     }
     _write_atomic(request.out / RESULT_FILE, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
     return result
+
+
+def write_bytecode(request: Request) -> dict[str, Any]:
+    """The byte code of every module the warm-up imported, into the cache directory (the bundle's
+    byte-code part, :mod:`cachelib.bytecode`), unless the image carries its own; what was written."""
+    if request.target is None:
+        return {"files": 0, "bytes": 0, "sources": 0, "skipped": "a --command warm-up imports in its own process"}
+    started = time.perf_counter()
+    module = _import("cachelib.bytecode")
+    tree = module.write_tree(module.imported_sources(), request.cache_path).to_dict()
+    tree["seconds"] = round(time.perf_counter() - started, 3)
+    return dict(tree)
 
 
 def prove_precompiled(request: Request, job_id: str, compile_seconds: float) -> dict[str, Any]:
@@ -475,7 +494,9 @@ def prove_precompiled(request: Request, job_id: str, compile_seconds: float) -> 
         _release_compiled()
         argv = [sys.executable, str(Path(__file__).absolute()), CHECK_FLAG, "--target", request.target,
                 "--namespace", request.namespace, "--name", request.name, *request.options.harness_args()]  # fmt: skip
-        verdict = precheck.check_in_fresh_process(argv, request.cache_path, job_id, max(600.0, 4 * compile_seconds))
+        timeout = max(600.0, 4 * compile_seconds)
+        pycache = _import("cachelib.bytecode").PYCACHE_DIR
+        verdict = precheck.check_in_fresh_process(argv, request.cache_path, job_id, timeout, pycache)
     check = verdict.to_dict()
     if not verdict.verified:
         print(f"harness: precompiled part left out: {verdict.reason}", file=sys.stderr)

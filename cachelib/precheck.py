@@ -204,22 +204,32 @@ def write_check(out: Path, record: Mapping[str, Any]) -> None:
 
 
 # -- the warm-up side ---------------------------------------------------------------------------------
-def check_environment(base: Mapping[str, str], cache_copy: Path, job_id: str) -> dict[str, str]:
-    """The pod's environment for the checking process (pure)."""
-    env = {k: v for k, v in base.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_CACHE"))}
+def check_environment(
+    base: Mapping[str, str], cache_copy: Path, job_id: str, pycache: Path | None = None
+) -> dict[str, str]:
+    """The pod's environment for the checking process (pure); ``pycache``: the copy's byte-code
+    tree, when the bundle carries one (the webhook points ``PYTHONPYCACHEPREFIX`` at it)."""
+    env = {k: v for k, v in base.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_CACHE", "PYTHONPYCACHEPREFIX"))}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_copy), TORCH_CACHING_PRECOMPILE="1", TORCH_COMPILE_JOB_ID=job_id)
+    if pycache is not None:
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
     return env
 
 
-def check_in_fresh_process(argv: Sequence[str], cache_dir: Path, job_id: str, timeout: float) -> Verdict:
-    """Copy ``cache_dir``, run ``argv`` (the harness in check mode) against the copy, read its verdict."""
+def check_in_fresh_process(
+    argv: Sequence[str], cache_dir: Path, job_id: str, timeout: float, pycache_dir: str | None = None
+) -> Verdict:
+    """Copy ``cache_dir``, run ``argv`` (the harness in check mode) against the copy, read its verdict.
+    ``pycache_dir``: the name of the byte-code tree in the cache directory (cachelib.bytecode), used
+    as the pod will use it when the bundle carries one."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="compilecache-check-") as work:
         copy = Path(work) / "cache"
         shutil.copytree(cache_dir, copy, ignore=shutil.ignore_patterns("locks", "*.lock", ".*.partial"))
         out = Path(work) / "out"
         command = [*argv, "--out", str(out), "--cache-dir", str(copy)]
-        env = check_environment(os.environ, copy, job_id)
+        pycache = copy / pycache_dir if pycache_dir else None
+        env = check_environment(os.environ, copy, job_id, pycache if pycache is not None and pycache.is_dir() else None)
         try:
             proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:

@@ -62,6 +62,8 @@ class PublishResult:
     """The bundle digest (sha256 of preamble and header) that a signature covers."""
     precompile: dict[str, Any] | None = None
     """The warm-up's check of the precompiled part (:func:`precompile_verdict`), when it made one."""
+    bytecode: dict[str, Any] | None = None
+    """The bundle's byte-code part (:mod:`cachelib.bytecode`): files, bytes, or why none."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,7 +79,7 @@ class PublishResult:
             "parts": self.parts,
             "seconds": round(self.seconds, 3),
             "versions": self.versions,
-        } | ({"precompile": self.precompile} if self.precompile is not None else {})
+        } | {k: v for k, v in (("precompile", self.precompile), ("bytecode", self.bytecode)) if v is not None}
 
 
 # -- the cache directory as a tar stream ---------------------------------------------------------
@@ -153,6 +155,9 @@ def header_result(result: dict[str, Any]) -> dict[str, Any]:
     verdict = precompile_verdict(result)
     if verdict is not None:
         header["precompile"] = verdict
+    tree = result.get("bytecode")
+    if isinstance(tree, dict):
+        header["bytecode"] = {k: tree.get(k) for k in ("files", "bytes", "skipped")}
     return header
 
 
@@ -245,6 +250,7 @@ def publish(
         versions=dict(header.versions),
         digest=bundle_digest,
         precompile=header.result.get("precompile") if isinstance(header.result.get("precompile"), dict) else None,
+        bytecode=header.result.get("bytecode") if isinstance(header.result.get("bytecode"), dict) else None,
     )
 
 

@@ -71,6 +71,7 @@ from compilecache_operator.spec import (
 )
 from compilecache_operator.wiring import CACHE_DIR_ENV, cache_mount_point, env_from_overrides, unwired_containers
 
+from cachelib.bytecode import PYCACHE_DIR, PYCACHE_ENV
 from cachelib.keys import gpu_slug
 from cachelib.stores.urls import mask_url
 
@@ -81,7 +82,7 @@ COPY_HARNESS = (
     "import importlib.util, os, shutil, sys; "
     "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
     "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) "
-    "for m in ('harness', 'compilekey', 'targets', 'warmstart', 'precheck')]"
+    "for m in ('harness', 'compilekey', 'targets', 'warmstart', 'precheck', 'bytecode')]"
 )
 PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 """Set on app containers of a cache with spec.model.precompile Auto (torch reads it at import)."""
@@ -473,7 +474,7 @@ def build_pod_patch(
     preload = _preload_container(
         view, keys, gpu, preloader_image, mode=mode, handoff=handoff, identity=identity, trusted_keys=trusted_keys
     )
-    containers, overridden, warnings = _wired_apps(app_containers, view, handoff=handoff)
+    containers, overridden, warnings = _wired_apps(app_containers, view, handoff=handoff, sidecar=mode.sidecar)
     annotations = {INJECTED_ANNOTATION: view.name, **mode.annotations(), PRELOAD_SHARE_ANNOTATION: identity.share}
     if gpu:
         annotations[GPU_ANNOTATION] = gpu
@@ -532,7 +533,7 @@ def _pod_volumes(spec: Mapping[str, Any], view: CacheView, *, handoff: bool) -> 
 
 
 def _wired_apps(
-    app_containers: Sequence[Mapping[str, Any]], view: CacheView, *, handoff: bool
+    app_containers: Sequence[Mapping[str, Any]], view: CacheView, *, handoff: bool, sidecar: bool = False
 ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
     """The app containers wired to the cache; the names of those whose ``envFrom`` the wiring
     overrides, and a warning for each."""
@@ -547,6 +548,7 @@ def _wired_apps(
             remote=view.spec.remote_cache,
             handoff=handoff,
             precompile=precompile_verified(view),
+            bytecode=not sidecar and bytecode_ready(view),
         )
         containers.append(wired)
         warning = env_from_overrides(container, added)
@@ -630,6 +632,7 @@ def _with_cache(
     remote: RemoteCacheSpec | None,
     handoff: bool,
     precompile: bool = False,
+    bytecode: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
     """One app container with the cache directory mounted and the environment set, keeping
     whatever it already sets in ``env``, and the names of the variables added. A
@@ -637,6 +640,7 @@ def _with_cache(
     container finds the done file (``COMPILECACHE_PRELOAD_DONE``). The container is one
     :func:`wiring.unwired` accepts."""
     out = copy.deepcopy(dict(container))
+    pycache = pycache_path(container) if bytecode else None
     env = list(out.get("env") or [])
     names = {e.get("name") for e in env}
     mounts = list(out.get("volumeMounts") or [])
@@ -659,6 +663,8 @@ def _with_cache(
         extra.update(remote.env())
     if precompile:  # Dynamo loads the bundle's verified precompiled entries (cachelib.warmstart): no code change
         extra[PRECOMPILE_ENV] = "1"
+    if pycache is not None:  # the byte code of what the warm-up imported, from an init-container preload
+        extra[PYCACHE_ENV] = pycache
     added = [k for k in extra if k not in names]
     env += [{"name": k, "value": extra[k]} for k in added]
     out["env"] = env
@@ -759,6 +765,25 @@ def precompile_verified(view: CacheView) -> bool:
         return False
     current = [b for b in view.bundles if b.variant in view.current_variants]
     return bool(current) and all(b.precompile == "Verified" for b in current)
+
+
+def bytecode_ready(view: CacheView) -> bool:
+    """Whether every current bundle of ``view`` carries a byte-code part (cachelib.bytecode): only then
+    may an app's ``PYTHONPYCACHEPREFIX`` point at it, since a prefix hides the image's own byte code."""
+    current = [b for b in view.bundles if b.variant in view.current_variants]
+    return bool(current) and all(b.bytecode_files > 0 for b in current)
+
+
+def pycache_path(container: Mapping[str, Any]) -> str | None:
+    """Where the preloaded byte-code tree is in ``container``: in the cache directory the webhook
+    mounts; None where the container mounts the cache itself or its directory cannot be wired."""
+    if any(m.get("name") == CACHE_VOLUME for m in container.get("volumeMounts") or []):
+        return None
+    point = cache_mount_point(container)
+    if point is None:
+        return None
+    own = any(e.get("name") == CACHE_DIR_ENV for e in container.get("env") or [])
+    return f"{point if own else INDUCTOR_DIR}/{PYCACHE_DIR}"
 
 
 def failure_conditions(failure: Failure) -> list[cond.Condition]:

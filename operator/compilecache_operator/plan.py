@@ -62,6 +62,8 @@ class BundleRecord:
     precompile: str = ""
     """With precompile Auto: ``Verified`` or ``LeftOut`` by the warm-up's check (cachelib.precheck)."""
     precompile_reason: str = ""
+    bytecode_files: int = 0
+    """Modules in the bundle's byte-code part (cachelib.bytecode); 0: none (the image has its own)."""
     bundle_digest: str = field(default="", compare=False)
     """What a bundle signature covers, as the publish step reported it (cachelib.signing); not kept in
     the status: only needed to sign the bundle when it is recorded."""
@@ -86,7 +88,7 @@ class BundleRecord:
             "job": self.job,
             "precompile": self.precompile,
             "precompileReason": self.precompile_reason,
-        }
+        } | ({"bytecodeFiles": self.bytecode_files} if self.bytecode_files else {})
 
     @classmethod
     def from_status(cls, entry: Mapping[str, Any]) -> BundleRecord:
@@ -109,6 +111,7 @@ class BundleRecord:
             job=str(entry.get("job", "")),
             precompile=str(entry.get("precompile", "")),
             precompile_reason=str(entry.get("precompileReason", "")),
+            bytecode_files=int(entry.get("bytecodeFiles") or 0),
         )
 
     @property

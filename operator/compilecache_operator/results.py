@@ -116,6 +116,7 @@ def bundle_from_publish(message: str | None, variant: Variant, *, generation: in
         bundle_digest=str(data.get("bundle_digest") or ""),
         precompile=precompile,
         precompile_reason=precompile_reason,
+        bytecode_files=_int((data.get("bytecode") or {}).get("files") if isinstance(data.get("bytecode"), dict) else 0),
     )
 
 

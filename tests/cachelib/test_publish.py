@@ -96,11 +96,13 @@ def test_publish_reports_the_warm_up_check_of_the_precompiled_part(tmp_path: Pat
     out = make_outdir(tmp_path / "out", make_key())
     result = json.loads((out / "result.json").read_text())
     result["precompile"] = {"dynamo_entries": 0, "check": {"verified": False, "reason": "outputs differ", "seconds": 3}}
+    result["bytecode"] = {"files": 7, "bytes": 700, "sources": 7, "skipped": None, "seconds": 0.1}
     (out / "result.json").write_text(json.dumps(result))
     payload = publish(out, f"file://{tmp_path / 'store'}").to_dict()
     assert payload["precompile"] == {"verified": False, "reason": "outputs differ", "seconds": 3, "dynamo_entries": 0}
+    assert payload["bytecode"] == {"files": 7, "bytes": 700, "skipped": None}
     plain = publish(make_outdir(tmp_path / "plain", make_key(name="other")), f"file://{tmp_path / 'store'}")
-    assert "precompile" not in plain.to_dict()
+    assert "precompile" not in plain.to_dict() and "bytecode" not in plain.to_dict()
 
 
 def test_publish_takes_a_bundle_file_and_refuses_a_bad_one(tmp_path: Path) -> None:

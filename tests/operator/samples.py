@@ -39,12 +39,12 @@ def parsed(**overrides: Any) -> CacheSpec:
 
 
 # -- pods and the webhook's view of a cache ---------------------------------------------------------------
-def view(ready: bool = True, precompile: str = "", **spec: Any) -> builders.CacheView:
+def view(ready: bool = True, precompile: str = "", bytecode_files: int = 0, **spec: Any) -> builders.CacheView:
     parsed_spec = parsed(**spec)
     variants = plan_variants("team-a", "mlp", parsed_spec)
     bundles = tuple(
         BundleRecord(variant=v.id, key=KEY.format(gpu=v.gpu_slug, cap="cpu"), gpu=v.gpu_label, image=v.image,
-                     job_id="cc-job", precompile=precompile)
+                     job_id="cc-job", precompile=precompile, bytecode_files=bytecode_files)
         for v in variants
     )
     return builders.CacheView(namespace="team-a", name="mlp", ready=ready, spec=parsed_spec, bundles=bundles,

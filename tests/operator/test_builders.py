@@ -481,7 +481,7 @@ def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
     (with its check) work in an image without cachelib."""
     subprocess.run([sys.executable, "-c", builders.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "compilekey.py", "harness.py", "precheck.py", "targets.py", "warmstart.py"
+        "bytecode.py", "compilekey.py", "harness.py", "precheck.py", "targets.py", "warmstart.py"
     ]  # fmt: skip
     assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()
 
@@ -506,6 +506,25 @@ def test_precompile_env_only_for_bundles_whose_precompiled_part_was_verified(pre
     auto = view(model={"target": "tiny_mlp", "precompile": "Auto"}, precompile=precompile)
     out = apply_pod_patch(p, inject(p, auto))
     assert "TORCH_CACHING_PRECOMPILE" not in env_of(out["spec"]["containers"][0])
+
+
+@pytest.mark.parametrize(
+    ("container_env", "mode", "files", "expected"),
+    [
+        ([], "InitContainer", 2400, "/var/cache/compilecache/inductor/compilecache-pycache"),
+        ([{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/models/cache"}], "InitContainer", 2400,
+         "/models/cache/compilecache-pycache"),
+        ([{"name": "PYTHONPYCACHEPREFIX", "value": "/own"}], "InitContainer", 2400, "/own"),
+        ([], "InitContainer", 0, None),  # the image has its own byte code: a prefix would hide it
+        ([], "Sidecar", 2400, None),  # the app starts while the preload runs: the tree is not there yet
+    ],
+)
+def test_the_byte_code_part_reaches_the_app_only_when_it_is_there_in_time(
+    container_env: list[dict[str, str]], mode: str, files: int, expected: str | None
+) -> None:
+    p = pod(containers=[{"name": "app", "image": "registry.example/workload:1", "env": container_env}])
+    out = apply_pod_patch(p, inject(p, view(bytecode_files=files, preload={"mode": mode})))
+    assert env_of(out["spec"]["containers"][0]).get("PYTHONPYCACHEPREFIX") == expected
 
 
 def test_the_precompiled_condition_names_each_left_out_bundle() -> None:

@@ -77,6 +77,15 @@ def test_the_warm_up_check_reaches_the_bundle_record(reported: Any, state: str, 
     assert BundleRecord.from_status(rec.to_status()) == rec
 
 
+@pytest.mark.parametrize(("reported", "files"), [(None, 0), ({"files": 2402, "bytes": 64_000_000}, 2402),
+                                                 ({"files": 0, "skipped": "the image carries byte code"}, 0)])
+def test_the_byte_code_part_reaches_the_bundle_record(reported: Any, files: int) -> None:
+    rec = bundle_from_publish(json.dumps({"result": "published", "key": KEY, "bytecode": reported}), VARIANT,
+                              generation=1, job="j")
+    assert rec.bytecode_files == files and BundleRecord.from_status(rec.to_status()) == rec
+    assert ("bytecodeFiles" in rec.to_status()) is bool(files)
+
+
 @pytest.mark.parametrize("message", [None, "", "Traceback: boom", '{"result": "error", "reason": "store down"}',
                                      '{"result": "published", "key": "cc1/bad"}'])
 def test_unusable_publish_messages_raise(message: str | None) -> None:
