@@ -566,7 +566,8 @@ def check_precompiled(request: Request) -> int:
         )
     except Exception as exc:
         traceback.print_exc()
-        problems, notes = [f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"], []
+        first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+        problems, notes = [f"{precheck.RAISED}{type(exc).__name__}: {first_line}"], []
         entries = []
     counters = counters_snapshot()
     fell_back = [d.split(": fell back ", 1)[1] for d in prepared.declined if ": fell back " in d]

@@ -53,6 +53,8 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 float arithmetic, so these are looser than ``torch.testing``'s defaults; integer and bool
 outputs must be equal. A wrong graph or wrong guard is off by far more."""
 FP8_TOLERANCE = (0.25, 0.1)
+RAISED = "building or calling the entries raised "
+"""How the checking process reports an exception (seen: a NameError from a loaded entry's first call)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,8 @@ def judge(counters: Mapping[str, Mapping[str, int]], fell_back: Sequence[str], p
     ``fell_back``: what the guarded loader said of each entry it refused."""
     if fell_back:
         return f"the precompiled entry failed to load: {fell_back[0]}"
+    if problems and problems[0].startswith(RAISED):
+        return problems[0]
     if problems:
         return "outputs differ from eager: " + problems[0]
     dynamo = counters.get("dynamo_cache", {})

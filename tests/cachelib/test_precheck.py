@@ -76,6 +76,7 @@ def test_leaves_walk_mappings_sequences_and_model_outputs() -> None:
         ({"dynamo_cache": {"dynamo_cache_hit": 1}}, [], [], None),
         ({"dynamo_cache": {"dynamo_cache_hit": 1}}, ["install_failed: TypeError: x"], [], "failed to load: install"),
         ({"dynamo_cache": {"dynamo_cache_hit": 1}}, [], ["entry 0: out: bad"], "outputs differ from eager: entry 0"),
+        ({}, [], [f"{precheck.RAISED}NameError: name '__compiled_fn_1' is not defined"], "raised NameError"),
         ({}, [], [], "Dynamo did not load the precompiled entry"),
         ({"dynamo_cache": {"dynamo_cache_hit": 1, "dynamo_cache_miss": 1}}, [], [], "Dynamo missed"),
         ({"dynamo_cache": {"dynamo_cache_hit": 1}, "frames": {"ok": 2}}, [], [], "Dynamo compiled 2 frame(s)"),
