@@ -49,10 +49,24 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "float16": (1e-2, 1e-3),
     "bfloat16": (5e-2, 1e-2),
 }
-"""dtype -> (rtol, atol) between a compiled output and eager's. Inductor fuses and reorders
-float arithmetic, so these are looser than ``torch.testing``'s defaults; integer and bool
-outputs must be equal. A wrong graph or wrong guard is off by far more."""
+"""dtype -> (rtol, atol) between a compiled output and eager's, element by element. Inductor fuses
+and reorders float arithmetic, so these are looser than ``torch.testing``'s defaults; integer and
+bool outputs must be equal. A wrong graph or wrong guard is off by far more."""
 FP8_TOLERANCE = (0.25, 0.1)
+SCALED: dict[str, tuple[float, float]] = {
+    "float64": (1e-6, 1e-4),
+    "float32": (1e-4, 5e-3),
+    "complex64": (1e-4, 5e-3),
+    "complex128": (1e-6, 1e-4),
+    "float16": (5e-4, 5e-2),
+    "bfloat16": (2e-3, 1e-1),
+}
+"""dtype -> (1 - cosine similarity, largest difference ÷ largest eager value): the whole-tensor test
+an output that fails the element test may still pass, as torch's own accuracy checks allow.
+Inductor's numerics differ from eager's by an ulp or so where values are near zero (bf16 GPT-2:
+0.031 at an element near 0, the same with or without a precompiled entry); a wrong result turns
+the direction of the tensor (cosine) or its scale."""
+FP8_SCALED = (2e-2, 0.5)
 RAISED = "building or calling the entries raised "
 """How the checking process reports an exception (seen: a NameError from a loaded entry's first call)."""
 
@@ -113,7 +127,25 @@ def difference(path: str, want: Any, got: Any) -> str | None:
     if torch.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True):
         return None
     worst = float((got - want).abs().nan_to_num(nan=float("inf")).max())
+    if _scaled_close(dtype_name, want, got, worst):
+        return None
     return f"{path}: {dtype_name} max abs difference {worst:.3g} from eager (rtol {rtol}, atol {atol})"
+
+
+def _scaled_close(dtype_name: str, want: Any, got: Any, worst: float) -> bool:
+    """The whole-tensor test of :data:`SCALED`: nearly the same direction and a largest difference
+    small against the largest value. Finite values only; a NaN where eager has none fails."""
+    import torch
+
+    cos_tol, scale_tol = FP8_SCALED if dtype_name.startswith("float8") else SCALED.get(dtype_name, (0.0, 0.0))
+    if not (torch.isfinite(got) == torch.isfinite(want)).all() or want.numel() < 2:
+        return False
+    w, g = want.nan_to_num().flatten(), got.nan_to_num().flatten()
+    largest = float(w.abs().max())
+    if largest == 0.0:
+        return False
+    cosine = float(torch.nn.functional.cosine_similarity(w, g, dim=0))
+    return 1.0 - cosine <= cos_tol and worst <= scale_tol * largest
 
 
 def compare(want: Any, got: Any) -> list[str]:
