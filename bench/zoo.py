@@ -16,8 +16,9 @@ with ``--backward``), every measured row is its own fresh Python process, one af
                  process with nothing else (the ordinary warm start, "without Auto")
 
 Every pod process gets the webhook's environment (``TORCHINDUCTOR_CACHE_DIR`` on its own copy of
-the preloaded directory, ``TORCH_COMPILE_JOB_ID`` of the warm-up and, for a verified Auto bundle,
-``TORCH_CACHING_PRECOMPILE=1``). It imports torch, builds the model on the device, imports Dynamo
+the preloaded directory, ``TORCH_COMPILE_JOB_ID`` of the warm-up, for a verified Auto bundle
+``TORCH_CACHING_PRECOMPILE=1``, and ``PYTHONPYCACHEPREFIX`` on the bundle's byte-code part when it
+carries one, as for an init-container preload). It imports torch, builds the model on the device, imports Dynamo
 and Inductor (``import_s``, paid by every compiled process whatever its cache), then times *load*
 (``warm_start()`` where called, and ``torch.compile`` returning: with caching precompile Dynamo
 loads its entry there) and the first call (synchronised). "To first output" runs from the
@@ -59,10 +60,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `python bench/zoo.py` imports bench.* like `python -m` would
 
 from bench.zoo_gpu import DEVICE_ENV, DYNAMIC, NAMES, TRAINING  # noqa: E402  (no torch at import)
+from cachelib.bytecode import PYCACHE_DIR  # noqa: E402
 
 CLI = ("-m", "cachelib.cli")
 POD_ROWS = ("eager", "auto", "auto-env", "off")
-OURS = ("TORCHINDUCTOR_", "TRITON_CACHE", "TORCH_CACHING", "TORCH_COMPILE")
+OURS = ("TORCHINDUCTOR_", "TRITON_CACHE", "TORCH_CACHING", "TORCH_COMPILE", "PYTHONPYCACHEPREFIX")
 CHILD_TIMEOUT = 600
 
 
@@ -365,6 +367,8 @@ class Bench:
         env = {"TORCHINDUCTOR_CACHE_DIR": str(copy), "TORCH_COMPILE_JOB_ID": str(warmed.result["job_id"])}
         if row != "off" and warmed.verified:
             env["TORCH_CACHING_PRECOMPILE"] = "1"  # what the webhook sets for a verified Auto bundle
+        if (copy / PYCACHE_DIR).is_dir():  # the bundle's byte-code part: the webhook points an init-preloaded pod at it
+            env["PYTHONPYCACHEPREFIX"] = str(copy / PYCACHE_DIR)
         self.child(model, row, sample, env, *(["--warm-start"] if row == "auto" else []))
 
     def run(self, models: Sequence[str]) -> None:

@@ -55,8 +55,8 @@ bool outputs must be equal. A wrong graph or wrong guard is off by far more."""
 FP8_TOLERANCE = (0.25, 0.1)
 SCALED: dict[str, tuple[float, float]] = {
     "float64": (1e-6, 1e-4),
-    "float32": (1e-4, 5e-3),
-    "complex64": (1e-4, 5e-3),
+    "float32": (1e-4, 2e-2),
+    "complex64": (1e-4, 2e-2),
     "complex128": (1e-6, 1e-4),
     "float16": (5e-4, 5e-2),
     "bfloat16": (2e-3, 1e-1),
@@ -64,8 +64,9 @@ SCALED: dict[str, tuple[float, float]] = {
 """dtype -> (1 - cosine similarity, largest difference ÷ largest eager value): the whole-tensor test
 an output that fails the element test may still pass, as torch's own accuracy checks allow.
 Inductor's numerics differ from eager's by an ulp or so where values are near zero (bf16 GPT-2:
-0.031 at an element near 0, the same with or without a precompiled entry); a wrong result turns
-the direction of the tensor (cosine) or its scale."""
+0.031 at an element near 0; a float32 ResNet training step's logits: 0.0077; on an H100, the same
+with or without a precompiled entry); a wrong result turns the direction of the tensor (cosine)
+or its scale."""
 FP8_SCALED = (2e-2, 0.5)
 RAISED = "building or calling the entries raised "
 """How the checking process reports an exception (seen: a NameError from a loaded entry's first call)."""

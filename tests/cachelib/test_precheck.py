@@ -43,7 +43,7 @@ def test_outputs_within_tolerance_agree_and_beyond_it_are_named() -> None:
 
 def test_bfloat16_is_compared_more_loosely_than_float32() -> None:
     want = torch.full((8,), 3.0)
-    off = want * 1.01
+    off = want * 1.05
     assert precheck.compare(want, off) != []
     assert precheck.compare(want.bfloat16(), off.bfloat16()) == []
 
