@@ -1,7 +1,7 @@
 """Status conditions after the Kubernetes API conventions.
 
-Conditions are keyed by type; each carries status, reason, message, ``observedGeneration``
-and ``lastTransitionTime``, which moves only when the status itself changes.
+Conditions are keyed by type; each carries status, reason, message (credentials masked, clipped),
+``observedGeneration`` and ``lastTransitionTime``, which moves only when the status itself changes.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from cachelib.masking import mask_text
 
 READY = "Ready"
 WARMING = "Warming"
@@ -51,7 +53,7 @@ def merge_conditions(
             "type": cond.type,
             "status": cond.status_text,
             "reason": cond.reason,
-            "message": _clip(cond.message),
+            "message": _clip(mask_text(cond.message)),
             "observedGeneration": generation,
             "lastTransitionTime": kept or now,
         }
