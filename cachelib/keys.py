@@ -35,6 +35,8 @@ __all__ = ["KEY_FORMAT", "NONE", "CacheKey", "InvalidKey", "cache_prefix", "capa
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9._+-]+\Z")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_SUBDOMAIN_PART = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+"""One dot-separated part of a DNS subdomain: Kubernetes bounds the whole name (253), not each part."""
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -133,4 +135,4 @@ def cache_prefix(namespace: str, name: str) -> str:
 
 
 def _is_dns_subdomain(value: str) -> bool:
-    return len(value) <= 253 and all(_DNS_LABEL.match(label) for label in value.split("."))
+    return len(value) <= 253 and all(_SUBDOMAIN_PART.match(label) for label in value.split("."))

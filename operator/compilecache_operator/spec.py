@@ -495,7 +495,29 @@ def _parse_resources(raw: Any, path: str, errors: _Errors) -> Resources:
                 continue
             parsed[str(name)] = text
         out[part] = parsed
+    _check_requests(out["requests"], out["limits"], path, errors)
     return Resources(limits=out["limits"], requests=out["requests"])
+
+
+def _check_requests(requests: Mapping[str, str], limits: Mapping[str, str], path: str, errors: _Errors) -> None:
+    """Kubernetes' rules between a container's requests and limits: a request at most its limit, and for
+    what cannot be overcommitted (extended resources such as nvidia.com/gpu, hugepages) a limit, equal."""
+    for name, request in requests.items():
+        limit = limits.get(name)
+        fixed = name.startswith("hugepages-") or ("/" in name and not name.split("/")[0].endswith("kubernetes.io"))
+        if limit is None:
+            if fixed:
+                errors.add(f"{path}.requests.{name}", f"needs {path}.limits.{name} as well (equal to it): "
+                                                      f"{name} cannot be overcommitted")
+            continue
+        wanted, most = quantity_value(request), quantity_value(limit)
+        if wanted is None or most is None:
+            continue
+        if fixed and wanted != most:
+            errors.add(f"{path}.requests.{name}", f"{request} must equal the limit {limit}: {name} cannot be "
+                                                  "overcommitted")
+        elif wanted > most:
+            errors.add(f"{path}.requests.{name}", f"{request} must be at most the limit {limit}")
 
 
 def _parse_warmup(raw: Mapping[str, Any], errors: _Errors) -> WarmupSpec:
@@ -636,14 +658,19 @@ def _parse_preload(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) 
 
 def quantity_bytes(text: str) -> int | None:
     """A Kubernetes quantity (``16Gi``, ``500M``, ``1e9``) as whole bytes, rounded up; None if it is not one."""
+    value = quantity_value(text)
+    return None if value is None else math.ceil(value)
+
+
+def quantity_value(text: str) -> Fraction | None:
+    """A Kubernetes quantity (``16Gi``, ``500m``, ``1e9``) as an exact number; None if it is not one."""
     match = _QUANTITY_PARTS.fullmatch(text)
     if not match:
         return None
     number, exponent, suffix = match.groups()
-    if exponent and abs(int(exponent)) > 30:  # far past any byte count, and cheap to refuse
+    if exponent and abs(int(exponent)) > 30:  # far past any amount, and cheap to refuse
         return None
-    value = Fraction(number) * (Fraction(10) ** int(exponent) if exponent else _SUFFIX_FACTORS[suffix or ""])
-    return math.ceil(value)
+    return Fraction(number) * (Fraction(10) ** int(exponent) if exponent else _SUFFIX_FACTORS[suffix or ""])
 
 
 def _parse_node_selector(raw: Any, path: str, errors: _Errors) -> dict[str, str]:
