@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import itertools
+import os
 import socket
 import threading
 import time
@@ -38,6 +39,8 @@ CACHE_LABEL = "compilecache.io/cache"
 SKIPPED = "compilecache.io/skipped"
 INJECTED = "compilecache.io/injected"
 LEASE = "compilecache-operator"
+RATE = float(os.environ.get("COMPILECACHE_HA_POD_RATE", "25"))
+"""Labelled pod creates per second during the replacement (the issue's sweeps ran 20 to 50)."""
 
 
 class Replica(OperatorProcess):
@@ -122,32 +125,49 @@ def webhook_configuration(name: str, namespace: str, port: int, ca: bytes) -> di
 
 
 class PodStream:
-    """Labelled pods created one after another at ``rate`` per second until stopped."""
+    """Labelled pods created at ``rate`` per second (from ``workers`` threads, each create waiting for the
+    webhook) until stopped; ``names`` are those the API server created."""
 
-    def __init__(self, client: KubeClient, namespace: str, rate: float = 4.0) -> None:
+    def __init__(self, client: KubeClient, namespace: str, rate: float = RATE, workers: int = 6) -> None:
         self.client, self.namespace, self.rate = client, namespace, rate
         self.names: list[str] = []
+        self.refused: list[str] = []
+        self._slots = itertools.count()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._began = time.monotonic()
+        self._ended: float | None = None
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
+        for thread in self._threads:
+            thread.start()
 
     def _run(self) -> None:
-        for n in itertools.count():
-            if self._stop.is_set():
+        while not self._stop.is_set():
+            n = next(self._slots)
+            if self._stop.wait(max(0.0, self._began + n / self.rate - time.monotonic())):
                 return
-            name = f"app-{n:04d}"
-            self.client.post(f"/api/v1/namespaces/{self.namespace}/pods", {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: "mlp"}},
-                "spec": restricted({"restartPolicy": "Never", "nodeSelector": {"compilecache.test/nowhere": "1"},
-                                    "containers": [{"name": "app", "image": WORKLOAD_IMAGE,
-                                                    "command": ["python", "-c", "pass"]}]}),
-            })
+            name = f"app-{n:05d}"
+            try:
+                self.client.post(f"/api/v1/namespaces/{self.namespace}/pods", {
+                    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: "mlp"}},
+                    "spec": restricted({"restartPolicy": "Never", "nodeSelector": {"compilecache.test/nowhere": "1"},
+                                        "containers": [{"name": "app", "image": WORKLOAD_IMAGE,
+                                                        "command": ["python", "-c", "pass"]}]}),
+                })
+            except KubeAPIError as exc:
+                self.refused.append(f"{name}: {exc}")
+                continue
             self.names.append(name)
-            time.sleep(1 / self.rate)
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(30)
+        for thread in self._threads:
+            thread.join(30)
+        self._ended = time.monotonic()
+
+    @property
+    def achieved(self) -> float:
+        """Pods created per second, over the stream's life."""
+        return len(self.names) / max(1e-9, (self._ended or time.monotonic()) - self._began)
 
 
 @pytest.fixture
@@ -221,6 +241,8 @@ def test_a_rolling_replacement_under_a_stream_of_pods_skips_none(
         return annotations.get(SKIPPED), annotations.get(INJECTED)
 
     seen = {name: annotation_of(name) for name in stream.names}
+    print(f"\n{len(seen)} pods at {stream.achieved:.1f}/s (asked {stream.rate:g}/s)")
+    assert not stream.refused, stream.refused[:5]
     assert len(seen) >= 30, f"only {len(seen)} pods were created"
     unserved = [n for n, (skipped, injected) in seen.items() if skipped is None and injected is None]
     unknown = [n for n, (skipped, _) in seen.items() if skipped == "unknown-cache"]
