@@ -6,6 +6,11 @@ MutatingWebhookConfiguration points at the balancer. Under a steady stream of la
 replicas are replaced one by one (a rolling update: a new one starts and gets ready, then an old one
 stops), and no pod is admitted without the webhook knowing its CompileCache (no ``unknown-cache`` skip,
 no pod without the webhook's annotation). The Lease moves to a live replica, which goes on reconciling.
+
+The stream runs at 25 creates per second (``COMPILECACHE_HA_POD_RATE``; 50 passes too). A pod once went
+through uninjected at that rate, the API server saying "failing open ... write: broken pipe": the
+balancer, not a replica, had closed a kept-alive connection (it kept the connect timeout on the upstream
+socket, so every connection idle for 2 s was torn down, racing the API server's next admission on it).
 """
 
 from __future__ import annotations
@@ -56,13 +61,19 @@ class Replica(OperatorProcess):
 
 
 class Balancer:
-    """A TCP balancer on loopback over the replicas that are ready (what a Service does)."""
+    """A TCP balancer on loopback over the replicas that are ready, as a Service routes to its ready endpoints:
+    a replica leaves after ``FAILURE_THRESHOLD`` failed readiness probes in a row (a kubelet's default), and a
+    connection, once made, stays up until one of its ends closes it, however long it is idle (kube-proxy's
+    conntrack keeps an established connection for days)."""
+
+    FAILURE_THRESHOLD = 3
 
     def __init__(self) -> None:
         self.replicas: list[Replica] = []
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=512)
         self.port = self.listener.getsockname()[1]
         self._ready: list[int] = []
+        self._failures: dict[int, int] = {}
         self._turn = itertools.count()
         self._stop = threading.Event()
         threading.Thread(target=self._probe, daemon=True).start()
@@ -70,7 +81,11 @@ class Balancer:
 
     def _probe(self) -> None:
         while not self._stop.is_set():
-            self._ready = [r.webhook_port for r in list(self.replicas) if r.ready()]
+            for replica in list(self.replicas):
+                ok = replica.ready()
+                self._failures[replica.webhook_port] = 0 if ok else self._failures.get(replica.webhook_port, 0) + 1
+            self._ready = [r.webhook_port for r in list(self.replicas)
+                           if self._failures.get(r.webhook_port, self.FAILURE_THRESHOLD) < self.FAILURE_THRESHOLD]
             time.sleep(0.5)
 
     def _accept(self) -> None:
@@ -89,6 +104,7 @@ class Balancer:
             except OSError:
                 client.close()
                 continue
+            upstream.settimeout(None)  # the timeout was for connecting: an idle kept-alive connection stays
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
@@ -256,3 +272,43 @@ def test_a_rolling_replacement_under_a_stream_of_pods_skips_none(
     generation = kube_client.get(cache_path(ns, "mlp"))["metadata"]["generation"]
     wait_for(lambda: kube_client.get(cache_path(ns, "mlp")).get("status", {}).get("observedGeneration") == generation,
              60, "the new leader to reconcile the change")
+
+
+class EchoReplica:
+    """Stands in for a replica behind the balancer (a mock: only the balancer is under test): an echo server
+    on loopback, always ready."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.webhook_port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            connection, _ = self.server.accept()
+            while data := connection.recv(1024):
+                connection.sendall(data)
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_the_balancer_keeps_an_idle_kept_alive_connection() -> None:
+    """The cause of a pod admitted without the webhook (the API server: "Failed calling webhook, failing open
+    ... write: broken pipe"): the balancer gave each upstream socket the 2 s connect timeout for its whole
+    life, so a kept-alive connection idle for 2 s was torn down, racing the API server's next admission on
+    it. A Service keeps it; so must the balancer."""
+    balancer = Balancer()
+    upstream = EchoReplica()
+    balancer.replicas.append(upstream)  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: balancer._ready, 10, "the balancer to see the replica")
+        with socket.create_connection(("127.0.0.1", balancer.port), timeout=10) as connection:
+            connection.sendall(b"first")
+            assert connection.recv(16) == b"first"
+            time.sleep(3)  # idle past the old 2 s
+            connection.sendall(b"again")
+            assert connection.recv(16) == b"again", "the idle connection was closed"
+    finally:
+        balancer.close()
+        upstream.server.close()
