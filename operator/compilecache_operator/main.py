@@ -182,10 +182,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
             parser.error(f"--{port_name.replace('_', '-')}: {port} is not a port number")
     if args.native_sidecars not in SWITCH_VALUES:
         parser.error(f"--native-sidecars: {args.native_sidecars!r} is not one of {', '.join(SWITCH_VALUES)}")
-    for root in _csv(args.allowed_node_cache_paths):
-        problem = node_path_problem(root, (root,))
-        if problem:
-            parser.error(f"--allowed-node-cache-paths: {root!r} {problem}")
+    for flag, paths in (("--allowed-node-cache-paths", _csv(args.allowed_node_cache_paths)),
+                        ("--node-cache-path", [args.node_cache_path] if args.node_cache_path else [])):
+        for path in paths:
+            problem = node_path_problem(path, (path,))  # the format, and never a system directory
+            if problem:
+                parser.error(f"{flag}: {path!r} {problem}")
     if args.webhook_config == "external" and args.webhook_cert_dir is None:
         logging.getLogger(__name__).warning(
             "--webhook-config external without --webhook-cert-dir: the self-signed certificate is not known "

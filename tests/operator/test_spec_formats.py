@@ -135,3 +135,17 @@ def test_the_node_cache_allow_list_comes_from_the_operator() -> None:
 ])
 def test_the_format_checks(check: Any, value: str, ok: bool) -> None:
     assert (check(value) is None) == ok, check(value)
+
+
+def test_the_operators_node_cache_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from compilecache_operator.main import parse_args, settings_from
+
+    defaults = settings_from(parse_args(["--allowed-node-cache-paths", "/data/cc/,/mnt"])).defaults
+    assert defaults.node_cache_roots == ("/data/cc", "/mnt")
+    assert settings_from(parse_args([])).defaults.node_cache_roots == formats.DEFAULT_NODE_CACHE_ROOTS
+    for argv in (["--allowed-node-cache-paths", "/mnt,/etc"], ["--node-cache-path", "/var/lib/kubelet"],
+                 ["--allowed-node-cache-paths", "relative"]):
+        with pytest.raises(SystemExit) as caught:
+            parse_args(argv)
+        assert caught.value.code == 2
+        assert argv[0] in capsys.readouterr().err
