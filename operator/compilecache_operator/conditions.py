@@ -53,7 +53,7 @@ def merge_conditions(
             "type": cond.type,
             "status": cond.status_text,
             "reason": cond.reason,
-            "message": _clip(mask_text(cond.message)),
+            "message": shown_message(cond.message),
             "observedGeneration": generation,
             "lastTransitionTime": kept or now,
         }
@@ -73,5 +73,7 @@ def is_true(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> bool:
     return cond is not None and cond.get("status") == "True"
 
 
-def _clip(message: str) -> str:
+def shown_message(message: str) -> str:
+    """A message as a condition or an event shows it: credentials masked, at most :data:`MAX_MESSAGE` characters."""
+    message = mask_text(message)
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 1] + "…"

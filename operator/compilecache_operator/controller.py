@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compilecache_operator import builders, storeops
-from compilecache_operator.conditions import Condition, now_rfc3339
+from compilecache_operator.conditions import Condition, now_rfc3339, shown_message
 from compilecache_operator.confinement import Confinement, check_confinement
 from compilecache_operator.failures import describe, failure_of, step
 from compilecache_operator.kube import KubeAPI
@@ -64,7 +64,6 @@ from compilecache_operator.signing import Signing, sign_records
 from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec, StorageSpec, parse_spec
 
 from cachelib.keys import cache_prefix
-from cachelib.masking import mask_text
 from cachelib.stores import StoreError
 
 logger = logging.getLogger(__name__)
@@ -845,7 +844,7 @@ def post_warnings(state: State, body: Mapping[str, Any], current: Sequence[Warni
 def _emit(emit: Emit | None, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     if emit is not None:
         try:
-            emit(body, type_, reason, mask_text(message))
+            emit(body, type_, reason, shown_message(message))
         except Exception as exc:  # events are best effort; the log keeps what it said
             logger.warning("event %s not posted (%s): %s", reason, exc, message)
 
