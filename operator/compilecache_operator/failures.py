@@ -65,7 +65,7 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, KubeError):
         if exc.status == 0:
             return f"the API server did not answer ({exc.detail})"
-        return f"HTTP {exc.status} {exc.reason}: {exc.detail}".replace("  ", " ")
+        return f"HTTP {exc.status}{f' {exc.reason}' if exc.reason else ''}: {exc.detail}"
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
