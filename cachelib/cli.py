@@ -13,12 +13,14 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cachelib import __version__
 from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments, options_from_args
 from cachelib.handoff import DONE_FILE_NAME
+from cachelib.masking import install_log_masking, mask_command, mask_text
 from cachelib.progress import stderr_bar
+from cachelib.stores.base import MAX_SEGMENT_LENGTH
 from cachelib.units import human_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -49,7 +51,18 @@ def parse_size_arg(text: str) -> int:
 
 
 def print_json(payload: Any) -> None:
-    print(json.dumps(payload, sort_keys=True, separators=(",", ":")), flush=True)
+    print(json.dumps(masked(payload), sort_keys=True, separators=(",", ":")), flush=True)
+
+
+def masked(payload: Any) -> Any:
+    """``payload`` with credentials masked in every string (:func:`cachelib.masking.mask_text`)."""
+    if isinstance(payload, str):
+        return mask_text(payload)
+    if isinstance(payload, dict):
+        return {key: masked(value) for key, value in payload.items()}
+    if isinstance(payload, list | tuple):
+        return [masked(value) for value in payload]
+    return payload
 
 
 class JsonFormatter(logging.Formatter):
@@ -66,6 +79,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(log_format: str, verbose: int) -> None:
+    install_log_masking()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter("%(levelname)s %(message)s"))
     root = logging.getLogger()
@@ -139,12 +153,17 @@ def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
 
 def cmd_warmup(args: argparse.Namespace) -> int:
     from cachelib.publish import publish
+    from cachelib.stores import StoreURLError, parse_store_url
 
     url = store_url(args)
+    try:  # every argument is checked before anything compiles
+        parse_store_url(url)
+    except StoreURLError as exc:
+        raise CommandError(f"--store: {exc}", 2) from None
     with tempfile.TemporaryDirectory(prefix="compilecache-warmup-") as scratch:
         out = Path(args.out) if args.out else Path(scratch) / "out"
         argv = harness_argv(args, out)
-        log.info("running the harness: %s", " ".join(argv))
+        log.info("running the harness: %s", " ".join(mask_command(argv)))
         status = subprocess.run(argv, stdout=sys.stderr, check=False).returncode
         if status != 0:
             raise CommandError(f"the warm-up harness failed (exit status {status}); see its message above", status)
@@ -199,6 +218,7 @@ def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:
     even in this process's own code, ends as an ``error`` result naming the exception."""
     from cachelib.preload import ERROR, PreloadResult, load, preload
 
+    trusted = trusted_keys_of(args)  # a malformed key is a bad argument (exit 2), not a result
     try:
         shared: dict[str, Any] = {
             "cache": args.cache,
@@ -208,7 +228,7 @@ def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:
             "max_ratio": args.max_ratio or None,
             "deadline": args.deadline or None,
             "watch": stderr_bar,
-            "trusted_keys": trusted_keys_of(args),
+            "trusted_keys": trusted,
         }
         url = store_url(args)
         if mode == "preload":
@@ -252,6 +272,43 @@ def parse_cache_arg(text: str) -> str:
     except InvalidKey:
         raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text!r}") from None
     return text
+
+
+def parse_namespace_arg(text: str) -> str:
+    """A Kubernetes namespace name (a DNS label)."""
+    from cachelib.keys import InvalidKey, check_cache_ref
+
+    try:
+        check_cache_ref(text, "x")
+    except InvalidKey as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("namespace: ")) from None
+    return text
+
+
+def parse_name_arg(text: str) -> str:
+    """A cache name: a Kubernetes object name that fits one segment of a store key."""
+    from cachelib.keys import InvalidKey, check_cache_ref
+
+    try:
+        check_cache_ref("x", text)
+    except InvalidKey as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("name: ")) from None
+    if len(text) > MAX_SEGMENT_LENGTH:
+        raise argparse.ArgumentTypeError(
+            f"{len(text)} characters: a cache name is one segment of every store key, at most {MAX_SEGMENT_LENGTH}"
+        )
+    return text
+
+
+def parse_level_arg(text: str) -> int:
+    """A zstd compression level, 1 to 22."""
+    try:
+        level = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= level <= 22:
+        raise argparse.ArgumentTypeError(f"{level} is not a zstd level from 1 to 22")
+    return level
 
 
 def parse_seconds(text: str) -> float:
@@ -545,13 +602,22 @@ def _deadline_arg(parser: argparse.ArgumentParser, default: float, covers: str) 
 
 def _compile_args(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("--namespace", default="default", help="namespace of the cache (default: %(default)s)")
-    parser.add_argument("--name", required=True, help="name of the cache")
+    parser.add_argument("--namespace", type=parse_namespace_arg, default="default",
+                        help="namespace of the cache, a Kubernetes namespace name (default: %(default)s)")
+    parser.add_argument("--name", type=parse_name_arg, required=True,
+                        help=f"name of the cache, a Kubernetes object name of at most {MAX_SEGMENT_LENGTH} characters")
     add_compile_arguments(parser)
 
 
+class MaskingParser(argparse.ArgumentParser):
+    """argparse, with credentials masked in its error lines (they repeat the arguments given)."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(mask_text(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = MaskingParser(
         prog="compilecache",
         description="Warm starts for torch.compile. Compile a model once (warmup), publish the compiled\n"
         "caches as a bundle to a store (a directory, Redis or S3), and preload that bundle before a\n"
@@ -567,7 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[_global_flags(after_command=False)],
     )
     parser.add_argument("--version", action="version", version=f"compilecache {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
 
     p = _add(
         sub,
@@ -584,7 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
     _compile_args(p)
     _store_arg(p)
     p.add_argument("--out", help="keep the harness output directory here (default: a temporary one)")
-    p.add_argument("--level", type=int, default=3, help="zstd level (default: %(default)s)")
+    p.add_argument("--level", type=parse_level_arg, default=3, help="zstd level (default: %(default)s)")
 
     p = _add(
         sub,
@@ -597,7 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("outdir", help="the harness output directory")
     p.add_argument("bundle", help="the bundle file to write")
-    p.add_argument("--level", type=int, default=3, help="zstd level (default: %(default)s)")
+    p.add_argument("--level", type=parse_level_arg, default=3, help="zstd level (default: %(default)s)")
 
     p = _add(
         sub,
@@ -613,7 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", help="harness output directory or bundle file")
     _store_arg(p)
-    p.add_argument("--level", type=int, default=3, help="zstd level when packing (default: %(default)s)")
+    p.add_argument("--level", type=parse_level_arg, default=3, help="zstd level when packing (default: %(default)s)")
 
     p = _add(
         sub,
@@ -821,12 +887,14 @@ def _is_expected(exc: Exception) -> bool:
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    """The error line on stderr, under the subcommand's own name (``--command`` is the model's), masked."""
+    message = mask_text(message)
     if args.verbose:
-        traceback.print_exc()
+        print(mask_text(traceback.format_exc()), file=sys.stderr, end="")
     if args.log_format == "json":
         log.error(message)
     else:
-        print(f"compilecache {args.command}: error: {message}", file=sys.stderr)
+        print(f"compilecache {args.subcommand}: error: {message}", file=sys.stderr)
     return code
 
 

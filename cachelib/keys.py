@@ -33,8 +33,10 @@ from cachelib.compilekey import (
 
 __all__ = ["KEY_FORMAT", "NONE", "CacheKey", "InvalidKey", "cache_prefix", "capability_slug", "digest", "gpu_slug"]
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9._+-]+$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_SEGMENT = re.compile(r"^[A-Za-z0-9._+-]+\Z")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_SUBDOMAIN_PART = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+"""One dot-separated part of a DNS subdomain: Kubernetes bounds the whole name (253), not each part."""
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -62,10 +64,7 @@ class CacheKey:
             value = getattr(self, f.name)
             if not isinstance(value, str) or not _SEGMENT.match(value):
                 raise InvalidKey(f"{f.name}: {value!r} is not a valid key segment ([A-Za-z0-9._+-]+)")
-        if not _DNS_LABEL.match(self.namespace):
-            raise InvalidKey(f"namespace: {self.namespace!r} is not a Kubernetes namespace name")
-        if not _is_dns_subdomain(self.name):
-            raise InvalidKey(f"name: {self.name!r} is not a Kubernetes object name")
+        check_cache_ref(self.namespace, self.name)
         for label, value in (("model", self.model), ("options", self.options)):
             if not _DIGEST.match(value):
                 raise InvalidKey(f"{label}: {value!r} is not a 16-hex-digit digest")
@@ -120,9 +119,20 @@ class CacheKey:
             raise InvalidKey(f"key field {missing.args[0]!r} is missing") from None
 
 
+def check_cache_ref(namespace: str, name: str) -> None:
+    """A cache's namespace (a DNS label) and name (a DNS subdomain), as Kubernetes names them;
+    :class:`InvalidKey` naming what is wrong."""
+    if not _DNS_LABEL.match(namespace):
+        raise InvalidKey(f"namespace: {namespace!r} is not a Kubernetes namespace name (a DNS label: at most 63 "
+                         "lower-case letters, digits and '-', alphanumeric at both ends)")
+    if not _is_dns_subdomain(name):
+        raise InvalidKey(f"name: {name!r} is not a Kubernetes object name (a DNS subdomain: at most 253 lower-case "
+                         "letters, digits, '-' and '.')")
+
+
 def cache_prefix(namespace: str, name: str) -> str:
     return f"{KEY_FORMAT}/{namespace}/{name}/"
 
 
 def _is_dns_subdomain(value: str) -> bool:
-    return len(value) <= 253 and all(_DNS_LABEL.match(label) for label in value.split("."))
+    return len(value) <= 253 and all(_SUBDOMAIN_PART.match(label) for label in value.split("."))

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from cachelib.masking import mask_url
 from cachelib.stores.base import (
     InvalidObjectKey,
     NotFound,
@@ -33,7 +34,6 @@ from cachelib.stores.urls import (
     RedisStoreURL,
     S3StoreURL,
     StoreURL,
-    mask_url,
     parse_store_url,
 )
 

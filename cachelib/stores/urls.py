@@ -11,7 +11,8 @@ Accepted forms::
     s3://bucket[/prefix][?endpoint=&region=&part=&range=&workers=&timeout=&retries=&addressing=]
 
 Sizes take an optional binary suffix: ``64K``, ``4M``, ``1G`` (KiB, MiB, GiB); ``4MiB`` and a
-plain byte count work too. Every error names the URL (password masked) and what is wrong.
+plain byte count work too. Every error names the URL, its credentials masked
+(:func:`cachelib.masking.mask_url`: user info, secret query values, fragment), and what is wrong.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
+from cachelib.masking import is_secret_name, mask_text
+from cachelib.masking import mask_url as mask_url
 from cachelib.stores.base import StoreURLError
 from cachelib.units import GiB, KiB, MiB, parse_size, size_text
 
@@ -57,6 +60,7 @@ S3_DEFAULT_TIMEOUT = 30.0
 S3_DEFAULT_RETRIES = 3
 S3_ADDRESSING = ("auto", "path", "virtual")
 
+_OPTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,31}$")
 _PREFIX = re.compile(r"^[A-Za-z0-9._:+-]+$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _S3_PREFIX_SEGMENT = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]*$")
@@ -122,12 +126,17 @@ StoreURL = FileStoreURL | RedisStoreURL | S3StoreURL
 def parse_store_url(url: str) -> StoreURL:
     """Parse and validate a store URL; raises :class:`StoreURLError` naming the problem."""
     if not isinstance(url, str) or not url.strip():
-        raise StoreURLError(f"store URL {url!r} is empty; accepted schemes: {_schemes()}")
+        raise StoreURLError(f"store URL {mask_url(str(url))!r} is empty; accepted schemes: {_schemes()}")
     try:
         parts = urlsplit(url.strip())
     except ValueError as exc:
         raise StoreURLError(f"store URL {mask_url(url)!r} cannot be parsed: {exc}") from None
     scheme = parts.scheme.lower()
+    if "@" in url.strip()[len(parts.scheme) + 3 + len(parts.netloc):]:
+        raise StoreURLError(
+            f"store URL {mask_url(url)!r}: an '@' after the host: a user name or password holding '/', '?' "
+            "or '#' must be percent-encoded (and a password belongs in the Secret, not in the URL)"
+        )
     if scheme == "file":
         return _parse_file(url, parts)
     if scheme in REDIS_SCHEMES:
@@ -138,24 +147,12 @@ def parse_store_url(url: str) -> StoreURL:
     raise StoreURLError(f"store URL {mask_url(url)!r} has {got}; accepted schemes: {_schemes()}")
 
 
-def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (for messages and logs)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return re.sub(r"//([^/@]*):[^/@]*@", r"//\1:***@", url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return parts._replace(netloc=f"{user}:***@{host}").geturl()
-
-
 # -- file ---------------------------------------------------------------------------------
-def _parse_file(url: str, parts: SplitResult) -> FileStoreURL:
+def _parse_file(raw: str, parts: SplitResult) -> FileStoreURL:
+    url = mask_url(raw)
     if parts.netloc not in ("", "localhost"):
         raise StoreURLError(
-            f"store URL {url!r}: file URLs need an absolute path (file:///path), got host {parts.netloc!r}"
+            f"store URL {url!r}: file URLs need an absolute path (file:///path), got host {mask_text(parts.netloc)!r}"
         )
     if parts.query or parts.fragment:
         raise StoreURLError(f"store URL {url!r}: file URLs take no options")
@@ -186,7 +183,7 @@ def _parse_redis(url: str, parts: SplitResult) -> RedisStoreURL:
     if cluster and db_text.strip("0"):
         raise StoreURLError(f"store URL {shown!r}: Redis Cluster has only database 0, got /{db_text}")
     if parts.fragment:
-        raise StoreURLError(f"store URL {shown!r}: unexpected fragment #{parts.fragment}")
+        raise StoreURLError(f"store URL {shown!r}: unexpected fragment (#...)")
     accepted = ("prefix", "ttl", "chunk", "workers", "grace", "timeout", "retries") + (("ca",) if tls else ())
     accepted += ("nodes",) if cluster else ()
     opts = _query(shown, parts.query, accepted)
@@ -233,13 +230,14 @@ def _nodes(text: str) -> tuple[tuple[str, int], ...]:
 
 
 # -- s3 -----------------------------------------------------------------------------------
-def _parse_s3(url: str, parts: SplitResult) -> S3StoreURL:
+def _parse_s3(raw: str, parts: SplitResult) -> S3StoreURL:
+    url = mask_url(raw)
     bucket = parts.netloc
     if not bucket:
         raise StoreURLError(f"store URL {url!r}: no bucket (expected s3://bucket/prefix)")
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise StoreURLError(
-            f"store URL {url!r}: bucket {bucket!r} is not a valid S3 bucket name "
+            f"store URL {url!r}: bucket {mask_text(bucket)!r} is not a valid S3 bucket name "
             "(3-63 characters of a-z, 0-9, '.', '-')"
         )
     prefix = unquote(parts.path).strip("/")
@@ -249,7 +247,7 @@ def _parse_s3(url: str, parts: SplitResult) -> S3StoreURL:
                 f"store URL {url!r}: prefix segment {segment!r} must be non-empty [A-Za-z0-9._+-] not starting with '.'"
             )
     if parts.fragment:
-        raise StoreURLError(f"store URL {url!r}: unexpected fragment #{parts.fragment}")
+        raise StoreURLError(f"store URL {url!r}: unexpected fragment (#...)")
     opts = _query(
         url, parts.query, ("endpoint", "region", "part", "range", "workers", "timeout", "retries", "addressing")
     )
@@ -284,7 +282,8 @@ def _query(shown: str, query: str, accepted: tuple[str, ...]) -> dict[str, str]:
     opts: dict[str, str] = {}
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name not in accepted:
-            raise StoreURLError(f"store URL {shown!r}: unknown option {name!r}; accepted: {', '.join(accepted)}")
+            named = repr(name) if _OPTION_NAME.match(name) and not is_secret_name(name) else "(not shown)"
+            raise StoreURLError(f"store URL {shown!r}: unknown option {named}; accepted: {', '.join(accepted)}")
         if name in opts:
             raise StoreURLError(f"store URL {shown!r}: option {name!r} given twice")
         opts[name] = value

@@ -73,7 +73,7 @@ from compilecache_operator.wiring import CACHE_DIR_ENV, cache_mount_point, env_f
 
 from cachelib.bytecode import PYCACHE_DIR, PYCACHE_ENV
 from cachelib.keys import gpu_slug
-from cachelib.stores.urls import mask_url
+from cachelib.masking import mask_url
 
 HARNESS_FILE = f"{HARNESS_DIR}/harness.py"
 # Copies cachelib's harness module, the key and options module it imports from beside itself and the

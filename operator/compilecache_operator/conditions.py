@@ -1,7 +1,7 @@
 """Status conditions after the Kubernetes API conventions.
 
-Conditions are keyed by type; each carries status, reason, message, ``observedGeneration``
-and ``lastTransitionTime``, which moves only when the status itself changes.
+Conditions are keyed by type; each carries status, reason, message (credentials masked, clipped),
+``observedGeneration`` and ``lastTransitionTime``, which moves only when the status itself changes.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from cachelib.masking import mask_text
 
 READY = "Ready"
 WARMING = "Warming"
@@ -51,7 +53,7 @@ def merge_conditions(
             "type": cond.type,
             "status": cond.status_text,
             "reason": cond.reason,
-            "message": _clip(cond.message),
+            "message": shown_message(cond.message),
             "observedGeneration": generation,
             "lastTransitionTime": kept or now,
         }
@@ -71,5 +73,7 @@ def is_true(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> bool:
     return cond is not None and cond.get("status") == "True"
 
 
-def _clip(message: str) -> str:
+def shown_message(message: str) -> str:
+    """A message as a condition or an event shows it: credentials masked, at most :data:`MAX_MESSAGE` characters."""
+    message = mask_text(message)
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 1] + "…"

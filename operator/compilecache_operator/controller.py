@@ -25,8 +25,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compilecache_operator import builders, storeops
-from compilecache_operator.conditions import Condition, now_rfc3339
+from compilecache_operator.conditions import Condition, now_rfc3339, shown_message
 from compilecache_operator.confinement import Confinement, check_confinement
+from compilecache_operator.failures import describe, failure_of, step
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import (
@@ -614,11 +615,17 @@ async def reconcile(
         before = fingerprint(state, key)
         if if_unsettled and state.settled.get(key) == before:
             return None
-        snapshot = await read_snapshot(state, key)
-        if snapshot is None:
-            return Outcome(gone=True)
-        actions = decide_actions(snapshot, state.settings)
-        result = await apply_actions(state, snapshot, actions, emit)
+        try:
+            snapshot = await read_snapshot(state, key)
+            if snapshot is None:
+                return Outcome(gone=True)
+            actions = decide_actions(snapshot, state.settings)
+            result = await apply_actions(state, snapshot, actions, emit)
+        except Exception as exc:  # every failure ends in a condition and an event, and is looked at again
+            body = state.cache(key)
+            if body is None:
+                raise
+            result = await report_failure(state, body, exc, emit)
         if result.problem or result.warming or actions.create or actions.count or actions.records:
             state.settled.pop(key, None)
         elif actions.finalizers is None:
@@ -633,7 +640,13 @@ async def handle(state: State, key: Key, emit: Emit | None) -> None:
     if body is None:
         return
     if is_deleting(body):
-        delay = await finalize(state, body, emit)
+        try:
+            delay = await finalize(state, body, emit)
+        except Exception as exc:  # said in the log and an event; tried again
+            logger.warning("CompileCache %s/%s: finishing its deletion failed: %s", *key, describe(exc))
+            post_warnings(state, body, [WarningEvent("CleanupFailed", f"deleting its bundles failed: {describe(exc)}")],
+                          emit)
+            delay = state.settings.retry_seconds
     else:
         result = await reconcile(state, *key, emit=emit, if_unsettled=True)
         delay = result.retry_after if result is not None and result.problem else None
@@ -654,6 +667,29 @@ def look_again(state: State, key: Key, delay: float, emit: Emit | None) -> None:
     state.retries[key] = asyncio.get_running_loop().call_later(delay, fire)
 
 
+async def report_failure(state: State, body: Mapping[str, Any], exc: BaseException, emit: Emit | None) -> Outcome:
+    """A reconcile that failed: Ready=False with the reason and what failed (:func:`failures.failure_of`),
+    a Warning event, a log line; the cache is looked at again after ``settings.retry_seconds``. When
+    even the status cannot be written, the event and the log say both."""
+    failure = failure_of(exc)
+    meta = body["metadata"]
+    where = f"{meta.get('namespace')}/{meta.get('name')}"
+    logger.warning("CompileCache %s: %s: %s", where, failure.reason, failure.message,
+                   exc_info=exc if failure.reason == "ReconcileFailed" else None)
+    generation = int(meta.get("generation") or 1)
+    status = builders.build_status(body.get("status"), generation=generation,
+                                   conditions=builders.failure_conditions(failure), bundles=None,
+                                   planned_gpus=None, storage_url=None, now=now_rfc3339())
+    warning = failure_warning(failure)
+    try:
+        await write_status(state, body, status)
+    except Exception as write_exc:
+        logger.error("CompileCache %s: the status saying so could not be written either: %s", where, write_exc)
+        warning = WarningEvent(failure.reason, f"{failure.message} (and the status could not be written: {write_exc})")
+    post_warnings(state, body, [warning], emit)
+    return Outcome(problem=failure.message, retry_after=state.settings.retry_seconds)
+
+
 def _log_failure(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.warning("looking again failed: %s", task.exception())
@@ -671,10 +707,12 @@ async def apply_actions(state: State, snapshot: Snapshot, actions: Actions, emit
     body = snapshot.body
     if actions.finalizers is not None:
         meta = body["metadata"]
-        await api.set_finalizers(meta["namespace"], meta["name"], meta.get("finalizers") or [], actions.finalizers)
+        with step(f"setting the finalizers to {list(actions.finalizers)}"):
+            await api.set_finalizers(meta["namespace"], meta["name"], meta.get("finalizers") or [], actions.finalizers)
     if actions.failure is not None:
         status = final_status(snapshot, actions, (), "", now_rfc3339())
-        await write_status(state, body, status)
+        with step("writing the status"):
+            await write_status(state, body, status)
         post_warnings(state, body, [failure_warning(actions.failure)], emit)
         return outcome(actions, status, state.settings.retry_seconds)
     unsigned = 0
@@ -682,7 +720,9 @@ async def apply_actions(state: State, snapshot: Snapshot, actions: Actions, emit
         actions, unsigned = await sign_new_records(actions, snapshot, state.settings.signing)
     namespace = str(body["metadata"]["namespace"])
     for new in actions.create:
-        if await api.create_job(namespace, new.manifest):
+        with step(f"creating warm-up Job {new.name}"):
+            created = await api.create_job(namespace, new.manifest)
+        if created:
             _emit(emit, body, "Normal", "WarmupStarted", f"Job {new.name} warms {new.variant.gpu_label}")
     gpus = {v.id: v.gpu_label for v in actions.variants}
     for job_state in actions.count:
@@ -691,9 +731,11 @@ async def apply_actions(state: State, snapshot: Snapshot, actions: Actions, emit
             _emit(emit, body, "Warning", warning.reason, warning.message)
     kept, prune_note = await prune_bundles(actions, snapshot.secret)
     for job in actions.delete_jobs:
-        await api.delete_job(namespace, job)
+        with step(f"deleting superseded warm-up Job {job}"):
+            await api.delete_job(namespace, job)
     status = final_status(snapshot, actions, kept, prune_note, now_rfc3339())
-    await write_status(state, body, status)
+    with step("writing the status"):
+        await write_status(state, body, status)
     state.metrics.set_bundles(namespace, str(body["metadata"]["name"]), kept)
     for record in actions.records:
         _emit(emit, body, "Normal", "BundlePublished", f"{record.gpu}: {record.key} ({record.bytes} bytes)")
@@ -808,9 +850,9 @@ def post_warnings(state: State, body: Mapping[str, Any], current: Sequence[Warni
 def _emit(emit: Emit | None, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     if emit is not None:
         try:
-            emit(body, type_, reason, message)
-        except Exception as exc:  # events are best effort
-            logger.debug("event %s not posted: %s", reason, exc)
+            emit(body, type_, reason, shown_message(message))
+        except Exception as exc:  # events are best effort; the log keeps what it said
+            logger.warning("event %s not posted (%s): %s", reason, exc, message)
 
 
 # -- resync ----------------------------------------------------------------------------------------

@@ -51,8 +51,20 @@ class KubeError(Exception):
             parsed = {}
         detail = parsed.get("message", text[:300]) if isinstance(parsed, dict) else text[:300]
         self.reason = str(parsed.get("reason", "")) if isinstance(parsed, dict) else ""
+        self.detail = str(detail)
+        self.causes = _causes(parsed)
+        """The fields the API server names in a refusal (``details.causes``): (field, message) pairs."""
         self.retry_after: float | None = None
         super().__init__(f"{method} {path}: HTTP {status} {self.reason}: {detail}")
+
+
+def _causes(status: Any) -> tuple[tuple[str, str], ...]:
+    details = status.get("details") if isinstance(status, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return tuple(
+        (str(c.get("field", "")), str(c.get("message", "")))
+        for c in (causes if isinstance(causes, list) else []) if isinstance(c, dict)
+    )
 
 
 def retry_after(header: str | None, details: Any = None) -> float | None:

@@ -22,6 +22,7 @@ from compilecache_operator import certs, handlers
 from compilecache_operator.builders import JobSettings
 from compilecache_operator.confinement import Confinement, store_destination
 from compilecache_operator.controller import Settings, State
+from compilecache_operator.formats import DEFAULT_NODE_CACHE_ROOTS, node_path_problem
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import GROUP
 from compilecache_operator.sidecars import SWITCH_VALUES
@@ -30,6 +31,7 @@ from compilecache_operator.spec import DEFAULT_GPU_LABEL_KEY, Defaults
 from compilecache_operator.webhook import PodWebhookServer
 from prometheus_client import start_http_server
 
+from cachelib.masking import install_log_masking, mask_text
 from cachelib.stores import StoreURLError
 
 WEBHOOK_MODES = ("managed", "external", "off")
@@ -112,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-cache-path", default=_env("NODE_CACHE_PATH"),
                    help="default hostPath directory for pod caches when a spec does not set preload.nodeCache "
                         "(default: an emptyDir per pod)")
+    p.add_argument("--allowed-node-cache-paths", default=_env("ALLOWED_NODE_CACHE_PATHS"),
+                   help="comma-separated directories (and what is below them) a CompileCache's "
+                        "spec.preload.nodeCache.hostPath may name; system directories (/, /etc, /var/lib/kubelet, "
+                        f"...) never (default: {','.join(DEFAULT_NODE_CACHE_ROOTS)})")
     p.add_argument("--native-sidecars", default=_env("NATIVE_SIDECARS") or "auto", metavar="{auto,on,off}",
                    help="run the preload of caches with spec.preload.mode Sidecar as a native sidecar: auto when the "
                         "API server is 1.29 or newer; on for a 1.28 cluster with the SidecarContainers gate, or one "
@@ -176,6 +182,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
             parser.error(f"--{port_name.replace('_', '-')}: {port} is not a port number")
     if args.native_sidecars not in SWITCH_VALUES:
         parser.error(f"--native-sidecars: {args.native_sidecars!r} is not one of {', '.join(SWITCH_VALUES)}")
+    for flag, paths in (("--allowed-node-cache-paths", _csv(args.allowed_node_cache_paths)),
+                        ("--node-cache-path", [args.node_cache_path] if args.node_cache_path else [])):
+        for path in paths:
+            problem = node_path_problem(path, (path,))  # the format, and never a system directory
+            if problem:
+                parser.error(f"{flag}: {path!r} {problem}")
     if args.webhook_config == "external" and args.webhook_cert_dir is None:
         logging.getLogger(__name__).warning(
             "--webhook-config external without --webhook-cert-dir: the self-signed certificate is not known "
@@ -192,6 +204,7 @@ def settings_from(options: Options) -> Settings:
             storage_url=a.default_storage_url,
             storage_secret=a.default_storage_secret,
             node_cache_path=a.node_cache_path,
+            node_cache_roots=node_cache_roots(a.allowed_node_cache_paths),
         ),
         jobs=JobSettings(preloader_image=a.preloader_image, image_pull_secrets=tuple(_csv(a.image_pull_secrets))),
         retry_seconds=a.retry_seconds,
@@ -202,6 +215,13 @@ def settings_from(options: Options) -> Settings:
         signing=load_signing(a.signing_key_file, _csv(a.trusted_public_keys)) if a.signing_key_file else None,
         concurrency=a.concurrency,
     )
+
+
+def node_cache_roots(value: str | None) -> tuple[str, ...]:
+    """``--allowed-node-cache-paths`` (checked by :func:`parse_args`: absolute, none of them a system directory)."""
+    if value is None:
+        return DEFAULT_NODE_CACHE_ROOTS
+    return tuple(r.rstrip("/") or "/" for r in _csv(value))
 
 
 def confinement_from(a: argparse.Namespace) -> Confinement:
@@ -247,6 +267,7 @@ def admission_from(options: Options, scratch: Path) -> handlers.Admission:
 def run(options: Options) -> None:
     a = options.args
     kopf.configure(verbose=a.verbose, log_format=kopf.LogFormat.JSON if a.log_format == "json" else kopf.LogFormat.FULL)
+    install_log_masking()  # no credential in any log line (nor in the events Kopf makes of them)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # no log line per admission request
     if not a.verbose:  # no log line per handled event ("Handler ... succeeded"): thousands on a restart
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -284,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = parse_args(argv)
         run(options)
     except (certs.CertError, SigningKeyError, StoreURLError) as exc:
-        print(f"compilecache-operator: {exc}", file=sys.stderr)
+        print(f"compilecache-operator: {mask_text(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

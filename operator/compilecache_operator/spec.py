@@ -13,13 +13,22 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit
 
 from compilecache_operator import store_ca, warmup_inputs
+from compilecache_operator.formats import (
+    DEFAULT_NODE_CACHE_ROOTS,
+    host_problem,
+    image_problem,
+    label_value_problem,
+    node_path_problem,
+    qualified_name_problem,
+    resource_name_problem,
+)
 
 from cachelib.compilekey import (
     BUILTIN_TARGETS,
@@ -35,6 +44,7 @@ from cachelib.compilekey import (
     parse_dynamic,
 )
 from cachelib.keys import gpu_slug
+from cachelib.masking import mask_text
 from cachelib.stores import CREDENTIALS
 from cachelib.stores.base import MAX_SEGMENT_LENGTH, StoreURLError
 from cachelib.stores.urls import parse_store_url
@@ -55,15 +65,18 @@ DEFAULT_PRELOAD_SIZE_LIMIT_BYTES = 16 * 2**30
 DEFAULT_WARMUP_ID = 65532
 MAX_INDUCTOR_CONFIG = 64
 MAX_ID = 2**31 - 1
+MAX_ACTIVE_DEADLINE_SECONDS = 7 * 24 * 3600
+"""A warm-up Job runs at most a week: a larger value is a mistake, not a plan (and past 2**63 the Job fails at once)."""
+MAX_TOLERATION_SECONDS = 365 * 24 * 3600
+MAX_NODE_SELECTOR = 32
+SHOWN_VALUE = 64
+"""The most characters of a bad value an error message repeats."""
 
 MAX_NAME_LENGTH = MAX_SEGMENT_LENGTH
 """The longest CompileCache name: the name is one segment of every cache key, as it is."""
 
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUALIFIED_NAME = re.compile(
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 # Kubernetes quantity suffixes: binary (Ki..Ei), decimal (k..E) and the sub-unit ones (m, u, n).
 _QUANTITY_PARTS = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([-+]?[0-9]+)|([KMGTPE]i|[kMGTPE]|[mun]))?$")
@@ -84,10 +97,11 @@ class FieldError:
 
 
 class InvalidSpec(ValueError):
-    """A spec that can never work; ``errors`` name every offending field."""
+    """A spec that can never work; ``errors`` name every offending field (credentials in the
+    messages masked: they end up in conditions, events and logs)."""
 
     def __init__(self, errors: Sequence[FieldError]) -> None:
-        self.errors = tuple(errors)
+        self.errors = tuple(FieldError(e.path, mask_text(e.message)) for e in errors)
         super().__init__("; ".join(str(e) for e in self.errors))
 
 PRECOMPILE_AUTO = "Auto"
@@ -254,6 +268,8 @@ class Defaults:
     storage_url: str | None = None
     storage_secret: str | None = None
     node_cache_path: str | None = None
+    node_cache_roots: tuple[str, ...] = DEFAULT_NODE_CACHE_ROOTS
+    """Where a spec may put a node cache (``spec.preload.nodeCache.hostPath``): these directories or below."""
 
 
 class _Errors:
@@ -280,6 +296,8 @@ def parse_spec(
         _check_name(name, errors)
     spec = _mapping(raw, "spec", errors, required=True)
     image = _string(spec, "image", "spec", errors, required=True, max_length=1024) or ""
+    if image:
+        _check(image, image_problem, "spec.image", errors)
     pull_policy = _enum(spec, "imagePullPolicy", "spec", errors, PULL_POLICIES, None)
     model_raw = _mapping(spec.get("model"), "spec.model", errors, required=True)
     model = _parse_model(model_raw, errors) if spec.get("model") is not None else None
@@ -390,7 +408,7 @@ def _parse_gpu_types(raw: Any, errors: _Errors) -> tuple[str, ...]:
         if not isinstance(item, str) or not item.strip():
             errors.add(path, "must be a non-empty string")
             continue
-        if len(item) > 63 or not _LABEL_VALUE.match(item):
+        if len(item) > 63 or not _LABEL_VALUE.fullmatch(item):
             errors.add(path, f"{item!r} is not a GPU product as a Node label value shows it (NVIDIA-H100-80GB-HBM3)")
             continue
         slug = gpu_slug(item)
@@ -405,8 +423,7 @@ def _parse_gpu_types(raw: Any, errors: _Errors) -> tuple[str, ...]:
 def _parse_discovery(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) -> GpuDiscovery:
     path = "spec.gpuDiscovery"
     label_key = _string(raw, "labelKey", path, errors, max_length=317) or defaults.gpu_label_key
-    if not _QUALIFIED_NAME.match(label_key):
-        errors.add(f"{path}.labelKey", f"{label_key!r} is not a label key")
+    _check(label_key, qualified_name_problem, f"{path}.labelKey", errors)
     return GpuDiscovery(auto=_boolean(raw, "auto", path, errors, False), label_key=label_key)
 
 
@@ -427,15 +444,16 @@ def _parse_storage(raw: Any, defaults: Defaults, errors: _Errors) -> StorageSpec
     except StoreURLError as exc:
         errors.add(f"{path}.url", str(exc))
         return None
-    if getattr(parsed, "password", None):
-        errors.add(f"{path}.url", "must not carry a password: put it in the Secret named by spec.storage.secretRef")
+    if getattr(parsed, "password", None) or getattr(parsed, "username", None) or "@" in url:
+        errors.add(f"{path}.url", "must not carry user info (a user name, token or password): put credentials in the "
+                                  "Secret named by spec.storage.secretRef")
         return None
     scheme = urlsplit(url).scheme.lower()
     if secret_raw is None:
         return StorageSpec(url=url)
     secret = _mapping(secret_raw, f"{path}.secretRef", errors)
     name = _string(secret, "name", f"{path}.secretRef", errors, required=True, max_length=253)
-    if name is not None and not _DNS_SUBDOMAIN.match(name):
+    if name is not None and not _DNS_SUBDOMAIN.fullmatch(name):
         errors.add(f"{path}.secretRef.name", f"{name!r} is not a Secret name")
     credentials = CREDENTIALS.get(scheme, ())
     if not credentials:
@@ -456,7 +474,7 @@ def _parse_storage(raw: Any, defaults: Defaults, errors: _Errors) -> StorageSpec
 
 def _secret_key(keys: Mapping[str, Any], name: str, path: str, errors: _Errors) -> str | None:
     key = _string(keys, name, path, errors, max_length=253)
-    if key is not None and not _SECRET_KEY.match(key):
+    if key is not None and not _SECRET_KEY.fullmatch(key):
         errors.add(f"{path}.{name}", f"{key!r} is not a Secret key ([-._a-zA-Z0-9]+)")
         return None
     return key
@@ -469,31 +487,54 @@ def _parse_resources(raw: Any, path: str, errors: _Errors) -> Resources:
         values = _mapping(section.get(part), f"{path}.{part}", errors)
         parsed: dict[str, str] = {}
         for name, value in values.items():
+            if _check(str(name), resource_name_problem, f"{path}.{part}", errors, what="resource name"):
+                continue
             text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-            if not isinstance(text, str) or not _QUANTITY_PARTS.match(text):
-                errors.add(f"{path}.{part}.{name}", f"{value!r} is not a resource quantity")
+            if not isinstance(text, str) or not _QUANTITY_PARTS.fullmatch(text):
+                errors.add(f"{path}.{part}.{name}", f"{shown(value)} is not a resource quantity")
                 continue
             parsed[str(name)] = text
         out[part] = parsed
+    _check_requests(out["requests"], out["limits"], path, errors)
     return Resources(limits=out["limits"], requests=out["requests"])
+
+
+def _check_requests(requests: Mapping[str, str], limits: Mapping[str, str], path: str, errors: _Errors) -> None:
+    """Kubernetes' rules between a container's requests and limits: a request at most its limit, and for
+    what cannot be overcommitted (extended resources such as nvidia.com/gpu, hugepages) a limit, equal."""
+    for name, request in requests.items():
+        limit = limits.get(name)
+        fixed = name.startswith("hugepages-") or ("/" in name and not name.split("/")[0].endswith("kubernetes.io"))
+        if limit is None:
+            if fixed:
+                errors.add(f"{path}.requests.{name}", f"needs {path}.limits.{name} as well (equal to it): "
+                                                      f"{name} cannot be overcommitted")
+            continue
+        wanted, most = quantity_value(request), quantity_value(limit)
+        if wanted is None or most is None:
+            continue
+        if fixed and wanted != most:
+            errors.add(f"{path}.requests.{name}", f"{request} must equal the limit {limit}: {name} cannot be "
+                                                  "overcommitted")
+        elif wanted > most:
+            errors.add(f"{path}.requests.{name}", f"{request} must be at most the limit {limit}")
 
 
 def _parse_warmup(raw: Mapping[str, Any], errors: _Errors) -> WarmupSpec:
     path = "spec.warmup"
     resources = _parse_resources(raw.get("resources"), f"{path}.resources", errors)
-    selector = _string_map(raw.get("nodeSelector"), f"{path}.nodeSelector", errors)
+    selector = _parse_node_selector(raw.get("nodeSelector"), f"{path}.nodeSelector", errors)
     tolerations = _parse_tolerations(raw.get("tolerations"), f"{path}.tolerations", errors)
     gpu_resource = _string(raw, "gpuResourceName", path, errors, max_length=317) or DEFAULT_GPU_RESOURCE
-    if not _QUALIFIED_NAME.match(gpu_resource):
-        errors.add(f"{path}.gpuResourceName", f"{gpu_resource!r} is not a resource name")
+    _check(gpu_resource, resource_name_problem, f"{path}.gpuResourceName", errors)
     account = _string(raw, "serviceAccountName", path, errors, max_length=253)
-    if account is not None and not _DNS_SUBDOMAIN.match(account):
+    if account is not None and not _DNS_SUBDOMAIN.fullmatch(account):
         errors.add(f"{path}.serviceAccountName", f"{account!r} is not a ServiceAccount name")
     pull_secrets: list[str] = []
     for i, item in enumerate(_list(raw.get("imagePullSecrets"), f"{path}.imagePullSecrets", errors)):
         secret_name = _string(_mapping(item, f"{path}.imagePullSecrets[{i}]", errors), "name",
                               f"{path}.imagePullSecrets[{i}]", errors, required=True, max_length=253)
-        if secret_name is not None and not _DNS_SUBDOMAIN.match(secret_name):
+        if secret_name is not None and not _DNS_SUBDOMAIN.fullmatch(secret_name):
             errors.add(f"{path}.imagePullSecrets[{i}].name", f"{secret_name!r} is not a Secret name")
         elif secret_name:
             pull_secrets.append(secret_name)
@@ -503,7 +544,8 @@ def _parse_warmup(raw: Mapping[str, Any], errors: _Errors) -> WarmupSpec:
         node_selector=selector,
         tolerations=tolerations,
         backoff_limit=_integer(raw, "backoffLimit", path, errors, 2, low=0, high=10),
-        active_deadline_seconds=_integer(raw, "activeDeadlineSeconds", path, errors, 3600, low=1),
+        active_deadline_seconds=_integer(raw, "activeDeadlineSeconds", path, errors, 3600, low=1,
+                                         high=MAX_ACTIVE_DEADLINE_SECONDS),
         gpu_resource_name=gpu_resource,
         gpus_per_job=_integer(raw, "gpusPerJob", path, errors, 1, low=0, high=16),
         service_account_name=account,
@@ -532,9 +574,9 @@ def _parse_tolerations(raw: Any, path: str, errors: _Errors) -> tuple[Mapping[st
         ipath = f"{path}[{i}]"
         entry = _mapping(item, ipath, errors)
         toleration: dict[str, Any] = {}
-        for name, longest in (("key", 317), ("value", 63)):
+        for name, longest, problem in (("key", 317, qualified_name_problem), ("value", 63, label_value_problem)):
             value = _string(entry, name, ipath, errors, max_length=longest)
-            if value is not None:
+            if value is not None and not _check(value, problem, f"{ipath}.{name}", errors):
                 toleration[name] = value
         operator = _enum(entry, "operator", ipath, errors, TOLERATION_OPERATORS, None)
         effect = _enum(entry, "effect", ipath, errors, TOLERATION_EFFECTS, None)
@@ -543,7 +585,8 @@ def _parse_tolerations(raw: Any, path: str, errors: _Errors) -> tuple[Mapping[st
         if effect:
             toleration["effect"] = effect
         if "tolerationSeconds" in entry:
-            toleration["tolerationSeconds"] = _integer(entry, "tolerationSeconds", ipath, errors, 0, low=-(2**63))
+            toleration["tolerationSeconds"] = _integer(entry, "tolerationSeconds", ipath, errors, 0, low=0,
+                                                       high=MAX_TOLERATION_SECONDS)
         if operator == "Exists" and "value" in toleration:
             errors.add(f"{ipath}.value", "must be unset when operator is Exists")
         if "key" not in entry and operator != "Exists":
@@ -560,8 +603,8 @@ def _parse_remote_cache(raw: Any, errors: _Errors) -> RemoteCacheSpec | None:
     path = "spec.remoteCache"
     remote = _mapping(raw, path, errors)
     host = _string(remote, "host", path, errors, required=True, max_length=253)
-    if host is not None and not host.strip():
-        errors.add(f"{path}.host", "must not be empty")
+    if host is not None:
+        _check(host, host_problem, f"{path}.host", errors)
     return RemoteCacheSpec(
         host=host or "",
         port=_integer(remote, "port", path, errors, 6379, low=1, high=65535),
@@ -575,8 +618,9 @@ def _parse_preload(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) 
     path = "spec.preload"
     node_cache = _mapping(raw.get("nodeCache"), f"{path}.nodeCache", errors)
     host_path = _string(node_cache, "hostPath", f"{path}.nodeCache", errors, required="nodeCache" in raw)
-    if host_path is not None and (not host_path.startswith("/") or "/../" in f"{host_path}/"):
-        errors.add(f"{path}.nodeCache.hostPath", f"{host_path!r} must be an absolute path without '..'")
+    if host_path is not None:
+        _check(host_path, lambda p: node_path_problem(p, defaults.node_cache_roots), f"{path}.nodeCache.hostPath",
+               errors)
     max_bytes = _integer(raw, "maxBytes", path, errors, -1, low=0) if "maxBytes" in raw else None
     deadline = _integer(raw, "deadlineSeconds", path, errors, DEFAULT_PRELOAD_DEADLINE_SECONDS,
                         low=1, high=MAX_PRELOAD_DEADLINE_SECONDS)
@@ -614,14 +658,49 @@ def _parse_preload(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) 
 
 def quantity_bytes(text: str) -> int | None:
     """A Kubernetes quantity (``16Gi``, ``500M``, ``1e9``) as whole bytes, rounded up; None if it is not one."""
-    match = _QUANTITY_PARTS.match(text)
+    value = quantity_value(text)
+    return None if value is None else math.ceil(value)
+
+
+def quantity_value(text: str) -> Fraction | None:
+    """A Kubernetes quantity (``16Gi``, ``500m``, ``1e9``) as an exact number; None if it is not one."""
+    match = _QUANTITY_PARTS.fullmatch(text)
     if not match:
         return None
     number, exponent, suffix = match.groups()
-    if exponent and abs(int(exponent)) > 30:  # far past any byte count, and cheap to refuse
+    if exponent and abs(int(exponent)) > 30:  # far past any amount, and cheap to refuse
         return None
-    value = Fraction(number) * (Fraction(10) ** int(exponent) if exponent else _SUFFIX_FACTORS[suffix or ""])
-    return math.ceil(value)
+    return Fraction(number) * (Fraction(10) ** int(exponent) if exponent else _SUFFIX_FACTORS[suffix or ""])
+
+
+def _parse_node_selector(raw: Any, path: str, errors: _Errors) -> dict[str, str]:
+    """Label keys and values, as a Pod's nodeSelector takes them."""
+    selector = _string_map(raw, path, errors)
+    if len(selector) > MAX_NODE_SELECTOR:
+        errors.add(path, f"at most {MAX_NODE_SELECTOR} labels, got {len(selector)}")
+        return {}
+    good: dict[str, str] = {}
+    for key, value in selector.items():
+        bad_key = _check(key, qualified_name_problem, path, errors, what="label key")
+        if not bad_key and not _check(value, label_value_problem, f"{path}.{key}", errors):
+            good[key] = value
+    return good
+
+
+def _check(value: str, problem: Callable[[str], str | None], path: str, errors: _Errors, *, what: str = "") -> bool:
+    """Add ``problem(value)`` (if any) as an error at ``path``; True when there was one. ``what`` names a
+    value that is a key at ``path`` (a map key), so that the message shows which."""
+    reason = problem(value)
+    if reason is None:
+        return False
+    errors.add(path, f"{what + ' ' if what else ''}{shown(value)}: {reason}")
+    return True
+
+
+def shown(value: Any) -> str:
+    """A bad value as an error message repeats it: quoted, escaped, at most :data:`SHOWN_VALUE` characters."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_VALUE else f"{text[: SHOWN_VALUE - 1]}… ({len(str(value))} characters)"
 
 
 # -- scalar readers -----------------------------------------------------------------------------
@@ -682,7 +761,7 @@ def _enum(
     if value is None:
         return default
     if value not in allowed:
-        errors.add(f"{path}.{key}", f"{value!r} is not one of {', '.join(allowed)}")
+        errors.add(f"{path}.{key}", f"{shown(value)} is not one of {', '.join(allowed)}")
         return default
     return str(value)
 
@@ -692,7 +771,7 @@ def _boolean(obj: Mapping[str, Any], key: str, path: str, errors: _Errors, defau
     if value is None:
         return default
     if not isinstance(value, bool):
-        errors.add(f"{path}.{key}", f"must be true or false, got {value!r}")
+        errors.add(f"{path}.{key}", f"must be true or false, got {shown(value)}")
         return default
     return value
 
@@ -704,7 +783,7 @@ def _integer(
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        errors.add(f"{path}.{key}", f"must be a whole number, got {value!r}")
+        errors.add(f"{path}.{key}", f"must be a whole number, got {shown(value)}")
         return default
     if value < low or (high is not None and value > high):
         bound = f"from {low} to {high}" if high is not None else f"at least {low}"

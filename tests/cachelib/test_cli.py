@@ -42,7 +42,7 @@ def test_every_subcommand_has_a_description_and_examples(name: str, capsys: pyte
 
 
 def test_preload_flags_match_the_contract() -> None:
-    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    sub = next(a for a in build_parser()._actions if a.dest == "subcommand")
     preload = sub.choices["preload"]  # type: ignore[index]
     flags = {opt for action in preload._actions for opt in action.option_strings}
     assert {"--store", "--key", "--cache", "--target", "--gpu", "--strict", "--max-bytes", "--torch", "--triton",

@@ -95,6 +95,51 @@ def test_global_flags_after_the_command(tmp_path: Path) -> None:
     assert "Traceback" not in run_cli("ls", "--store", missing).stderr
 
 
+# -- warmup: every argument checked before anything compiles -----------------------------------------
+@pytest.mark.parametrize(("args", "argument", "message"), [
+    (["--store", "ftp://host/x"], "--store", "has scheme 'ftp'"),
+    (["--store", "redis://:pa#hunter2@h"], "--store", "an '@' after the host"),
+    (["--store", "s3://b"], "--store", "is not a valid S3 bucket name"),
+    (["--name", "n" * 254], "argument --name", "not a Kubernetes object name"),
+    (["--name", "a" * 201], "argument --name", "at most 200"),
+    (["--name", "Bad_Name"], "argument --name", "not a Kubernetes object name"),
+    (["--namespace", "team a"], "argument --namespace", "not a Kubernetes namespace name"),
+    (["--level", "99"], "argument --level", "not a zstd level from 1 to 22"),
+])
+@pytest.mark.parametrize("model", [["--target", "tiny_mlp"], ["--command", "python -c pass"]])
+def test_warmup_refuses_bad_arguments_before_the_harness_runs(
+    model: list[str], args: list[str], argument: str, message: str, tmp_path: Path
+) -> None:
+    given = {"--name": "demo", "--store": f"file://{tmp_path / 'store'}"}
+    given.update(dict(zip(args[::2], args[1::2], strict=True)))
+    out = tmp_path / "out"
+    proc = run_cli("warmup", *model, "--out", str(out), *(x for item in given.items() for x in item))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("compilecache")]
+    assert line.startswith(f"compilecache warmup: error: {argument}"), line
+    assert message in line and "hunter2" not in proc.stderr
+    assert proc.stdout == "" and not out.exists(), "the harness never ran"
+
+
+def test_a_malformed_trusted_key_is_a_bad_argument(store: str, tmp_path: Path) -> None:
+    proc = run_cli("preload", "--store", store, "--cache", "team-a/mlp", "--target", str(tmp_path / "t"),
+                   "--trusted-key", "not-a-key")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("compilecache preload: error: --trusted-key:")
+    assert proc.stdout == "" and not (tmp_path / "t").exists()
+
+
+def test_no_credential_in_errors_json_or_logs(tmp_path: Path) -> None:
+    url = "redis://admin:hunter2@127.0.0.1:1/0?timeout=0.2&retries=0"
+    for argv in (["ls", "--store", url], ["ls", "--store", url, "--log-format", "json", "-v"],
+                 ["preload", "--store", url, "--cache", "team-a/mlp", "--target", str(tmp_path / "t")],
+                 ["ls", "--store", url, f"--unknown={url}"]):
+        proc = run_cli(*argv)
+        assert proc.returncode != 0 or proc.stdout, proc
+        assert "hunter2" not in proc.stdout + proc.stderr, argv
+        assert "redis://***@127.0.0.1:1/0" in proc.stdout + proc.stderr, argv
+
+
 # -- ls -o ---------------------------------------------------------------------------------------
 def test_ls_wide_shows_the_target_and_mode(store: str) -> None:
     proc = run_cli("ls", "--store", store, "-o", "wide")

@@ -6,6 +6,11 @@ MutatingWebhookConfiguration points at the balancer. Under a steady stream of la
 replicas are replaced one by one (a rolling update: a new one starts and gets ready, then an old one
 stops), and no pod is admitted without the webhook knowing its CompileCache (no ``unknown-cache`` skip,
 no pod without the webhook's annotation). The Lease moves to a live replica, which goes on reconciling.
+
+The stream runs at 25 creates per second (``COMPILECACHE_HA_POD_RATE``; 50 passes too). A pod once went
+through uninjected at that rate, the API server saying "failing open ... write: broken pipe": the
+balancer, not a replica, had closed a kept-alive connection (it kept the connect timeout on the upstream
+socket, so every connection idle for 2 s was torn down, racing the API server's next admission on it).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import itertools
+import os
 import socket
 import threading
 import time
@@ -38,6 +44,8 @@ CACHE_LABEL = "compilecache.io/cache"
 SKIPPED = "compilecache.io/skipped"
 INJECTED = "compilecache.io/injected"
 LEASE = "compilecache-operator"
+RATE = float(os.environ.get("COMPILECACHE_HA_POD_RATE", "25"))
+"""Labelled pod creates per second during the replacement (the issue's sweeps ran 20 to 50)."""
 
 
 class Replica(OperatorProcess):
@@ -53,13 +61,19 @@ class Replica(OperatorProcess):
 
 
 class Balancer:
-    """A TCP balancer on loopback over the replicas that are ready (what a Service does)."""
+    """A TCP balancer on loopback over the replicas that are ready, as a Service routes to its ready endpoints:
+    a replica leaves after ``FAILURE_THRESHOLD`` failed readiness probes in a row (a kubelet's default), and a
+    connection, once made, stays up until one of its ends closes it, however long it is idle (kube-proxy's
+    conntrack keeps an established connection for days)."""
+
+    FAILURE_THRESHOLD = 3
 
     def __init__(self) -> None:
         self.replicas: list[Replica] = []
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=512)
         self.port = self.listener.getsockname()[1]
         self._ready: list[int] = []
+        self._failures: dict[int, int] = {}
         self._turn = itertools.count()
         self._stop = threading.Event()
         threading.Thread(target=self._probe, daemon=True).start()
@@ -67,7 +81,11 @@ class Balancer:
 
     def _probe(self) -> None:
         while not self._stop.is_set():
-            self._ready = [r.webhook_port for r in list(self.replicas) if r.ready()]
+            for replica in list(self.replicas):
+                ok = replica.ready()
+                self._failures[replica.webhook_port] = 0 if ok else self._failures.get(replica.webhook_port, 0) + 1
+            self._ready = [r.webhook_port for r in list(self.replicas)
+                           if self._failures.get(r.webhook_port, self.FAILURE_THRESHOLD) < self.FAILURE_THRESHOLD]
             time.sleep(0.5)
 
     def _accept(self) -> None:
@@ -86,6 +104,7 @@ class Balancer:
             except OSError:
                 client.close()
                 continue
+            upstream.settimeout(None)  # the timeout was for connecting: an idle kept-alive connection stays
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
@@ -122,32 +141,49 @@ def webhook_configuration(name: str, namespace: str, port: int, ca: bytes) -> di
 
 
 class PodStream:
-    """Labelled pods created one after another at ``rate`` per second until stopped."""
+    """Labelled pods created at ``rate`` per second (from ``workers`` threads, each create waiting for the
+    webhook) until stopped; ``names`` are those the API server created."""
 
-    def __init__(self, client: KubeClient, namespace: str, rate: float = 4.0) -> None:
+    def __init__(self, client: KubeClient, namespace: str, rate: float = RATE, workers: int = 6) -> None:
         self.client, self.namespace, self.rate = client, namespace, rate
         self.names: list[str] = []
+        self.refused: list[str] = []
+        self._slots = itertools.count()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._began = time.monotonic()
+        self._ended: float | None = None
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
+        for thread in self._threads:
+            thread.start()
 
     def _run(self) -> None:
-        for n in itertools.count():
-            if self._stop.is_set():
+        while not self._stop.is_set():
+            n = next(self._slots)
+            if self._stop.wait(max(0.0, self._began + n / self.rate - time.monotonic())):
                 return
-            name = f"app-{n:04d}"
-            self.client.post(f"/api/v1/namespaces/{self.namespace}/pods", {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: "mlp"}},
-                "spec": restricted({"restartPolicy": "Never", "nodeSelector": {"compilecache.test/nowhere": "1"},
-                                    "containers": [{"name": "app", "image": WORKLOAD_IMAGE,
-                                                    "command": ["python", "-c", "pass"]}]}),
-            })
+            name = f"app-{n:05d}"
+            try:
+                self.client.post(f"/api/v1/namespaces/{self.namespace}/pods", {
+                    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: "mlp"}},
+                    "spec": restricted({"restartPolicy": "Never", "nodeSelector": {"compilecache.test/nowhere": "1"},
+                                        "containers": [{"name": "app", "image": WORKLOAD_IMAGE,
+                                                        "command": ["python", "-c", "pass"]}]}),
+                })
+            except KubeAPIError as exc:
+                self.refused.append(f"{name}: {exc}")
+                continue
             self.names.append(name)
-            time.sleep(1 / self.rate)
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(30)
+        for thread in self._threads:
+            thread.join(30)
+        self._ended = time.monotonic()
+
+    @property
+    def achieved(self) -> float:
+        """Pods created per second, over the stream's life."""
+        return len(self.names) / max(1e-9, (self._ended or time.monotonic()) - self._began)
 
 
 @pytest.fixture
@@ -221,6 +257,8 @@ def test_a_rolling_replacement_under_a_stream_of_pods_skips_none(
         return annotations.get(SKIPPED), annotations.get(INJECTED)
 
     seen = {name: annotation_of(name) for name in stream.names}
+    print(f"\n{len(seen)} pods at {stream.achieved:.1f}/s (asked {stream.rate:g}/s)")
+    assert not stream.refused, stream.refused[:5]
     assert len(seen) >= 30, f"only {len(seen)} pods were created"
     unserved = [n for n, (skipped, injected) in seen.items() if skipped is None and injected is None]
     unknown = [n for n, (skipped, _) in seen.items() if skipped == "unknown-cache"]
@@ -234,3 +272,43 @@ def test_a_rolling_replacement_under_a_stream_of_pods_skips_none(
     generation = kube_client.get(cache_path(ns, "mlp"))["metadata"]["generation"]
     wait_for(lambda: kube_client.get(cache_path(ns, "mlp")).get("status", {}).get("observedGeneration") == generation,
              60, "the new leader to reconcile the change")
+
+
+class EchoReplica:
+    """Stands in for a replica behind the balancer (a mock: only the balancer is under test): an echo server
+    on loopback, always ready."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.webhook_port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            connection, _ = self.server.accept()
+            while data := connection.recv(1024):
+                connection.sendall(data)
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_the_balancer_keeps_an_idle_kept_alive_connection() -> None:
+    """The cause of a pod admitted without the webhook (the API server: "Failed calling webhook, failing open
+    ... write: broken pipe"): the balancer gave each upstream socket the 2 s connect timeout for its whole
+    life, so a kept-alive connection idle for 2 s was torn down, racing the API server's next admission on
+    it. A Service keeps it; so must the balancer."""
+    balancer = Balancer()
+    upstream = EchoReplica()
+    balancer.replicas.append(upstream)  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: balancer._ready, 10, "the balancer to see the replica")
+        with socket.create_connection(("127.0.0.1", balancer.port), timeout=10) as connection:
+            connection.sendall(b"first")
+            assert connection.recv(16) == b"first"
+            time.sleep(3)  # idle past the old 2 s
+            connection.sendall(b"again")
+            assert connection.recv(16) == b"again", "the idle connection was closed"
+    finally:
+        balancer.close()
+        upstream.server.close()

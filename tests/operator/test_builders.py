@@ -218,7 +218,7 @@ def test_the_sidecar_command_is_one_the_preloader_accepts() -> None:
         assert args.done_file == DONE and args.target == "/var/cache/compilecache/inductor"
         assert args.sidecar is (mode == "Sidecar" and sidecars.available)
         assert (args.max_bytes, args.deadline, args.share, args.owner) == (16 * 2**30, 30.0, "all", None)
-    node = view(preload={"nodeCache": {"hostPath": "/cc"}, "deadlineSeconds": 5, "maxBytes": 99})
+    node = view(preload={"nodeCache": {"hostPath": "/var/cache/cc"}, "deadlineSeconds": 5, "maxBytes": 99})
     p = pod(securityContext={"runAsUser": 1000, "runAsGroup": 100})
     args = build_parser().parse_args(apply_pod_patch(p, inject(p, node))["spec"]["initContainers"][0]
                                      ["command"][1:])
@@ -371,7 +371,7 @@ def test_preloads_are_bounded_by_the_volume_and_a_deadline(preload: dict[str, An
 
 
 def test_a_node_cache_has_no_size_limit_but_the_same_budget() -> None:
-    out = apply_pod_patch(pod(), inject(pod(), view(preload={"nodeCache": {"hostPath": "/cc"},
+    out = apply_pod_patch(pod(), inject(pod(), view(preload={"nodeCache": {"hostPath": "/var/cache/cc"},
                                                                      "sizeLimit": "1Gi"})))
     assert "emptyDir" not in out["spec"]["volumes"][0]
     assert flag(out["spec"]["initContainers"][0]["command"], "--max-bytes") == str(2**30)
@@ -458,7 +458,7 @@ def test_build_status_counts_bundles_and_masks_the_store_password() -> None:
                                    now="2025-01-01T00:00:00Z")
     assert status["observedGeneration"] == 4 and status["bundleCount"] == 1
     assert status["bundles"][0]["bytes"] == 5 and status["plannedGPUs"] == "cpu"
-    assert status["storage"] == "redis://:***@r:6379/0"
+    assert status["storage"] == "redis://***@r:6379/0"
     assert not builders.status_changed(status, status)
     kept = builders.build_status(status, generation=5, conditions=[], bundles=None, planned_gpus=None,
                                  storage_url=None, now="2025-01-02T00:00:00Z")

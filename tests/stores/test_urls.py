@@ -165,8 +165,8 @@ def test_errors_and_shown_urls_mask_the_password() -> None:
     with pytest.raises(StoreURLError) as caught:
         parse_store_url(url)
     assert "hunter2" not in str(caught.value)
-    assert "redis://user:***@host:6379/0?chunk=nope" in str(caught.value)
-    assert mask_url("redis://:hunter2@host/0") == "redis://:***@host/0"
+    assert "redis://***@host:6379/0?chunk=nope" in str(caught.value)
+    assert mask_url("redis://:hunter2@host/0") == "redis://***@host/0"
     assert mask_url("redis://host/0") == "redis://host/0"
     with open_store("redis://:hunter2@127.0.0.1:1/0") as store:
         assert "hunter2" not in store.url

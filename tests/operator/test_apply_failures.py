@@ -1,0 +1,213 @@
+"""Every write of a reconcile can fail; each failure ends in Ready=False naming what failed and why, and a
+Warning event, and the cache is looked at again. No failure is swallowed, none leaves the cache without a
+status (unless the status write itself fails: then the event and the log say so).
+
+The API here is :class:`ScriptedAPI`, a stand-in (a mock) for the API server at the reconcile's writes: a
+real API server cannot be made to conflict, time out or fail with a 500 on a chosen write. The real API
+server's own refusal of a Job is in tests/e2e/test_operator_failures.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, cast
+
+import pytest
+from compilecache_operator import builders, controller, failures
+from compilecache_operator.controller import Indexes, Settings, State
+from compilecache_operator.kube import KubeAPI, KubeError
+from compilecache_operator.metrics import Metrics
+from compilecache_operator.names import RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
+from compilecache_operator.spec import Defaults
+
+from tests.operator.samples import owner
+
+KEY = ("team-a", "mlp")
+SETTINGS = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=30)
+SECRET = "hunter2-secret"
+
+
+def refused(*causes: tuple[str, str]) -> KubeError:
+    """What the API server answers to a Job it refuses (HTTP 422 with the fields in details.causes)."""
+    import json
+
+    status = {"kind": "Status", "status": "Failure", "reason": "Invalid", "code": 422,
+              "message": 'Job.batch "mlp-x" is invalid: ' + "; ".join(f"{f}: {m}" for f, m in causes),
+              "details": {"causes": [{"field": f, "message": m, "reason": "FieldValueInvalid"} for f, m in causes]}}
+    return KubeError("POST", "/apis/batch/v1/namespaces/team-a/jobs", 422, json.dumps(status))
+
+
+class ScriptedAPI:
+    """A stand-in for :class:`KubeAPI` at the calls a reconcile makes (a mock, see the module's docstring).
+    ``fail`` maps a method to the errors its next calls raise, one per call; every call is recorded."""
+
+    def __init__(self, fail: dict[str, list[BaseException]] | None = None) -> None:
+        self.fail = {name: list(errors) for name, errors in (fail or {}).items()}
+        self.calls: list[str] = []
+        self.statuses: list[dict[str, Any]] = []
+
+    async def _call(self, name: str) -> None:
+        self.calls.append(name)
+        errors = self.fail.get(name)
+        if errors:
+            raise errors.pop(0)
+
+    async def set_finalizers(self, namespace: str, name: str, current: Any, new: Any) -> dict[str, Any]:
+        await self._call("set_finalizers")
+        return {}
+
+    async def create_job(self, namespace: str, job: Any) -> bool:
+        await self._call("create_job")
+        return True
+
+    async def delete_job(self, namespace: str, name: str) -> bool:
+        await self._call("delete_job")
+        return True
+
+    async def annotate_job(self, namespace: str, name: str, annotations: Any) -> None:
+        await self._call("annotate_job")
+
+    async def patch_cache_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        await self._call("patch_cache_status")
+        self.statuses.append(status)
+        return {}
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        await self._call("read_secret")
+        return None
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        await self._call("list_pods")
+        return []
+
+
+def run(body: dict[str, Any], api: ScriptedAPI, jobs: tuple[dict[str, Any], ...] = ()) -> tuple[
+        State, controller.Outcome | None, list[tuple[str, str, str]]]:
+    """One ``handle`` of the cache: the state after it, the reconcile's outcome and the events posted."""
+    state = State(settings=SETTINGS, metrics=Metrics(), api=cast(KubeAPI, api))
+    state.indexes = Indexes(caches={KEY: [body]}, jobs={"uid-1234": list(jobs)})
+    events: list[tuple[str, str, str]] = []
+
+    def emit(_body: Any, type_: str, reason: str, message: str) -> None:
+        events.append((type_, reason, message))
+
+    async def go() -> controller.Outcome | None:
+        return await controller.reconcile(state, *KEY, emit=emit)
+
+    return state, asyncio.run(go()), events
+
+
+def ready(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Ready")
+
+
+def cache(**spec: Any) -> dict[str, Any]:
+    body = owner(**spec)
+    body["metadata"]["resourceVersion"] = "100"
+    return body
+
+
+def superseded_job(body: dict[str, Any]) -> dict[str, Any]:
+    """A finished, counted Job of a variant the plan no longer has: the reconcile deletes it."""
+    return {"metadata": {"name": "mlp-old", "namespace": "team-a", "uid": "job-old", "resourceVersion": "7",
+                         "labels": {WARMUP_LABEL: "mlp", VARIANT_LABEL: "gone", "compilecache.io/generation": "1"},
+                         "annotations": {RECORDED_ANNOTATION: "failed"},
+                         "ownerReferences": [{"kind": "CompileCache", "uid": "uid-1234", "name": "mlp"}]},
+            "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
+
+
+def test_a_job_the_api_server_refuses_names_the_spec_field_in_the_status_and_an_event() -> None:
+    api = ScriptedAPI({"create_job": [refused(("spec.template.spec.tolerations[0].key", "Invalid value: \"$(id)\""))]})
+    state, result, events = run(cache(), api)
+    assert result is not None and result.problem and result.retry_after == SETTINGS.retry_seconds
+    condition = ready(api.statuses[-1])
+    assert (condition["status"], condition["reason"]) == ("False", failures.JOB_REFUSED)
+    assert condition["message"].startswith("spec.warmup.tolerations: creating warm-up Job cc-mlp-")
+    assert "HTTP 422 Invalid" in condition["message"] and "$(id)" in condition["message"]
+    assert ("Warning", failures.JOB_REFUSED, condition["message"]) in events
+    assert KEY in state.warnings and KEY not in state.settled
+
+
+@pytest.mark.parametrize(("method", "error", "what", "spec", "jobs"), [
+    ("set_finalizers", KubeError("PATCH", "/x", 422, '{"reason": "Invalid", "message": "test failed"}'),
+     "setting the finalizers", {"deletionPolicy": "Delete"}, ()),
+    ("set_finalizers", KubeError("PATCH", "/x", 409, '{"reason": "Conflict", "message": "changed"}'),
+     "setting the finalizers", {"deletionPolicy": "Delete"}, ()),
+    ("create_job", KubeError("POST", "/x", 0, "TimeoutError: "), "creating warm-up Job", {}, ()),
+    ("create_job", KubeError("POST", "/x", 500, '{"reason": "InternalError", "message": "etcd"}'),
+     "creating warm-up Job", {}, ()),
+    ("create_job", RuntimeError("anything at all"), "creating warm-up Job", {}, ()),
+    ("delete_job", KubeError("DELETE", "/x", 0, "ServerDisconnectedError"), "deleting superseded warm-up Job mlp-old",
+     {}, "superseded"),
+    ("patch_cache_status", KubeError("PATCH", "/x", 409, '{"reason": "Conflict", "message": "changed"}'),
+     "writing the status", {}, ()),
+    ("patch_cache_status", KubeError("PATCH", "/x", 422, '{"reason": "Invalid", "message": "bad status"}'),
+     "writing the status", {"image": ""}, ()),
+])
+def test_each_write_that_fails_ends_in_a_condition_and_an_event(
+    method: str, error: BaseException, what: str, spec: dict[str, Any], jobs: Any
+) -> None:
+    body = cache(**spec)
+    api = ScriptedAPI({method: [error]})
+    _, result, events = run(body, api, (superseded_job(body),) if jobs else ())
+    assert method in api.calls
+    assert result is not None and result.problem and what in result.problem
+    condition = ready(api.statuses[-1])
+    assert (condition["status"], condition["reason"]) == ("False", failures.APPLY_FAILED)
+    assert condition["message"].startswith(what), condition
+    assert [e for e in events if e[0] == "Warning"] == [("Warning", failures.APPLY_FAILED, condition["message"])]
+
+
+def test_a_failure_before_any_write_is_a_reconcile_failure_with_a_status() -> None:
+    api = ScriptedAPI({"read_secret": [KubeError("GET", "/api/v1/namespaces/team-a/secrets/s", 403,
+                                                 '{"reason": "Forbidden", "message": "no"}')]})
+    _, result, events = run(cache(storage={"url": "redis://r:6379/0", "secretRef": {"name": "s"}}), api)
+    assert result is not None and result.problem
+    condition = ready(api.statuses[-1])
+    assert condition["reason"] == failures.RECONCILE_FAILED and "HTTP 403 Forbidden" in condition["message"]
+    assert events and events[-1][:2] == ("Warning", failures.RECONCILE_FAILED)
+
+
+def test_a_status_that_cannot_be_written_is_said_in_the_event_and_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    down = [KubeError("PATCH", "/x", 0, "ClientConnectorError") for _ in range(4)]
+    api = ScriptedAPI({"patch_cache_status": down})
+    with caplog.at_level(logging.WARNING, logger="compilecache_operator.controller"):
+        _, result, events = run(cache(), api)
+    assert result is not None and result.problem and not api.statuses
+    (warning,) = [e for e in events if e[0] == "Warning"]
+    assert warning[1] == failures.APPLY_FAILED and "the status could not be written" in warning[2]
+    assert "could not be written either" in caplog.text
+
+
+def test_credentials_in_an_error_reach_neither_the_status_nor_the_event(caplog: pytest.LogCaptureFixture) -> None:
+    error = KubeError("POST", "/x", 500, f'{{"message": "dial redis://admin:{SECRET}@r:6379/0?token={SECRET}"}}')
+    api = ScriptedAPI({"create_job": [error]})
+    with caplog.at_level(logging.WARNING):
+        _, _, events = run(cache(), api)
+    shown = [ready(api.statuses[-1])["message"], *(e[2] for e in events)]
+    assert "redis://***@r:6379/0?token=***" in shown[0]
+    assert not [text for text in shown if SECRET in text]
+
+
+def test_a_failed_reconcile_is_looked_at_again() -> None:
+    api = ScriptedAPI({"create_job": [RuntimeError("down")]})
+    state = State(settings=SETTINGS, metrics=Metrics(), api=cast(KubeAPI, api))
+    state.indexes = Indexes(caches={KEY: [cache()]})
+
+    async def go() -> bool:
+        await controller.handle(state, KEY, None)
+        scheduled = KEY in state.retries
+        for handle in state.retries.values():
+            handle.cancel()
+        return scheduled
+
+    assert asyncio.run(go())
+    assert ready(api.statuses[-1])["reason"] == failures.APPLY_FAILED
+
+
+def test_the_job_fields_map_to_the_spec_fields_they_come_from() -> None:
+    assert failures.cache_field("spec.template.spec.nodeSelector") == "spec.warmup.nodeSelector"
+    assert failures.cache_field("spec.template.spec.containers[0].image") == "spec.image"
+    assert failures.cache_field("spec.template.spec.containers[1].resources.limits[x]") == "spec.warmup.resources"
+    assert failures.cache_field("spec.activeDeadlineSeconds") == "spec.warmup.activeDeadlineSeconds"
+    assert failures.cache_field("metadata.labels") is None

@@ -1,0 +1,69 @@
+"""Property: every CompileCache spec drawn from the CRD's schema, valid or with one field made wrong, is
+refused by the CRD's schema (the API server), or refused by the operator as InvalidSpec with the field's
+path, or warmed up by Jobs whose every value Kubernetes accepts. Never a Job from an invalid value, never
+a blank status, never a secret in a status or an event. The operator's pure path (parse, decide, status)
+only: many examples, in about a second each hundred; tests/e2e/test_spec_sweep.py sends some to a real
+API server with the operator running."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from compilecache_operator import controller
+from compilecache_operator.controller import Snapshot
+from hypothesis import HealthCheck, given, settings
+
+from tests.operator.specgen import BASES, SECRET, SETTINGS, URL_FORMS, Case, body_of, cases, dotted, job_problems
+from tests.operator.test_spec import validator
+
+SCHEMA = validator()
+REFUSALS = ("InvalidSpec", "SecretKeyMissing", "SecretNotFound", "NoGPUNodes")
+"""A spec that cannot be served: InvalidSpec, or what it names cannot be found (each names its field)."""
+NOW = "2026-01-01T00:00:00Z"
+
+
+def outcome(case: Case) -> str:
+    """Check one case; returns which of the three allowed outcomes it had."""
+    body = body_of(case.spec)
+    if not SCHEMA.is_valid(body):
+        return "refused by the schema"
+    snapshot = Snapshot(body, secret={"AWS_ACCESS_KEY_ID": b"a", "AWS_SECRET_ACCESS_KEY": b"b"})
+    actions = controller.decide_actions(snapshot, SETTINGS)
+    status = controller.final_status(snapshot, actions, actions.bundles, "", NOW)
+    ready = [c for c in status["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["reason"] and ready[0]["message"], f"a blank status: {status}"
+    assert SECRET not in json.dumps(status), f"the secret in the status: {status}"
+    if actions.failure is not None:
+        assert actions.failure.reason in REFUSALS, actions.failure
+        assert SECRET not in actions.failure.message
+        # the field itself, one inside it, or (a list item or object the case made) a sibling it needs
+        where = (dotted(case.path), dotted(case.path[:-1]))
+        named = [m.split(":", 1)[0] for m in actions.failure.message.split("; ")]
+        assert any(p.startswith(w) or w.startswith(p) for p in named for w in where if w != "spec"), (
+            where, actions.failure.message)
+        return actions.failure.reason
+    assert actions.create, f"neither refused nor warmed up: {actions}"
+    for job in actions.create:
+        problems = job_problems(job.manifest)
+        assert not problems, f"a Job from an invalid value ({case.kind} at {dotted(case.path)}): {problems}"
+    return "warm-up"
+
+
+@settings(max_examples=1000, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@given(cases())
+def test_every_generated_spec_is_refused_or_invalid_or_a_valid_warmup(case: Case) -> None:
+    outcome(case)
+
+
+@pytest.mark.parametrize("url", URL_FORMS)
+@pytest.mark.parametrize("base", range(len(BASES)))
+def test_a_credential_in_any_part_of_the_store_url_is_refused_and_never_shown(url: str, base: int) -> None:
+    spec = {**BASES[base], "storage": {**BASES[base]["storage"], "url": url}}
+    case = Case(spec, ("storage", "url"), "credential", url)
+    assert outcome(case) in ("refused by the schema", "InvalidSpec")
+    snapshot = Snapshot(body_of(spec))
+    actions = controller.decide_actions(snapshot, SETTINGS)
+    assert actions.failure is not None and actions.failure.reason == "InvalidSpec", "the operator refuses it too"
+    assert "spec.storage.url" in actions.failure.message and SECRET not in actions.failure.message
