@@ -438,13 +438,16 @@ def warm_up(request: Request) -> dict[str, Any]:
         counters: dict[str, dict[str, int]] | None = None
     else:
         assert request.target is not None
-        timings = run_target(request.target, request.options, function)
+        timings, precompile_failure = run_target_with_fallback(request, function)
         counters = counters_snapshot()
     total = time.perf_counter() - started
     megacache = save_megacache(request.out)  # with caching precompile, also writes Dynamo's entries
     bytecode = write_bytecode(request)
     precompile = write_warm_start(request) if request.options.precompile == "auto" else None
-    if precompile is not None and precompile["dynamo_entries"]:
+    if precompile is not None and request.target is not None and precompile_failure is not None:
+        _record_check(request.cache_path, {"verified": False, "reason": precompile_failure})
+        precompile["check"] = {"verified": False, "reason": precompile_failure, "seconds": 0.0}
+    elif precompile is not None and precompile["dynamo_entries"]:
         precompile.update(prove_precompiled(request, job_id, total))
         megacache = megacache_after_check(request.out, megacache, precompile)
     result = {
@@ -470,6 +473,28 @@ def warm_up(request: Request) -> dict[str, Any]:
     }
     _write_atomic(request.out / RESULT_FILE, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
     return result
+
+
+def run_target_with_fallback(
+    request: Request, function: Callable[..., Any] | None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Run the target; with ``--precompile auto``, once more without Dynamo's caching precompile
+    when compiling with it failed (seen: torch 2.13 asserting ``check_fn.guards_state must not be
+    None`` on a T5 encoder). The bundle then ships without a precompiled part, and the second value
+    says why; the key stays the cache's (the options are unchanged)."""
+    assert request.target is not None
+    try:
+        return run_target(request.target, request.options, function), None
+    except HarnessError as exc:
+        if request.options.precompile != "auto" or exc.exit_code != EXIT_FAILED:
+            raise
+        reason = f"compiling with Dynamo's caching precompile failed: {(str(exc).splitlines() or [''])[0][:300]}"
+    print(f"harness: {reason}; compiling again without it", file=sys.stderr)
+    import torch
+
+    torch._dynamo.reset()
+    load_warmstart().disable_caching_precompile()
+    return run_target(request.target, request.options, function), reason
 
 
 def write_bytecode(request: Request) -> dict[str, Any]:

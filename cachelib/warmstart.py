@@ -135,6 +135,11 @@ def supports_caching_precompile() -> bool:
     return hasattr(dynamo_config, "caching_precompile")
 
 
+def disable_caching_precompile() -> None:
+    """Turn Dynamo's caching precompile off (the warm-up's fallback when compiling with it fails)."""
+    _set_caching_precompile(False)
+
+
 def enable_caching_precompile() -> bool:
     """Turn Dynamo's caching precompile on (before ``torch.compile``); whether this torch has it."""
     if not supports_caching_precompile():

@@ -272,3 +272,40 @@ def test_a_damaged_entry_is_a_counted_fallback(warmed_sources: tuple[Path, dict[
     seen = pod(damaged, write_sources(tmp_path / "src"), result["job_id"], tmp_path)
     assert seen["same"] and seen["fallbacks"] == {"unreadable": 1}, seen
     assert seen["counters"]["inductor"].get("fxgraph_cache_hit", 0) >= 1, seen
+
+
+FRAGILE = """
+import torch
+
+
+def double(x):
+    if torch._dynamo.config.caching_precompile:  # stands for a torch that cannot compile it with the setting on
+        raise RuntimeError("check_fn.guards_state must not be None")
+    return x * 2
+
+
+def build():
+    return [(double, (torch.ones(4),))]
+"""
+
+
+@pytest.mark.slow
+def test_a_compile_that_fails_with_caching_precompile_is_warmed_without_it(tmp_path: Path) -> None:
+    (tmp_path / "fragile.py").write_text(FRAGILE)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, harness.__file__, "--target", "fragile:build", "--out", str(out),
+         "--namespace", "default", "--name", "fragile", "--precompile", "auto"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900, check=False,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "compiling again without it" in proc.stderr
+    result = json.loads((out / "result.json").read_text())
+    check = result["precompile"]["check"]
+    assert check["verified"] is False
+    assert check["reason"].startswith("compiling with Dynamo's caching precompile failed"), check
+    manifest = warmstart.read_manifest(out / "cachedir")
+    assert manifest is not None and manifest["dynamo_precompile"] is False
+    assert manifest["precompile_check"]["verified"] is False
+    assert result["cache"]["fxgraph_miss"] >= 1, "the second compile filled the cache"

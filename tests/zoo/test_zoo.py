@@ -139,15 +139,17 @@ def report(case: Case, end: str, result: dict[str, Any], seen: dict[str, dict[st
         f.write(json.dumps(line, sort_keys=True) + "\n")
 
 
-def pods(python: str, case: Case, cache: Path, job_id: str) -> dict[str, dict[str, Any]]:
+def pods(python: str, case: Case, cache: Path, job_id: str, verified: bool) -> dict[str, dict[str, Any]]:
     """The two pod processes, side by side, each on its own copy of the preloaded directory."""
     running = {}
     for how in ("warm_start", "env"):
         copy = cache.with_name(f"pod-{how}")
         subprocess.run(["cp", "-a", str(cache), str(copy)], check=True)
         env = environment(TORCHINDUCTOR_CACHE_DIR=str(copy), TORCH_COMPILE_JOB_ID=job_id)
-        if how == "env":
-            env["TORCH_CACHING_PRECOMPILE"] = "1"  # what the webhook sets; a left-out part has no entry to load
+        if how == "env" and verified:
+            # what the webhook sets, for a verified part only: with caching precompile on, torch 2.13 cannot
+            # even compile some models afresh (a T5 encoder: "check_fn.guards_state must not be None")
+            env["TORCH_CACHING_PRECOMPILE"] = "1"
         running[how] = subprocess.Popen(
             [python, "-m", "tests.zoo.pod", case.target, how, *case.pod_flags()],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
@@ -179,7 +181,7 @@ def test_a_zoo_model_warms_and_never_breaks_a_pod(case: Case, end: str, tmp_path
     assert check["seconds"] < result["compile_seconds"] + 60, "the check costs as much as the warm-up"
 
     cache = publish_and_preload(tmp_path, result["key_string"])
-    seen = pods(python, case, cache, result["job_id"])
+    seen = pods(python, case, cache, result["job_id"], check["verified"])
     for how, pod in seen.items():
         assert pod["problems"] == [], (how, pod["problems"])
         dynamo = pod["counters"]["dynamo_cache"]
@@ -190,6 +192,7 @@ def test_a_zoo_model_warms_and_never_breaks_a_pod(case: Case, end: str, tmp_path
         else:
             assert not dynamo.get("dynamo_cache_hit"), (how, "a left-out entry was loaded", dynamo)
             assert pod["counters"]["inductor"].get("fxgraph_cache_hit", 0) >= 1, (how, pod["counters"])
+            assert pod["fallbacks"] == {}, (how, "nothing to fall back from", pod["fallbacks"])
     report(case, end, result, seen)
     prepared = seen["warm_start"]["prepared"]
     if check["verified"]:
