@@ -195,6 +195,7 @@ def test_a_zoo_model_warms_and_never_breaks_a_pod(case: Case, end: str, tmp_path
             assert pod["fallbacks"] == {}, (how, "nothing to fall back from", pod["fallbacks"])
     report(case, end, result, seen)
     prepared = seen["warm_start"]["prepared"]
+    assert {"torch_key", "triton_key"} <= set(prepared["applied"]), ("the source keys, per torch version", prepared)
     if check["verified"]:
         assert "caching_precompile" in prepared["applied"], prepared
     else:
