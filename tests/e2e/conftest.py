@@ -54,8 +54,8 @@ from tests.infra.node import (
     WORKLOAD_TAGS,
     NodeUnavailable,
     RealNode,
+    Workload,
     ensure_workload_image,
-    workload_mounts,
 )
 from tests.infra.nodeagent import NodeAgent, Runtime
 from tests.servers import RedisServer, start_redis
@@ -144,11 +144,10 @@ def preloader_runtime() -> Runtime | None:
     return None
 
 
-def real_node_mounts() -> tuple[Path, Path, Path | None]:
+def workload() -> Workload:
     """The test virtualenv, the checkout and the byte-code cache: mounted read-only into every container."""
-    venv = python_bin_dir().parent
     pycache = os.environ.get("PYTHONPYCACHEPREFIX")
-    return venv, REPO_ROOT, Path(pycache) if pycache and Path(pycache).is_dir() else None
+    return Workload(python_bin_dir().parent, REPO_ROOT, Path(pycache) if pycache and Path(pycache).is_dir() else None)
 
 
 @pytest.fixture(scope="session")
@@ -163,13 +162,12 @@ def real_node(kube_cluster: LocalCluster) -> Iterator[RealNode]:
         for name in missing:  # a local run with older images: the last build's moving tag
             references[name] = f"localhost/compilecache-{name}:test"
             print(f"\nthe {name} image is not built for this checkout: using {references[name]}")
-        venv, checkout, pycache = real_node_mounts()
-        workload = ensure_workload_image(venv, checkout, pycache)
+        mounted = workload()
         images: dict[str, tuple[str, ...]] = {str(references[name]): (tag,) for name, tag in PROJECT_TAGS.items()}
-        images[workload] = WORKLOAD_TAGS
+        images[ensure_workload_image(mounted.pycache is not None)] = WORKLOAD_TAGS
         node = RealNode(
             kube_cluster, REAL_NODE_NAME, labels={GPU_LABEL: GPU_PRODUCT}, extended={"nvidia.com/gpu": "8"},
-            mounts=workload_mounts(venv, checkout, pycache), images=images, keep_workdir=KEEP,
+            workload=mounted, images=images, keep_workdir=KEEP,
         )
     except (NodeUnavailable, ImagesUnavailable) as reason:
         unavailable(str(reason))

@@ -91,6 +91,47 @@ def volume_stats(client: KubeClient, node: str, namespace: str, pod: str, volume
     return 0, ""
 
 
+CHECK_CONFINEMENT = """
+import json, os, pathlib
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+try:
+    pathlib.Path("/probe").write_text("x")
+    root = "writable"
+except OSError as error:
+    root = error.strerror
+pathlib.Path("/cache/file").write_text("x")
+stat = os.stat("/cache/file")
+report = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups()), "root": root,
+          "seccomp": status["Seccomp"].strip(), "no_new_privs": status["NoNewPrivs"].strip(),
+          "cap_eff": status["CapEff"].strip(), "file_owner": [stat.st_uid, stat.st_gid]}
+pathlib.Path("/dev/termination-log").write_text(json.dumps(report))
+print("confined", flush=True)
+"""
+
+
+def test_the_kubelet_confines_a_restricted_pod_and_serves_its_logs(
+    kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str, real_node: RealNode,
+) -> None:
+    """Pod Security "restricted" as users run it: uid, gid and fsGroup, a read-only root file system, the
+    runtime's seccomp profile, no capabilities, no privilege escalation; all enforced by runc for the app."""
+    ns = kube_namespace
+    app = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", CHECK_CONFINEMENT],
+           "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+           "securityContext": {"readOnlyRootFilesystem": True}}
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "confined"},
+            "spec": restricted({"restartPolicy": "Never", "containers": [app],
+                                "volumes": [{"name": "cache", "emptyDir": {}}]}, uid=1000, gid=3000, fs_group=2000)}
+    kube_client.post(f"/api/v1/namespaces/{ns}/pods", body)
+    done = wait_for(lambda: pod_terminated(kube_client, ns, "confined"), TIMEOUT, "the confined pod to finish")
+    assert done["spec"]["nodeName"] == real_node.name
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    report = terminated_message(done, "app")
+    assert report == {"uid": 1000, "gid": 3000, "groups": [2000, 3000], "root": "Read-only file system",
+                      "seccomp": "2", "no_new_privs": "1", "cap_eff": "0000000000000000",
+                      "file_owner": [1000, 2000]}, report
+    assert kubectl(kube_cluster, "logs", "-n", ns, "confined") == "confined\n"
+
+
 def test_large_bundle_preloads_under_its_memory_limit_within_the_size_limit_and_logs_its_progress(
     operator: OperatorProcess, kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str,
     redis_server: RedisServer, real_node: RealNode,

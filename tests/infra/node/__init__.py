@@ -66,6 +66,8 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops
 HOST_PATHS_LOGS = Path("/var/log/containers")
 HOST_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 HOST_CNI_RESULTS = Path("/var/lib/cni/results")
+HOST_DIRS = (Path("/var/lib/kubelet"), Path("/var/lib/cni"), HOST_PATHS_LOGS)
+"""Directories the kubelet and libcni make at fixed places: removed again when this node made them."""
 CNI_NETWORK = "compilecache-test-pods"
 PAUSE_TAG = "localhost/compilecache-test/pause:3.10"
 WORKLOAD_TAGS = ("compilecache.test/workload:cpu", "compilecache.test/workload:cpu-other")
@@ -227,43 +229,71 @@ def base_runtime_spec(default_spec: dict[str, Any], mounts: Sequence[tuple[Path,
     return spec
 
 
-PYCACHE_MOUNT = Path("/opt/compilecache-pycache")
-"""Where the byte-code cache is mounted in containers (its host path may be under /root, which other uids
-cannot traverse inside the image either)."""
+WORKLOAD_ROOT = Path("/opt/compilecache-test")
+"""Where containers see the test virtualenv (``venv``), the checkout (``src``) and the byte-code cache
+(``pycache``). Not their host paths: a pod volume mounted at a parent of those (``/work``, say) would hide them."""
 
 
-def workload_containerfile(base: str, venv: Path, checkout: Path, pycache: bool) -> str:
-    """The workload image: the pybase image running the test virtualenv's Python (mounted by the base spec)
-    with the checkout first on ``PYTHONPATH`` and, with ``pycache``, the byte-code cache at ``PYCACHE_MOUNT``."""
-    lines = [
-        f"FROM {base}",
-        f"ENV PATH={venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        f"ENV PYTHONPATH={checkout} PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp",
-    ]
-    if pycache:
-        lines.append(f"ENV PYTHONPYCACHEPREFIX={PYCACHE_MOUNT}")
-    return "\n".join(lines) + "\n"
+@dataclass(frozen=True)
+class Workload:
+    """The host's test virtualenv, checkout and byte-code cache (``PYTHONPYCACHEPREFIX``, or None)."""
+
+    venv: Path
+    checkout: Path
+    pycache: Path | None = None
 
 
-def workload_mounts(venv: Path, checkout: Path, pycache: Path | None) -> tuple[tuple[Path, Path], ...]:
-    """What the workload image expects mounted: the venv and the checkout at their paths, the byte-code cache."""
-    return ((venv, venv), (checkout, checkout), *(((pycache, PYCACHE_MOUNT),) if pycache is not None else ()))
+WORKLOAD_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "g++")
+"""A user's image for torch on the CPU: Debian's Python (the test virtualenv's interpreter) and the C++ compiler
+that inductor's CPU kernels need."""
 
 
-def ensure_workload_image(venv: Path, checkout: Path, pycache: Path | None) -> str:
-    """Build (with podman, in seconds: no RUN step) the workload image for this checkout; its reference."""
+def workload_changes(pycache: bool) -> list[str]:
+    """``podman import --change`` lines of the workload image: the test virtualenv's Python (mounted by the base
+    spec) first on PATH, the checkout on ``PYTHONPATH`` and, with ``pycache``, the byte-code cache."""
+    env = {
+        "PATH": f"{WORKLOAD_ROOT}/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PYTHONPATH": f"{WORKLOAD_ROOT}/src", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HOME": "/tmp",
+        **({"PYTHONPYCACHEPREFIX": f"{WORKLOAD_ROOT}/pycache"} if pycache else {}),
+    }
+    return [*(f"ENV {k}={v}" for k, v in env.items()), 'CMD ["python3"]']
+
+
+def workload_mounts(workload: Workload, links: Path) -> tuple[tuple[Path, Path], ...]:
+    """(host path, container path) of the workload's read-only mounts. The byte-code cache is keyed by source
+    path, and containers see the sources at other paths: ``links`` (made here, in the node's work directory)
+    maps those paths to the host's entries by relative links, with the host's cache mounted below it."""
+    mounts = [(workload.venv, WORKLOAD_ROOT / "venv"), (workload.checkout, WORKLOAD_ROOT / "src")]
+    if workload.pycache is None:
+        return tuple(mounts)
+    (links / "host").mkdir(parents=True, exist_ok=True)
+    inside = links / WORKLOAD_ROOT.relative_to("/")
+    inside.mkdir(parents=True, exist_ok=True)
+    depth = len(WORKLOAD_ROOT.parts) - 1
+    for source, name in ((workload.venv, "venv"), (workload.checkout, "src")):
+        link = inside / name
+        if not link.is_symlink():
+            link.symlink_to(Path(*([".."] * depth), "host", *source.parts[1:]))
+    return (*mounts, (links, WORKLOAD_ROOT / "pycache"), (workload.pycache, WORKLOAD_ROOT / "pycache" / "host"))
+
+
+def ensure_workload_image(pycache: bool) -> str:
+    """The workload image (made once, about a minute: ``mmdebstrap`` of ``WORKLOAD_PACKAGES``, then ``podman
+    import``; kept in podman's storage under a tag keyed by its recipe); its reference."""
     import hashlib
 
-    from tests.infra.images import base_reference, podman
+    from tests.infra.images import podman
 
-    text = workload_containerfile(base_reference(), venv, checkout, pycache is not None)
-    base_id = podman("image", "inspect", "--format", "{{.Id}}", base_reference()).stdout.strip()
-    reference = f"{WORKLOAD_REPOSITORY}:{hashlib.sha256((text + base_id).encode()).hexdigest()[:12]}"
-    if podman("image", "exists", reference, check=False).returncode != 0:
-        with tempfile.TemporaryDirectory() as context:
-            Path(context, "Containerfile").write_text(text)
-            podman("build", "--pull=never", "--network=none", "-t", reference, "-f", f"{context}/Containerfile",
-                   context)
+    changes = workload_changes(pycache)
+    recipe = json.dumps([WORKLOAD_PACKAGES, changes]).encode()
+    reference = f"{WORKLOAD_REPOSITORY}:{hashlib.sha256(recipe).hexdigest()[:12]}"
+    if podman("image", "exists", reference, check=False).returncode == 0:
+        return reference
+    with tempfile.TemporaryDirectory(prefix="workload-image-") as scratch:
+        tarball = Path(scratch) / "rootfs.tar"
+        _run(["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(WORKLOAD_PACKAGES)}", "bookworm",
+              str(tarball)])
+        podman("import", *(arg for change in changes for arg in ("--change", change)), str(tarball), reference)
     return reference
 
 
@@ -285,7 +315,7 @@ class RealNode:
 
     ``labels`` go on the Node (``--node-labels``); ``extended`` resources (e.g. ``{"nvidia.com/gpu": "8"}``)
     are advertised on its status as the Kubernetes docs describe for node-level extended resources.
-    ``mounts``: (host path, container path) mounted read-only in every container. ``images``: podman
+    ``workload``: mounted read-only into every container (see ``workload_mounts``). ``images``: podman
     references to import, each with the names it gets in containerd.
     """
 
@@ -293,7 +323,7 @@ class RealNode:
     name: str
     labels: dict[str, str] = field(default_factory=dict)
     extended: dict[str, str] = field(default_factory=dict)
-    mounts: tuple[tuple[Path, Path], ...] = ()
+    workload: Workload | None = None
     images: dict[str, tuple[str, ...]] = field(default_factory=dict)
     keep_workdir: bool = False
     binaries: NodeBinaries | None = None
@@ -304,7 +334,7 @@ class RealNode:
     leftovers: list[str] = field(init=False, default_factory=list)
     _processes: dict[str, ManagedProcess] = field(init=False, default_factory=dict)
     _sysctls: dict[str, str] = field(init=False, default_factory=dict)
-    _made_device_plugins: bool = field(init=False, default=False)
+    _absent_host_dirs: list[Path] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.binaries = self.binaries or find_node_binaries()
@@ -333,6 +363,8 @@ class RealNode:
         started = time.monotonic()
         try:
             self._check_free()
+            self._clean_stale()
+            self._absent_host_dirs = [d for d in HOST_DIRS if not d.exists()]
             self._save_sysctls()
             self.address = node_ip()
             self._write_config()
@@ -352,6 +384,17 @@ class RealNode:
             if isinstance(error, Exception):
                 raise RuntimeError(f"the real node failed to start: {error}\n{logs}") from error
             raise
+
+    def _clean_stale(self) -> None:
+        """What a killed run left: its processes, mounts and work directory (``/kubepods`` and the bridge are
+        handled by ``_check_free`` and ``stop``)."""
+        for stale in Path(self.workdir.parent).glob("ccn-*"):
+            if stale != self.workdir and stale.is_dir():
+                _kill_marked(str(stale))
+                _unmount_under(stale)
+                shutil.rmtree(stale, ignore_errors=True)
+        self._remove_cgroups()
+        self.leftovers.clear()
 
     def _check_free(self) -> None:
         if Path(f"/sys/class/net/{BRIDGE}").exists():
@@ -381,7 +424,8 @@ class RealNode:
         for sub in ("run", "logs", "etc/cni/net.d", "kubelet", "pki", "pod-logs"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         default = json.loads(_run([str(self.binaries.ctr), "oci", "spec"]).stdout)
-        (self.workdir / "base-spec.json").write_text(json.dumps(base_runtime_spec(default, self.mounts), indent=1))
+        mounts = () if self.workload is None else workload_mounts(self.workload, self.workdir / "pycache")
+        (self.workdir / "base-spec.json").write_text(json.dumps(base_runtime_spec(default, mounts), indent=1))
         (self.workdir / "containerd.toml").write_text(
             containerd_config(self.workdir, self.binaries.runc, self.workdir / "base-spec.json")
         )
@@ -525,26 +569,11 @@ class RealNode:
 
     def _kill_strays(self) -> None:
         """Shims and container processes that outlived containerd (a shim re-parents itself)."""
-        marker = str(self.workdir).encode()
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                if marker in (proc / "cmdline").read_bytes():
-                    os.kill(int(proc.name), signal.SIGKILL)
-            except (OSError, ProcessLookupError):
-                continue
+        _kill_marked(str(self.workdir))
 
     def _unmount_all(self) -> None:
-        prefix = str(self.workdir) + "/"
-        for _ in range(3):
-            targets = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-            ours = sorted((t for t in targets if t.startswith(prefix)), key=len, reverse=True)
-            if not ours:
-                return
-            for target in ours:
-                _run(["umount", "-l", target], check=False)
-        self.leftovers.append(f"mounts under {self.workdir}")
+        if not _unmount_under(self.workdir):
+            self.leftovers.append(f"mounts under {self.workdir}")
 
     def _remove_cgroups(self) -> None:
         for hierarchy in Path("/sys/fs/cgroup").iterdir():
@@ -569,6 +598,10 @@ class RealNode:
         if HOST_CNI_RESULTS.is_dir():
             for result in HOST_CNI_RESULTS.glob(f"{CNI_NETWORK}-*"):
                 result.unlink(missing_ok=True)
+        for directory in self._absent_host_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+            if directory.exists():
+                self.leftovers.append(str(directory))
 
     # -- diagnostics -------------------------------------------------------------------------------
 
@@ -610,6 +643,31 @@ class RealNode:
         # CRI log format: "<time> <stream> <P|F> <text>"
         parts = [line.split(" ", 3) for line in lines]
         return "".join(p[3] + ("" if p[2] == "P" else "\n") for p in parts if len(p) == 4)
+
+
+def _kill_marked(marker: str) -> None:
+    """SIGKILL every process whose command line names ``marker`` (a node's work directory)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
+def _unmount_under(directory: Path) -> bool:
+    """Lazily unmount everything below ``directory``, deepest first; whether nothing is left mounted there."""
+    prefix = str(directory) + "/"
+    for _ in range(3):
+        targets = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        ours = sorted((t for t in targets if t.startswith(prefix)), key=len, reverse=True)
+        if not ours:
+            return True
+        for target in ours:
+            _run(["umount", "-l", target], check=False)
+    return False
 
 
 def _run(args: list[str], check: bool = True, stdin: Any = None) -> subprocess.CompletedProcess[str]:

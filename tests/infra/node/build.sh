@@ -99,7 +99,8 @@ build_containerd() {
 build_crictl() {
     mkdir -p "$CRICTL_DIR/bin"
     log "go install crictl v$CRICTL_VERSION"
-    GOBIN="$CRICTL_DIR/bin" GOFLAGS= go install -trimpath -ldflags "-s -w" \
+    GOBIN="$CRICTL_DIR/bin" GOFLAGS= go install -trimpath \
+        -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRICTL_VERSION" \
         "sigs.k8s.io/cri-tools/cmd/crictl@v$CRICTL_VERSION" \
         >"$CRICTL_DIR/build.log" 2>&1 || { tail -n 40 "$CRICTL_DIR/build.log" >&2; die "building crictl failed"; }
 }
