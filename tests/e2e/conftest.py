@@ -182,7 +182,9 @@ def real_node(kube_cluster: LocalCluster) -> Iterator[RealNode]:
 def redis_server(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """redis-server on loopback and on the bridge's gateway; its URLs name the gateway, which pods and the host
     both reach."""
-    with start_redis(tmp_path_factory.mktemp("redis-node"), extra=("--bind", f"127.0.0.1 {GATEWAY}")) as server:
+    # Protected mode refuses clients from other addresses (the pods) while the default user has no password.
+    extra = ("--bind", f"127.0.0.1 {GATEWAY}", "--protected-mode", "no")
+    with start_redis(tmp_path_factory.mktemp("redis-node"), extra=extra) as server:
         yield dataclasses.replace(server, host=GATEWAY)
 
 

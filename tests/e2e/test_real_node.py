@@ -159,7 +159,7 @@ def test_large_bundle_preloads_under_its_memory_limit_within_the_size_limit_and_
     terminated = preload_state(pod)["state"]["terminated"]
     assert terminated["reason"] == "Completed" and terminated["exitCode"] == 0, terminated  # not OOMKilled
     result = terminated_message(pod, PRELOAD, init=True)
-    assert result["result"] == "hit" and result["bytes"] == bundle["bytes"], result
+    assert result["result"] == "hit" and result["bytes"] > BUNDLE_MIB << 20, result
 
     def measured(after: str = "") -> str | None:
         used, when = volume_stats(kube_client, real_node.name, ns, "app", volume["name"])
@@ -230,7 +230,7 @@ def assert_whole(target: Path) -> None:
     staged = [p for p in target.rglob(".compilecache-staging-*") if p.is_dir()]
     files = [p for p in target.rglob("*") if p.is_file() and not any(s in p.parents for s in staged)]
     data = [p for p in files if p.name == "big.bin"]
-    markers = list(target.glob(".compilecache/bundles/*.json"))
+    markers = list(target.rglob(".compilecache/bundles/*.json"))
     if data:
         assert data[0].stat().st_size == BUNDLE_MIB << 20, data
         assert markers, f"bundle data without a completed marker: {sorted(files)}"

@@ -5,17 +5,17 @@ module k8s.io/kubernetes) runs them through containerd 2.x and runc, with the CN
 pod its own network namespace and an address on ``10.244.0.0/24``. Whatever a kubelet enforces (uids and
 fsGroup, read-only root file systems, capabilities, seccomp, memory limits and OOM kills, emptyDir
 ``sizeLimit`` evictions, init-container and native-sidecar order, termination messages, ``kubectl
-logs``/``exec``) is enforced by a kubelet. The settings come from ../../../docs/testing.md ("The real
-node"); the binaries from ``tests/infra/node/build.sh`` (cached outside the checkout, keyed by version).
+logs``/``exec``) is enforced by a kubelet. docs/testing.md explains the settings; the binaries come from
+``tests/infra/node/build.sh`` (cached outside the checkout, keyed by version).
 
 Images: there is no registry. The pause image (kubernetes' pause.c) and our podman images are imported
 into containerd (``podman save`` | ``ctr images import``) and tagged with the names the tests use:
 ``ghcr.io/compilecache/preloader:e2e`` (the preloader image), ``ghcr.io/compilecache/operator:e2e``, and
-``compilecache.test/workload:cpu`` (and ``:cpu-other``): the pybase image plus an environment that runs the
-test virtualenv's Python with the checkout on ``PYTHONPATH``. The virtualenv, the checkout and the byte-code
-cache are mounted read-only into every container at their host paths by containerd's base runtime spec (a
-hostPath volume would do the same, but Pod Security "restricted" refuses hostPath, and the operator builds
-the warm-up pods itself).
+``compilecache.test/workload:cpu`` (and ``:cpu-other``): Debian's Python and g++, running the test
+virtualenv's Python with the checkout on ``PYTHONPATH``. The virtualenv, the checkout and the byte-code
+cache are mounted read-only into every container below ``/opt/compilecache-test`` by containerd's base
+runtime spec (a hostPath volume would do the same, but Pod Security "restricted" refuses hostPath, and the
+operator builds the warm-up pods itself).
 
 Network: pods reach the host at the bridge's address ``GATEWAY`` (10.244.0.1): servers the tests start for
 pods (redis, S3) bind it. The API server stays on loopback: no pod talks to it (there is no kube-proxy,
@@ -243,9 +243,9 @@ class Workload:
     pycache: Path | None = None
 
 
-WORKLOAD_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "g++")
+WORKLOAD_PACKAGES = ("python3", "python3-dev", "python3-venv", "python-is-python3", "ca-certificates", "g++")
 """A user's image for torch on the CPU: Debian's Python (the test virtualenv's interpreter) and the C++ compiler
-that inductor's CPU kernels need."""
+that inductor's CPU kernels need (with Python.h)."""
 
 
 def workload_changes(pycache: bool) -> list[str]:
