@@ -9,14 +9,18 @@ cd "$ROOT"
 # redis-server: the Redis store tests; prometheus: promtool checks the chart's alert rules; binutils: strip,
 # for the image-slimming tests; podman, buildah, runc, mmdebstrap: our images built and run as real containers;
 # util-linux (setpriv): the test node agent runs each container as the uid its pod spec says.
-apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap util-linux
+apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap util-linux \
+    containernetworking-plugins iproute2 gcc libc6-dev  # the real node: CNI bridge, ip, the static pause binary
 ensure_venv "test"
+bash tests/infra/checkout_access.sh "$VENV/bin/python"  # tests run processes as other uids: they must read the clone
 ensure_newest_torch_venv
 log "byte code of the venvs' packages into $PYTHONPYCACHEPREFIX (once; later runs check it in seconds)"
 compile_bytecode "$VENV/lib" "$NEWEST_VENV/lib"
 
 log "kube-apiserver, kube-controller-manager and etcd (built once from Go modules, then cached)"
 bash tests/infra/kube/build.sh
+log "kubelet, kube-scheduler, containerd, crictl and the pause image (built once from Go modules, then cached)"
+bash tests/infra/node/build.sh
 log "helm and kubectl (fetched once, then cached)"
 python -m tests.infra.helm
 log "operator and preloader images (built with podman once per content, then reused)"; python -m tests.infra.images

@@ -60,8 +60,7 @@ time.sleep(3600)
 """
 RULE_VALUES = (
     "metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true", "metrics.prometheusRule.enabled=true",
-    "metrics.prometheusRule.for=0s", "metrics.prometheusRule.minPreloads=1",
-    "metrics.prometheusRule.hitRateThreshold=0.8",
+    "metrics.prometheusRule.for=0s", "metrics.prometheusRule.minPreloads=1",  # hitRateThreshold: 0.8, the default
     "metrics.prometheusRule.operatorDown.for=0s", "metrics.prometheusRule.warmupFailing.failures=1",
     "metrics.prometheusRule.notReady.for=0s",
 )
