@@ -31,7 +31,7 @@ from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.rest import KubeClient
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
-from tests.infra.prometheus import PrometheusServer, operator_job, pod_monitor_job, rule_groups
+from tests.infra.prometheus import PodDiscovery, PrometheusServer, operator_job, pod_monitor_job, rule_groups
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     COMPILE_TINY_MLP,
@@ -72,18 +72,22 @@ def prometheus(
     request: pytest.FixtureRequest,
 ) -> Iterator[PrometheusServer]:
     rendered = template(helm_bin, set_values=RULE_VALUES, namespace=kube_namespace)
-    tls = {"ca_file": str(kube_cluster.ca_path), "cert_file": str(kube_cluster.pki_dir / "user-admin.crt"),
-           "key_file": str(kube_cluster.pki_dir / "user-admin.key")}
+    workdir = tmp_path / "prometheus"
+    workdir.mkdir()
+    client = kube_cluster.client()
+    discovery = PodDiscovery(client, workdir / "pods.json")
     jobs = [
         operator_job(one(rendered, "ServiceMonitor"), one(rendered, "Service", "-metrics"),
                      f"127.0.0.1:{operator.metrics_port}", "1s"),
-        pod_monitor_job(one(rendered, "PodMonitor"), kube_cluster.server, tls, interval="1s"),
+        pod_monitor_job(one(rendered, "PodMonitor"), discovery.path, interval="1s"),
     ]
-    server = PrometheusServer(tmp_path / "prometheus", jobs, rule_groups(one(rendered, "PrometheusRule")))
+    server = PrometheusServer(workdir, jobs, rule_groups(one(rendered, "PrometheusRule")))
     try:
         yield server
     finally:
         server.stop()
+        discovery.stop()
+        client.close()
         request.node.add_report_section("teardown", "prometheus log", server.process.log_tail())
 
 

@@ -3,10 +3,12 @@
 There is no prometheus-operator here, so the chart's monitoring objects are turned into the configuration
 prometheus-operator would generate from them (pure functions, unit-testable):
 
-- ``pod_monitor_job``: the chart's PodMonitor → a ``kubernetes_sd_configs`` pod job against the real API
-  server (keep pods with the selector's labels and the named port, drop finished pods, add ``namespace``,
-  ``pod``, ``container``, ``endpoint`` and ``job``, then the PodMonitor's own relabelings and metric
-  relabelings);
+- ``pod_monitor_job``: the chart's PodMonitor → a pod job (keep pods with the selector's labels and the
+  named port, drop finished pods, add ``namespace``, ``pod``, ``container``, ``endpoint`` and ``job``, then
+  the PodMonitor's own relabelings and metric relabelings). Debian's ``prometheus`` is built without
+  Kubernetes service discovery, so the targets come from ``PodDiscovery``: it lists the pods of the real API
+  server and writes, for ``file_sd_configs``, the targets and ``__meta_kubernetes_pod_*`` labels that
+  ``kubernetes_sd_configs`` (role pod) would give (``pod_targets``, a stand-in for that discovery only);
 - ``operator_job``: the ServiceMonitor's endpoint → a static target for an operator that runs as a process
   on this host, labelled as the Service's endpoints would be (``job`` = the metrics Service, ``namespace``),
   with the ServiceMonitor's ``honorLabels``;
@@ -18,9 +20,11 @@ parses there) on a free loopback port with its own TSDB, and answers instant que
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -31,6 +35,7 @@ from typing import Any
 import yaml
 
 from tests.infra.kube.cluster import ManagedProcess, free_port
+from tests.infra.kube.rest import KubeClient
 from tests.infra.wait import wait_for
 
 JSON = dict[str, Any]
@@ -40,8 +45,9 @@ def _label_meta(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name)
 
 
-def pod_monitor_job(monitor: Mapping[str, Any], api_server: str, tls: Mapping[str, str], interval: str = "") -> JSON:
-    """The scrape job prometheus-operator generates for ``monitor`` (one endpoint), against ``api_server``."""
+def pod_monitor_job(monitor: Mapping[str, Any], targets_file: Path, interval: str = "") -> JSON:
+    """The scrape job prometheus-operator generates for ``monitor`` (one endpoint), its pods discovered through
+    ``targets_file`` (see ``PodDiscovery``)."""
     spec = monitor["spec"]
     (endpoint,) = spec["podMetricsEndpoints"]
     meta = monitor["metadata"]
@@ -67,20 +73,78 @@ def pod_monitor_job(monitor: Mapping[str, Any], api_server: str, tls: Mapping[st
         {"target_label": "endpoint", "replacement": endpoint["port"]},
         *(_relabel(r) for r in endpoint.get("relabelings") or []),
     ]
-    sd: JSON = {"role": "pod", "api_server": api_server, "tls_config": dict(tls)}
     names = (spec.get("namespaceSelector") or {}).get("matchNames")
     if names:
-        sd["namespaces"] = {"names": list(names)}
+        relabel.insert(0, {"action": "keep", "source_labels": ["__meta_kubernetes_namespace"],
+                           "regex": "|".join(names)})
     return {
         "job_name": f"podMonitor/{meta['namespace']}/{meta['name']}/0",
         "honor_labels": bool(endpoint.get("honorLabels", False)),
         "metrics_path": endpoint.get("path", "/metrics"),
         "scrape_interval": interval or endpoint.get("interval", "30s"),
         "scrape_timeout": interval or endpoint.get("scrapeTimeout", "10s"),
-        "kubernetes_sd_configs": [sd],
+        "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}],
         "relabel_configs": relabel,
         "metric_relabel_configs": [_relabel(r) for r in endpoint.get("metricRelabelings") or []],
     }
+
+
+def pod_targets(pods: Iterable[Mapping[str, Any]]) -> list[JSON]:
+    """What Prometheus's Kubernetes discovery (role pod) gives for ``pods``: a target per container port (a
+    container without ports gives its pod IP alone), with its ``__meta_kubernetes_*`` labels."""
+    found: list[JSON] = []
+    for pod in pods:
+        ip = pod.get("status", {}).get("podIP")
+        if not ip:
+            continue
+        meta = pod["metadata"]
+        common = {
+            "__meta_kubernetes_namespace": meta["namespace"], "__meta_kubernetes_pod_name": meta["name"],
+            "__meta_kubernetes_pod_ip": ip, "__meta_kubernetes_pod_phase": pod["status"].get("phase", ""),
+            "__meta_kubernetes_pod_node_name": pod["spec"].get("nodeName", ""),
+            "__meta_kubernetes_pod_uid": meta.get("uid", ""),
+        }
+        for key, value in (meta.get("labels") or {}).items():
+            common[f"__meta_kubernetes_pod_label_{_label_meta(key)}"] = value
+            common[f"__meta_kubernetes_pod_labelpresent_{_label_meta(key)}"] = "true"
+        for container in pod["spec"]["containers"]:
+            labels = {**common, "__meta_kubernetes_pod_container_name": container["name"]}
+            ports = container.get("ports") or []
+            if not ports:
+                found.append({"targets": [ip], "labels": labels})
+            for port in ports:
+                found.append({"targets": [f"{ip}:{port['containerPort']}"], "labels": {
+                    **labels, "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                    "__meta_kubernetes_pod_container_port_protocol": port.get("protocol", "TCP"),
+                }})  # fmt: skip
+    return found
+
+
+class PodDiscovery:
+    """Lists the API server's pods every ``interval`` seconds into ``path`` (file_sd JSON, ``pod_targets``)."""
+
+    def __init__(self, client: KubeClient, path: Path, interval: float = 0.5) -> None:
+        self.client, self.path, self.interval = client, path, interval
+        self._stop = threading.Event()
+        self.write()
+        self._thread = threading.Thread(target=self._run, name="pod-discovery", daemon=True)
+        self._thread.start()
+
+    def write(self) -> None:
+        pods = self.client.get("/api/v1/pods")["items"]
+        scratch = self.path.with_suffix(".tmp")
+        scratch.write_text(json.dumps(pod_targets(pods)))
+        scratch.replace(self.path)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(Exception):  # a failed listing keeps the last targets, as Prometheus does
+                self.write()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def _relabel(rule: Mapping[str, Any]) -> JSON:
