@@ -85,10 +85,10 @@ def prometheus(
     try:
         yield server
     finally:
+        request.node.add_report_section("teardown", "prometheus log", server.process.log_tail())
         server.stop()
         discovery.stop()
         client.close()
-        request.node.add_report_section("teardown", "prometheus log", server.process.log_tail())
 
 
 def app_pod(name: str, cache: str, command: str, **spec: Any) -> dict[str, Any]:

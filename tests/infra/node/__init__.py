@@ -611,6 +611,8 @@ class RealNode:
     def describe(self, namespace: str | None) -> str:
         """For a failed test's report: the namespace's pods and events, the containers' logs, the kubelet's tail."""
         out: list[str] = []
+        if not self.cluster.kubeconfig.exists():  # a failure while the session ends: the cluster is gone
+            return "(the control plane has stopped)"
         client = KubeClient(self.cluster.kubeconfig)
         try:
             if namespace:
@@ -624,8 +626,8 @@ class RealNode:
                     involved = event.get("involvedObject", {})
                     out.append(f"event {involved.get('kind')}/{involved.get('name')}: {event.get('reason')} "
                                f"{event.get('message')}")
-        except (KubeAPIError, OSError) as error:
-            out.append(f"(could not read the namespace: {error})")
+        except Exception as error:  # a report section must never break the report
+            out.append(f"(could not read the namespace: {error!r})")
         finally:
             client.close()
         kubelet = self._processes.get("kubelet")
