@@ -19,6 +19,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../kube/versions.env
 source "$here/../kube/versions.env"
+# shellcheck source=../kube/module.sh
+source "$here/../kube/module.sh"
 CACHE_DIR="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
 KUBE_DIR="$CACHE_DIR/node-kube-v$KUBE_VERSION"
 CONTAINERD_DIR="$CACHE_DIR/containerd-v$CONTAINERD_VERSION"
@@ -42,42 +44,14 @@ runs() {  # runs BINARY ARGS... : it exists and answers
 }
 
 build_kube() {
-    local minor work gomod staging
-    minor="${KUBE_VERSION#*.}"; minor="${minor%%.*}"
-    work="$KUBE_DIR/module"
+    local work="$KUBE_DIR/module"
     rm -rf "$work"; mkdir -p "$work" "$KUBE_DIR/bin"
-    gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" \
-        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
-    [[ -f "$gomod" ]] || die "go.mod of k8s.io/kubernetes@v$KUBE_VERSION not downloaded"
-    staging=$(sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/.*|\1|p' "$gomod")
-    [[ -n "$staging" ]] || die "no staging replaces found in $gomod"
-    {
-        echo "module compilecache.test/node"
-        echo
-        grep -m1 '^go ' "$gomod"
-        grep '^godebug ' "$gomod" || true
-        echo
-        echo "require k8s.io/kubernetes v$KUBE_VERSION"
-        echo
-        echo "replace ("
-        for mod in $staging; do echo "	$mod => $mod v0.$minor.${KUBE_VERSION##*.}"; done
-        echo ")"
-    } >"$work/go.mod"
-    cat >"$work/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
-	_ "k8s.io/kubernetes/cmd/kubelet/app"
-)
-GO
+    kubernetes_module "$work" compilecache.test/node "$KUBE_VERSION" \
+        k8s.io/kubernetes/cmd/kube-scheduler/app k8s.io/kubernetes/cmd/kubelet/app
     log "resolving the module graph of kubelet and kube-scheduler"
     (cd "$work" && go mod tidy -e >"$KUBE_DIR/tidy.log" 2>&1) || { tail -n 40 "$KUBE_DIR/tidy.log" >&2; die "go mod tidy failed"; }
-    local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$KUBE_VERSION"
-    ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
-    ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+    local ldflags
+    ldflags=$(kubernetes_ldflags "$KUBE_VERSION")
     log "go build kubelet kube-scheduler (about 10 minutes on 2 busy cores)"
     (cd "$work" && go build -trimpath -ldflags "$ldflags" -o "$KUBE_DIR/bin/" \
         k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler \
