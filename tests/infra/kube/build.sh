@@ -19,25 +19,14 @@ set -euo pipefail
 
 # shellcheck source=versions.env
 source "$(dirname "${BASH_SOURCE[0]}")/versions.env"
+BUILD_NAME=kube-build
 # shellcheck source=module.sh
 source "$(dirname "${BASH_SOURCE[0]}")/module.sh"
 KUBE_VERSION="${KUBE_BUILD_VERSION:-$KUBE_VERSION}"
 ETCD_VERSION="${ETCD_BUILD_VERSION:-$ETCD_VERSION}"
 
-CACHE_DIR="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
 KUBE_DIR="$CACHE_DIR/kube-v$KUBE_VERSION"
 ETCD_DIR="$CACHE_DIR/etcd-v$ETCD_VERSION"
-export GOMODCACHE="$CACHE_DIR/go/mod"
-export GOCACHE="$CACHE_DIR/go/build"
-export GOFLAGS=-mod=mod
-export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
-export CGO_ENABLED=0
-started=$(date +%s)
-
-log() { printf '[kube-build %4ss] %s\n' "$(( $(date +%s) - started ))" "$*"; }
-die() { log "error: $*" >&2; exit 1; }
-
-command -v go >/dev/null || die "go not found on PATH: install Go >= 1.26 (Debian: golang from backports, or go.dev's tarball)"
 
 usable() {  # usable BINARY... : every one exists and prints its version
     local bin

@@ -1,7 +1,21 @@
-# Shell functions shared by ../kube/build.sh and ../node/build.sh (sourced): the throwaway Go module that builds
-# binaries of k8s.io/kubernetes. That module cannot be `go install`ed: its go.mod replaces every k8s.io staging
-# module with ./staging/... . The throwaway module requires it and maps each of those staging modules to the same
-# module at v0.Y.Z, which the module proxy serves. Callers define die().
+# What ../kube/build.sh and ../node/build.sh share (sourced after setting BUILD_NAME): the Go settings (module and
+# build caches outside the checkout, static binaries), log/die, and the throwaway Go module that builds binaries of
+# k8s.io/kubernetes. That module cannot be `go install`ed: its go.mod replaces every k8s.io staging module with
+# ./staging/... . The throwaway module requires it and maps each of those staging modules to the same module at
+# v0.Y.Z, which the module proxy serves.
+
+CACHE_DIR="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
+export GOMODCACHE="$CACHE_DIR/go/mod"
+export GOCACHE="$CACHE_DIR/go/build"
+export GOFLAGS=-mod=mod
+export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+export CGO_ENABLED=0
+started=$(date +%s)
+
+log() { printf '[%s %4ss] %s\n' "$BUILD_NAME" "$(( $(date +%s) - started ))" "$*"; }
+die() { log "error: $*" >&2; exit 1; }
+
+command -v go >/dev/null || die "go not found on PATH: install Go >= 1.26 (Debian: golang from backports, or go.dev's tarball)"
 
 # kubernetes_module DIR NAME VERSION PACKAGE... : write DIR/go.mod (module NAME requiring k8s.io/kubernetes
 # vVERSION, with its go directive, godebug lines and staging replaces) and DIR/tools.go importing PACKAGE...

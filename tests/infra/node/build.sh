@@ -19,25 +19,15 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../kube/versions.env
 source "$here/../kube/versions.env"
+BUILD_NAME=node-build
 # shellcheck source=../kube/module.sh
 source "$here/../kube/module.sh"
-CACHE_DIR="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
 KUBE_DIR="$CACHE_DIR/node-kube-v$KUBE_VERSION"
 CONTAINERD_DIR="$CACHE_DIR/containerd-v$CONTAINERD_VERSION"
 CRICTL_DIR="$CACHE_DIR/crictl-v$CRICTL_VERSION"
 PAUSE_DIR="$CACHE_DIR/pause-v$KUBE_VERSION"
 PAUSE_TAG="localhost/compilecache-test/pause:3.10"
-export GOMODCACHE="$CACHE_DIR/go/mod"
-export GOCACHE="$CACHE_DIR/go/build"
-export GOFLAGS=-mod=mod
-export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
-export CGO_ENABLED=0
-started=$(date +%s)
 
-log() { printf '[node-build %4ss] %s\n' "$(( $(date +%s) - started ))" "$*"; }
-die() { log "error: $*" >&2; exit 1; }
-
-command -v go >/dev/null || die "go not found on PATH: install Go >= 1.26"
 force() { [[ "${NODE_BUILD_FORCE:-0}" == 1 ]]; }
 runs() {  # runs BINARY ARGS... : it exists and answers
     [[ -x "$1" ]] && "$@" >/dev/null 2>&1
