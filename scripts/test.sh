@@ -9,8 +9,10 @@ cd "$ROOT"
 # redis-server: the Redis store tests; prometheus: promtool checks the chart's alert rules; binutils: strip,
 # for the image-slimming tests; podman, buildah, runc, mmdebstrap: our images built and run as real containers;
 # util-linux (setpriv): the test node agent runs each container as the uid its pod spec says.
-apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap util-linux
+apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap util-linux \
+    containernetworking-plugins iproute2 gcc libc6-dev  # the real node: CNI bridge, ip, the static pause binary
 ensure_venv "test"
+bash tests/infra/checkout_access.sh "$VENV/bin/python"  # tests run processes as other uids: they must read the clone
 # No PYTHONPYCACHEPREFIX for the suite: pip writes byte code beside every installed module even with
 # PYTHONDONTWRITEBYTECODE=1 (measured: 2,284 .pyc in the venv's torch/), and a prefix hides those files, also from
 # the tests' processes that run as other uids and could not read a prefix under $HOME (docs/benchmarks.md).
@@ -18,6 +20,8 @@ ensure_newest_torch_venv
 
 log "kube-apiserver, kube-controller-manager and etcd (built once from Go modules, then cached)"
 bash tests/infra/kube/build.sh
+log "kubelet, kube-scheduler, containerd, crictl and the pause image (built once from Go modules, then cached)"
+bash tests/infra/node/build.sh
 log "helm and kubectl (fetched once, then cached)"
 python -m tests.infra.helm
 log "operator and preloader images (built with podman once per content, then reused)"; python -m tests.infra.images

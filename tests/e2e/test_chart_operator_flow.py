@@ -1,7 +1,9 @@
 """The operator's whole flow with nothing but the chart's RBAC.
 
 The chart is installed watching one namespace; the operator runs as a local process that authenticates as the
-chart's ServiceAccount (the control plane has no scheduler to start the Deployment's pod). The chart's own
+chart's ServiceAccount (in a pod it could not reach the API server: there is no kube-proxy, so the
+``kubernetes`` Service's ClusterIP does not route, and the API server listens on loopback). The pods it makes
+run on the real node. The chart's own
 MutatingWebhookConfiguration is pointed at the operator on loopback (the only change: its clientConfig), the
 CompileCache names a Redis password Secret (read through the namespaced Secrets Role), and the flow runs: warm-up
 Job, bundle in Redis, Ready, labelled pod injected through the chart's webhook, preload hit, counted. Nothing in
@@ -11,6 +13,7 @@ the operator's log may have been refused.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +36,7 @@ from tests.chart.e2e_fixtures import (
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.rest import KubeClient
-from tests.infra.nodeagent import NodeAgent
+from tests.infra.node import GATEWAY, RealNode
 from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, pod_terminated, wait_condition
@@ -64,9 +67,9 @@ class ChartOperator(OperatorProcess):
 
 
 @pytest.fixture
-def password_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    with start_redis(tmp_path / "redis", password=REDIS_PASSWORD) as server:
-        yield server
+def password_redis(real_node: RealNode, tmp_path: Path) -> Iterator[RedisServer]:
+    with start_redis(tmp_path / "redis", password=REDIS_PASSWORD, extra=("--bind", f"127.0.0.1 {GATEWAY}")) as server:
+        yield dataclasses.replace(server, host=GATEWAY)  # the address pods reach the host at
 
 
 def point_webhook_at(client: KubeClient, name: str, url: str, ca: bytes) -> dict[str, Any]:
@@ -78,7 +81,7 @@ def point_webhook_at(client: KubeClient, name: str, url: str, ca: bytes) -> dict
 
 
 def test_operator_flow_under_the_charts_rbac(
-    kube_cluster: LocalCluster, kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str,
+    kube_cluster: LocalCluster, kube_client: KubeClient, real_node: RealNode, kube_namespace: str,
     install: Callable[..., Release], password_redis: RedisServer, tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:
     ns = kube_namespace

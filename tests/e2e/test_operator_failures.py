@@ -28,9 +28,9 @@ from tests.operator.e2e_support import (
     operator,
     wait_condition,
 )
-from tests.servers import RedisServer, redis_server
+from tests.servers import RedisServer
 
-__all__ = ["crd", "operator", "redis_server"]
+__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -24,9 +24,9 @@ from tests.operator.e2e_support import (
     terminated_message,
     wait_condition,
 )
-from tests.servers import RedisServer, redis_server
+from tests.servers import RedisServer
 
-__all__ = ["crd", "operator", "redis_server"]
+__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -46,7 +46,7 @@ from torch._dynamo.utils import counters
 report = {"prepared": prepared, "same": same,
           "counters": {g: dict(counters[g]) for g in ("dynamo_cache", "frames")},
           "env": os.environ.get("TORCH_CACHING_PRECOMPILE")}
-pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(json.dumps(report))
+pathlib.Path("/dev/termination-log").write_text(json.dumps(report))
 """
 
 

@@ -29,9 +29,9 @@ from tests.operator.e2e_support import (
     pod_terminated,
     wait_condition,
 )
-from tests.servers import RedisServer, redis_server
+from tests.servers import RedisServer
 
-__all__ = ["crd", "operator", "redis_server"]
+__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -44,7 +44,7 @@ APP = """
 import json, os, pathlib
 from cachelib.handoff import wait_for_preload
 result = wait_for_preload(timeout=60)
-pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(json.dumps(result))
+pathlib.Path("/dev/termination-log").write_text(json.dumps(result))
 """
 
 

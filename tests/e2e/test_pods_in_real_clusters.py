@@ -2,10 +2,9 @@
 
 The API server enforces Pod Security itself: in a namespace labelled ``enforce=restricted`` it refuses
 a pod that the webhook made non-compliant, and a warm-up Job whose pod is not compliant never gets a
-pod. The node agent runs each container as the uid, gid and groups its pod spec says (and the preload
-as a real container from the preloader image, where the images are built), so a cache the app's uid
-cannot write fails as it would on a kubelet. Each app compiles the built-in ``tiny_mlp`` target the
-way the warm-up did and reports torch's own cache counters.
+pod. A real kubelet runs each container as the uid, gid and groups its pod spec says (the preload from
+the preloader image), so a cache the app's uid cannot write fails as it does in users' clusters. Each app
+compiles the built-in ``tiny_mlp`` target the way the warm-up did and reports torch's own cache counters.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.kube.rest import KubeClient
-from tests.infra.nodeagent import NodeAgent
+from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
@@ -30,9 +29,9 @@ from tests.operator.e2e_support import (
     terminated_message,
     wait_condition,
 )
-from tests.servers import RedisServer, redis_server
+from tests.servers import RedisServer
 
-__all__ = ["crd", "operator", "redis_server"]
+__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -173,26 +172,27 @@ def test_the_hit_rate_counts_only_the_pod_that_reads_the_cache_preloaded_for_its
 @pytest.mark.parametrize("pod_security_level", ["privileged"])
 def test_node_cache_is_fetched_once_per_node_and_shared_by_apps_of_other_uids(
     operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
-    node_agent: NodeAgent,
+    real_node: RealNode,
 ) -> None:
     """``preload.nodeCache``: the kubelet makes the hostPath root 0755 (hostPath needs the "privileged"
     level); the first pod's preload fills it and hands it to its app, the second pod on the node finds the
     bundle complete and fetches nothing; both apps, of different uids, compile warm."""
     ns = kube_namespace
+    node_cache = real_node.workdir / "hostpath" / "compilecache-nodes"  # on the host: the node's work dir
     kube_client.post(cache_path(ns), compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()},
-        "preload": {"nodeCache": {"hostPath": "/var/cache/compilecache-nodes"}}}))
+        "preload": {"nodeCache": {"hostPath": str(node_cache)}}}))
     wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
     results = []
     for name, uid in (("first", 1000), ("second", 1001)):
         created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", restricted_app_pod(name, uid=uid))
         (volume,) = [v for v in created["spec"]["volumes"] if "hostPath" in v]
-        assert volume["hostPath"]["path"] == f"/var/cache/compilecache-nodes/{ns}/mlp", volume
+        assert volume["hostPath"]["path"] == f"{node_cache}/{ns}/mlp", volume
         done = finished(kube_client, ns, name)
         assert_warm(done, uid)
         results.append(terminated_message(done, "compilecache-preload", init=True))
     first, second = results
     assert first["source"] == "store" and first["bytes"] > 0, first
     assert second["source"] == "node-cache" and second["bytes"] == 0, second
-    host = node_agent.root / "hostpath" / "var/cache/compilecache-nodes" / ns / "mlp"
+    host = node_cache / ns / "mlp"
     assert (host / "inductor").is_dir() or any(host.iterdir()), sorted(host.iterdir())

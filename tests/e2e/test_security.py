@@ -28,7 +28,7 @@ from tests.chart.e2e_fixtures import CC_API, Release, helm_bin, helm_binaries, h
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.rest import KubeAPIError, KubeClient
-from tests.infra.nodeagent import NodeAgent
+from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
@@ -42,9 +42,10 @@ from tests.operator.e2e_support import (
     terminated_message,
     wait_condition,
 )
-from tests.servers import RedisServer, redis_server
+from tests.servers import RedisServer
 
-__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "redis_server", "release_namespace"]
+# redis_server: the e2e conftest's, reachable from pods
+__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "release_namespace"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -55,7 +56,7 @@ POD_TIMEOUT = 180
 
 @pytest.fixture
 def start_operator(
-    kube_cluster: LocalCluster, kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str, crd: None,
+    kube_cluster: LocalCluster, kube_client: KubeClient, real_node: RealNode, kube_namespace: str, crd: None,
     tmp_path: Path, request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., OperatorProcess]]:
     """``start_operator(*flags)``: the operator for the test's namespace with extra flags; one at a time (a

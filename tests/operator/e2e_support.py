@@ -3,6 +3,8 @@
 ``OperatorProcess`` starts ``compilecache-operator`` as its own process (so a test can kill it hard and
 start it again), watching one namespace, with ``--webhook-config managed``: the operator serves the
 webhook on loopback and writes the MutatingWebhookConfiguration pointing the real API server at it.
+The ``operator`` fixture runs the pods it makes on the real node (``real_node``): warm-up Jobs, preloads
+and the apps are real containers run by a kubelet.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import yaml
 
 from tests.infra.kube.cluster import LocalCluster, free_port
 from tests.infra.kube.rest import KubeAPIError, KubeClient
-from tests.infra.nodeagent import NodeAgent
+from tests.infra.node import RealNode
 from tests.infra.wait import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -185,7 +187,7 @@ harness.apply_options(options, os.environ.get("TORCH_COMPILE_JOB_ID", "not-injec
 harness.run_target("tiny_mlp", options)
 report = {"cache": harness.cache_summary(harness.counters_snapshot()), "uid": os.getuid(), "gid": os.getgid(),
           "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "job_id": os.environ.get("TORCH_COMPILE_JOB_ID")}
-pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(json.dumps(report))
+pathlib.Path("/dev/termination-log").write_text(json.dumps(report))
 """
 
 
@@ -257,7 +259,7 @@ def crd(kube_client: KubeClient) -> None:
 def operator(
     kube_cluster: LocalCluster,
     kube_client: KubeClient,
-    node_agent: NodeAgent,
+    real_node: RealNode,
     kube_namespace: str,
     crd: None,
     tmp_path: Path,

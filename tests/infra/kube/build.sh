@@ -19,23 +19,14 @@ set -euo pipefail
 
 # shellcheck source=versions.env
 source "$(dirname "${BASH_SOURCE[0]}")/versions.env"
+BUILD_NAME=kube-build
+# shellcheck source=module.sh
+source "$(dirname "${BASH_SOURCE[0]}")/module.sh"
 KUBE_VERSION="${KUBE_BUILD_VERSION:-$KUBE_VERSION}"
 ETCD_VERSION="${ETCD_BUILD_VERSION:-$ETCD_VERSION}"
 
-CACHE_DIR="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
 KUBE_DIR="$CACHE_DIR/kube-v$KUBE_VERSION"
 ETCD_DIR="$CACHE_DIR/etcd-v$ETCD_VERSION"
-export GOMODCACHE="$CACHE_DIR/go/mod"
-export GOCACHE="$CACHE_DIR/go/build"
-export GOFLAGS=-mod=mod
-export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
-export CGO_ENABLED=0
-started=$(date +%s)
-
-log() { printf '[kube-build %4ss] %s\n' "$(( $(date +%s) - started ))" "$*"; }
-die() { log "error: $*" >&2; exit 1; }
-
-command -v go >/dev/null || die "go not found on PATH: install Go >= 1.26 (Debian: golang from backports, or go.dev's tarball)"
 
 usable() {  # usable BINARY... : every one exists and prints its version
     local bin
@@ -45,43 +36,15 @@ usable() {  # usable BINARY... : every one exists and prints its version
 }
 
 build_kube() {
-    local minor work gomod staging
-    minor="${KUBE_VERSION#*.}"; minor="${minor%%.*}"
-    work="$KUBE_DIR/module"
+    local work="$KUBE_DIR/module"
     rm -rf "$work"; mkdir -p "$work" "$KUBE_DIR/bin"
     log "go mod download k8s.io/kubernetes@v$KUBE_VERSION"
-    gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" \
-        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
-    [[ -f "$gomod" ]] || die "go.mod of k8s.io/kubernetes@v$KUBE_VERSION not downloaded"
-    staging=$(sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/.*|\1|p' "$gomod")
-    [[ -n "$staging" ]] || die "no staging replaces found in $gomod"
-    {
-        echo "module compilecache.test/controlplane"
-        echo
-        grep -m1 '^go ' "$gomod"
-        grep '^godebug ' "$gomod" || true
-        echo
-        echo "require k8s.io/kubernetes v$KUBE_VERSION"
-        echo
-        echo "replace ("
-        for mod in $staging; do echo "	$mod => $mod v0.$minor.${KUBE_VERSION##*.}"; done
-        echo ")"
-    } >"$work/go.mod"
-    cat >"$work/tools.go" <<'EOF'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
-)
-EOF
+    kubernetes_module "$work" compilecache.test/controlplane "$KUBE_VERSION" \
+        k8s.io/kubernetes/cmd/kube-apiserver/app k8s.io/kubernetes/cmd/kube-controller-manager/app
     log "resolving the module graph (first run downloads ~1 GB of modules into $GOMODCACHE)"
     (cd "$work" && go mod tidy -e >"$KUBE_DIR/tidy.log" 2>&1) || { tail -n 40 "$KUBE_DIR/tidy.log" >&2; die "go mod tidy failed"; }
-    local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$KUBE_VERSION"
-    ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
-    ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+    local ldflags
+    ldflags=$(kubernetes_ldflags "$KUBE_VERSION")
     log "go build kube-apiserver kube-controller-manager (minutes on 2 cores)"
     (cd "$work" && go build -trimpath -ldflags "$ldflags" -o "$KUBE_DIR/bin/" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \

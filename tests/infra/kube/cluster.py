@@ -3,8 +3,9 @@
 ``LocalCluster`` starts the three processes with TLS, RBAC and the admission plugins of a current cluster
 (Pod Security Admission included: a namespace labelled ``pod-security.kubernetes.io/enforce=restricted``
 has its pods judged by the API server itself), waits until the API server is ready and the ``default``
-ServiceAccount exists, and writes an admin kubeconfig. Nothing runs pods: pair it with
-``tests.infra.nodeagent.NodeAgent``.
+ServiceAccount exists, and writes an admin kubeconfig. Nothing runs pods: pair it with a real node
+(``tests.infra.node.RealNode``: start the cluster with ``kubelet_client=True`` so that the API server can
+reach the kubelet for ``kubectl logs``/``exec``) or with ``tests.infra.nodeagent.NodeAgent``.
 
 Binaries come from the environment (KUBE_APISERVER_BIN, KUBE_CONTROLLER_MANAGER_BIN, ETCD_BIN), else from
 the cache directory filled by ``tests/infra/kube/build.sh`` at the versions of ``versions.env``
@@ -153,15 +154,21 @@ AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages":
 
 def apiserver_args(
     binaries: KubeBinaries, pki: Path, etcd_port: int, secure_port: int, ca: Path, serving: KeyPair, sa: KeyPair,
-    issuer: str, audit_log: Path | None = None,
+    issuer: str, audit_log: Path | None = None, kubelet_client: KeyPair | None = None,
 ) -> list[str]:
     audit = [] if audit_log is None else [
         f"--audit-policy-file={audit_log.with_suffix('.policy.yaml')}", f"--audit-log-path={audit_log}",
         "--audit-log-mode=batch", "--audit-log-maxsize=0",
     ]
+    kubelet = [] if kubelet_client is None else [
+        f"--kubelet-client-certificate={kubelet_client.cert}", f"--kubelet-client-key={kubelet_client.key}",
+        # The kubelet serves a self-signed certificate; the API server reaches it by the node's address.
+        "--kubelet-preferred-address-types=InternalIP",
+    ]
     return [
         str(binaries.apiserver),
         *audit,
+        *kubelet,
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
         "--advertise-address=127.0.0.1",
         # Current releases refuse a loopback address for the `kubernetes` Service's endpoints; nothing here
@@ -213,12 +220,12 @@ def _client_stem(user: str) -> str:
 class ManagedProcess:
     """A child process whose output goes to a log file; ``stop`` terminates, waits, then kills."""
 
-    def __init__(self, name: str, args: list[str], log_path: Path) -> None:
+    def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.name, self.args, self.log_path = name, args, log_path
         self._log: IO[bytes] = log_path.open("wb")
         self.process = subprocess.Popen(
             die_with_parent(args), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )
 
     def check_alive(self) -> None:
@@ -258,6 +265,7 @@ class LocalCluster:
         startup_timeout: float = 120.0,
         keep_workdir: bool = False,
         audit: bool = False,
+        kubelet_client: bool = False,
     ) -> None:
         self.binaries = binaries or find_binaries()
         self._own_workdir = workdir is None
@@ -272,6 +280,9 @@ class LocalCluster:
         self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.audit_log: Path | None = self.workdir / "audit.log" if audit else None
         """With ``audit``: the API server's audit log (JSON lines, one per answered request)."""
+        self.kubelet_client = kubelet_client
+        """With ``kubelet_client``: the API server holds a client certificate (group system:masters) that a real
+        kubelet trusts, for ``kubectl logs``/``exec``/``port-forward``."""
         self._ca: CertificateAuthority | None = None
 
     @property
@@ -330,6 +341,10 @@ class LocalCluster:
             ),
             client=False,
         )
+        kubelet_client = (
+            ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",))
+            if self.kubelet_client else None
+        )
         self.write_kubeconfig("admin", ("system:masters",), self.kubeconfig)
         kcm_kubeconfig = self.write_kubeconfig("system:kube-controller-manager", ())
         issuer = "https://kubernetes.default.svc.cluster.local"
@@ -340,7 +355,7 @@ class LocalCluster:
         self._spawn(
             "kube-apiserver",
             apiserver_args(self.binaries, self.pki_dir, etcd_port, api_port, ca.cert_path, serving, sa, issuer,
-                           self.audit_log),
+                           self.audit_log, kubelet_client),
         )
         self._wait_healthz()
         self._spawn("kube-controller-manager", controller_manager_args(self.binaries, kcm_kubeconfig, ca.pair, sa))

@@ -1,0 +1,168 @@
+"""A real Prometheus scrapes the operator and an instrumented workload on the real node, evaluates the chart's
+recording and alerting rules, and answers every Grafana dashboard panel's query.
+
+The chart is rendered with its ServiceMonitor, PodMonitor and PrometheusRule (``for: 0s`` and small thresholds,
+so that alerts fire within the test); tests/infra/prometheus.py turns them into Prometheus's own
+configuration, as prometheus-operator would. Then real pods hit, miss and fail:
+
+- one CompileCache warms ``tiny_mlp``; its pods preload it (hit) and compile warm, serving cachelib.runtime's
+  metrics on the PodMonitor's port; pods pinned to a GPU type without a bundle miss;
+- another CompileCache's warm-up fails (a target that does not exist), twice (a new generation);
+- finally the operator stops.
+
+Counters are born at their first event: ``increase()`` cannot see that first one (Prometheus has no earlier
+sample of the series), so every outcome happens in two waves and the assertions are about the second.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chart.chart import CHART_DIR, one, template
+from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
+from tests.infra.helm import helm_bin, helm_binaries
+from tests.infra.kube.cluster import LocalCluster
+from tests.infra.kube.rest import KubeClient
+from tests.infra.node import RealNode
+from tests.infra.podspec import restricted
+from tests.infra.prometheus import PodDiscovery, PrometheusServer, operator_job, pod_monitor_job, rule_groups
+from tests.infra.wait import wait_for
+from tests.operator.e2e_support import (
+    COMPILE_TINY_MLP,
+    OperatorProcess,
+    cache_path,
+    compile_cache,
+    crd,
+    operator,
+    pod_terminated,
+    wait_condition,
+)
+from tests.servers import RedisServer
+
+__all__ = ["crd", "helm_bin", "helm_binaries", "operator"]  # redis_server: the e2e conftest's
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CACHE_LABEL = "compilecache.io/cache"
+TIMEOUT = 420
+METRICS_PORT = 9400
+SERVE_RUNTIME_METRICS = COMPILE_TINY_MLP + f"""
+import time
+from cachelib import runtime
+runtime.start_http_server({METRICS_PORT})
+time.sleep(3600)
+"""
+RULE_VALUES = (
+    "metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true", "metrics.prometheusRule.enabled=true",
+    "metrics.prometheusRule.for=0s", "metrics.prometheusRule.minPreloads=1",  # hitRateThreshold: 0.8, the default
+    "metrics.prometheusRule.operatorDown.for=0s", "metrics.prometheusRule.warmupFailing.failures=1",
+    "metrics.prometheusRule.notReady.for=0s",
+)
+
+
+@pytest.fixture
+def prometheus(
+    operator: OperatorProcess, kube_cluster: LocalCluster, kube_namespace: str, helm_bin: Path, tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[PrometheusServer]:
+    rendered = template(helm_bin, set_values=RULE_VALUES, namespace=kube_namespace)
+    workdir = tmp_path / "prometheus"
+    workdir.mkdir()
+    client = kube_cluster.client()
+    discovery = PodDiscovery(client, workdir / "pods.json")
+    jobs = [
+        operator_job(one(rendered, "ServiceMonitor"), one(rendered, "Service", "-metrics"),
+                     f"127.0.0.1:{operator.metrics_port}", "1s"),
+        pod_monitor_job(one(rendered, "PodMonitor"), discovery.path, interval="1s"),
+    ]
+    server = PrometheusServer(workdir, jobs, rule_groups(one(rendered, "PrometheusRule")))
+    try:
+        yield server
+    finally:
+        request.node.add_report_section("teardown", "prometheus log", server.process.log_tail())
+        server.stop()
+        discovery.stop()
+        client.close()
+
+
+def app_pod(name: str, cache: str, command: str, **spec: Any) -> dict[str, Any]:
+    app = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", command],
+           "ports": [{"name": "compilecache", "containerPort": METRICS_PORT}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: cache}},
+            "spec": restricted({"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [app],
+                                **spec})}
+
+
+def values(prometheus: PrometheusServer, expr: str) -> list[float]:
+    return [float(sample["value"][1]) for sample in prometheus.query(expr)]
+
+
+def firing(prometheus: PrometheusServer, name: str, **labels: str) -> bool:
+    return any(a["labels"].get("alertname") == name and a["state"] == "firing"
+               and all(a["labels"].get(k) == v for k, v in labels.items()) for a in prometheus.alerts())
+
+
+def test_prometheus_computes_the_hit_rate_fires_the_alerts_and_feeds_every_dashboard_panel(
+    operator: OperatorProcess, prometheus: PrometheusServer, kube_client: KubeClient, kube_namespace: str,
+    redis_server: RedisServer, real_node: RealNode,
+) -> None:
+    ns = kube_namespace
+    kube_client.post(cache_path(ns), compile_cache("mlp", {
+        "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()}}))
+    broken = {"image": WORKLOAD_IMAGE, "model": {"target": "no_such_module:build"},
+              "storage": {"url": redis_server.store_url()}, "warmup": {"backoffLimit": 0}}
+    kube_client.post(cache_path(ns), compile_cache("broken", broken))
+    wait_condition(kube_client, ns, "mlp", "Ready", "True", TIMEOUT)
+    pods = f"/api/v1/namespaces/{ns}/pods"
+
+    def outcomes(wave: int) -> None:
+        """One warm pod (serving its runtime metrics until Prometheus has them) and one pinned pod that misses."""
+        kube_client.post(pods, app_pod(f"warm-{wave}", "mlp", SERVE_RUNTIME_METRICS))
+        kube_client.post(pods, app_pod(f"pinned-{wave}", "mlp", "pass", nodeSelector={GPU_LABEL: GPU_PRODUCT}))
+        wait_for(lambda: values(prometheus, f'compilecache_runtime_cache_events_total{{pod="warm-{wave}", '
+                                            f'torch_cache="fxgraph", result="hit"}}'), TIMEOUT,
+                 f"Prometheus to scrape the warm pod of wave {wave}")
+        wait_for(lambda: pod_terminated(kube_client, ns, f"pinned-{wave}"), TIMEOUT, f"pinned-{wave} to finish")
+        wait_for(lambda: values(prometheus, f'sum(compilecache_preloads_total{{namespace="{ns}", cache="mlp"}})')
+                 == [2.0 * wave], 60, f"the operator's counts of wave {wave} in Prometheus")
+        kube_client.delete(f"{pods}/warm-{wave}")
+
+    outcomes(1)
+    kube_client.merge_patch(cache_path(ns, "broken"), {"spec": {"model": {"target": "no_such_module:other"}}})
+    outcomes(2)
+
+    # the recording rules: one hit of two preloads in the second wave
+    ratio = wait_for(lambda: values(prometheus, f'namespace_cache:compilecache_preload_hit_ratio:rate1h'
+                                                f'{{namespace="{ns}", cache="mlp"}}') or None, 60, "the hit ratio")
+    assert len(ratio) == 1 and 0.2 < ratio[0] < 0.8, ratio
+    assert values(prometheus, f'namespace_cache:compilecache_preloads:increase1h{{namespace="{ns}", cache="mlp"}}')
+    # the alerts: a low hit rate, a failing warm-up, a cache that is not Ready
+    wait_for(lambda: firing(prometheus, "CompileCacheHitRateLow", namespace=ns, cache="mlp"), 60,
+             "CompileCacheHitRateLow to fire")
+    wait_for(lambda: firing(prometheus, "CompileCacheNotReady", namespace=ns, cache="broken"), 60,
+             "CompileCacheNotReady to fire")
+    wait_for(lambda: firing(prometheus, "CompileCacheWarmupFailing", namespace=ns, cache="broken"), TIMEOUT,
+             "CompileCacheWarmupFailing to fire")
+
+    # every panel of the Grafana dashboard returns data for this namespace
+    dashboard = json.loads((CHART_DIR / "dashboards" / "compilecache.json").read_text())
+    empty = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets") or []:
+            expr = (target["expr"].replace("$namespace", ns).replace("$cache", ".*")
+                    .replace("$__range", "1h").replace("$__rate_interval", "10m"))
+            found = values(prometheus, expr)
+            if not found or all(math.isnan(v) for v in found):
+                empty.append(f"{panel['title']}: {expr}")
+    assert not empty, "\n".join(empty)
+
+    # the operator goes away: CompileCacheOperatorDown
+    operator.stop()
+    wait_for(lambda: firing(prometheus, "CompileCacheOperatorDown", namespace=ns), 60,
+             "CompileCacheOperatorDown to fire")
