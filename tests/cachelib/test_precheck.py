@@ -206,19 +206,23 @@ def write_sources(where: Path, model: str = MODEL, library: str = LIBRARY) -> Pa
     return where
 
 
-@pytest.fixture(scope="module")
-def warmed_sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    work = tmp_path_factory.mktemp("guard")
-    sources = write_sources(work / "src")
-    out = work / "out"
+def warm_up_auto(target: str, sources: Path, out: Path) -> tuple[dict[str, Any], str]:
+    """The harness with --precompile auto on a target whose module lives in ``sources``; its result and stderr."""
     proc = subprocess.run(
-        [sys.executable, harness.__file__, "--target", "zoomodel:build", "--out", str(out),
-         "--namespace", "default", "--name", "guard", "--precompile", "auto"],
+        [sys.executable, harness.__file__, "--target", target, "--out", str(out),
+         "--namespace", "default", "--name", target.split(":")[0], "--precompile", "auto"],
         capture_output=True, text=True, cwd=sources, timeout=900, check=False,
         env={**os.environ, "PYTHONPATH": f"{ROOT}:{sources}"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((out / "result.json").read_text())
+    return json.loads((out / "result.json").read_text()), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def warmed_sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    work = tmp_path_factory.mktemp("guard")
+    out = work / "out"
+    result, _ = warm_up_auto("zoomodel:build", write_sources(work / "src"), out)
     assert result["precompile"]["check"]["verified"] is True, result["precompile"]
     return out / "cachedir", result
 
@@ -293,15 +297,8 @@ def build():
 def test_a_compile_that_fails_with_caching_precompile_is_warmed_without_it(tmp_path: Path) -> None:
     (tmp_path / "fragile.py").write_text(FRAGILE)
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, harness.__file__, "--target", "fragile:build", "--out", str(out),
-         "--namespace", "default", "--name", "fragile", "--precompile", "auto"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=900, check=False,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "compiling again without it" in proc.stderr
-    result = json.loads((out / "result.json").read_text())
+    result, stderr = warm_up_auto("fragile:build", tmp_path, out)
+    assert "compiling again without it" in stderr
     check = result["precompile"]["check"]
     assert check["verified"] is False
     assert check["reason"].startswith("compiling with Dynamo's caching precompile failed"), check
