@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from compilecache_operator.formats import DEFAULT_NODE_CACHE_ROOTS
 
 from tests.infra.kube.cluster import LocalCluster, free_port
 from tests.infra.kube.rest import KubeAPIError, KubeClient
@@ -265,8 +266,12 @@ def operator(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Iterator[OperatorProcess]:
-    """The operator for the test's namespace, stopped afterwards; its log goes into the test report."""
-    process = OperatorProcess(kube_cluster.kubeconfig, kube_namespace, tmp_path / "operator")
+    """The operator for the test's namespace, stopped afterwards; its log goes into the test report. Node
+    caches may also go under the real node's own work directory (kept off the host's /var/cache)."""
+    roots = ",".join((*DEFAULT_NODE_CACHE_ROOTS, str(real_node.workdir / "hostpath")))
+    process = OperatorProcess(
+        kube_cluster.kubeconfig, kube_namespace, tmp_path / "operator", "--allowed-node-cache-paths", roots
+    )
     process.start(kube_client)
     try:
         yield process
