@@ -763,14 +763,19 @@ def precompile_verified(view: CacheView) -> bool:
     precompiled part passed the warm-up's check (a pod's GPU picks its bundle only at preload time)."""
     if view.spec is None or view.spec.model.precompile != PRECOMPILE_AUTO:
         return False
-    current = [b for b in view.bundles if b.variant in view.current_variants]
+    current = view_current_bundles(view)
     return bool(current) and all(b.precompile == "Verified" for b in current)
+
+
+def view_current_bundles(view: CacheView) -> list[BundleRecord]:
+    """The bundles of ``view``'s current plan (older generations may still be kept)."""
+    return [b for b in view.bundles if b.variant in view.current_variants]
 
 
 def bytecode_ready(view: CacheView) -> bool:
     """Whether every current bundle of ``view`` carries a byte-code part (cachelib.bytecode): only then
     may an app's ``PYTHONPYCACHEPREFIX`` point at it, since a prefix hides the image's own byte code."""
-    current = [b for b in view.bundles if b.variant in view.current_variants]
+    current = view_current_bundles(view)
     return bool(current) and all(b.bytecode_files > 0 for b in current)
 
 
