@@ -35,6 +35,7 @@ and 10248): a second start while one runs fails with a clear message.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -67,6 +68,9 @@ HOST_PATHS_LOGS = Path("/var/log/containers")
 HOST_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 HOST_CNI_RESULTS = Path("/var/lib/cni/results")
 HOST_DIRS = (Path("/var/lib/kubelet"), Path("/var/lib/cni"), HOST_PATHS_LOGS)
+# One node per machine (one bridge, the kubelet's ports): a second session waits for the first to stop.
+MACHINE_LOCK = Path("/run/lock" if Path("/run/lock").is_dir() else "/tmp") / "compilecache-real-node.lock"
+LOCK_WAIT_SECONDS = float(os.environ.get("COMPILECACHE_NODE_WAIT", "3600"))
 """Directories the kubelet and libcni make at fixed places: removed again when this node made them."""
 CNI_NETWORK = "compilecache-test-pods"
 PAUSE_TAG = "localhost/compilecache-test/pause:3.10"
@@ -335,12 +339,41 @@ class RealNode:
     _processes: dict[str, ManagedProcess] = field(init=False, default_factory=dict)
     _sysctls: dict[str, str] = field(init=False, default_factory=dict)
     _absent_host_dirs: list[Path] = field(init=False, default_factory=list)
+    _lock: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.binaries = self.binaries or find_node_binaries()
+        self.workdir = Path("/nonexistent")  # made in start(), once this node holds the machine
+
+    def _hold_machine(self) -> None:
+        """Wait (up to LOCK_WAIT_SECONDS) until no other session's node runs on this machine."""
+        handle = MACHINE_LOCK.open("a+")
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        told = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    handle.close()
+                    raise NodeUnavailable(
+                        f"another real node held {MACHINE_LOCK} for over {LOCK_WAIT_SECONDS:.0f}s "
+                        "(COMPILECACHE_NODE_WAIT sets the wait)"
+                    ) from None
+                if not told:
+                    print(f"\nwaiting for another test session's real node to stop ({MACHINE_LOCK})", file=sys.stderr)
+                    told = True
+                time.sleep(2)
+        self._lock = handle
         # Short: containerd's shim sockets and runc's state live below it.
         self.workdir = Path(tempfile.mkdtemp(prefix="ccn-", dir="/tmp"))
         self.workdir.chmod(0o755)
+
+    def _release_machine(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file drops the flock
+            self._lock = None
 
     @property
     def logs_dir(self) -> Path:
@@ -360,6 +393,7 @@ class RealNode:
     # -- start -------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._hold_machine()
         started = time.monotonic()
         try:
             self._check_free()
@@ -566,6 +600,7 @@ class RealNode:
                 self.leftovers.append(str(self.workdir))
         if self.leftovers:
             print(f"real node: left behind: {'; '.join(self.leftovers)}", file=sys.stderr)
+        self._release_machine()
 
     def _kill_strays(self) -> None:
         """Shims and container processes that outlived containerd (a shim re-parents itself)."""
