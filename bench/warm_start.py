@@ -21,6 +21,10 @@ fresh Python process, one after another on one device:
               caching precompile and the warm-start manifest), the bundle is preloaded as above,
               and the process calls cachelib.runtime.warm_start() before torch.compile
   warmstart-env  the same bundle, no call: only TORCH_CACHING_PRECOMPILE=1 (what the webhook sets)
+  warmstart-pool the warmstart row with TORCH_WARM_POOL=1 set by the workload: Inductor's
+              compile-worker pool starts at the first compile (warm_start() leaves it alone)
+  warmstart-nocc the warmstart row in an image without a C compiler: gcc, cc, clang and the
+              rest hidden from PATH, CC unset
   precompiled torch.compile(step, fullgraph=True).aot_compile(...) saved by one process,
               torch.compiler.load_compiled_function() in a fresh one with an empty cache dir
               ("precompiled"), and again beside a copy of the preloaded cache dir
@@ -32,7 +36,13 @@ With caching precompile the wrapper also loads Dynamo's entry, so the warmstart 
 Dynamo and Inductor first (import_s) and report the rest as load_s: the runtime call, then the
 wrapper's creation (the load); their "1st call" is load_s + the call.
 "To first output" is what a pod waits: from the process's spawn (and for the init-container
-mode, the preload process's spawn) to the first call's result.
+mode, the preload process's spawn) to the first call's result. Every measured process starts
+as a fresh container does: its own empty HOME (no Triton or CUDA caches of earlier processes),
+and, where the preloaded bundle carries the byte-code part, PYTHONPYCACHEPREFIX on it as the
+webhook sets it for an init-container preload. `--image-bytecode` measures an image that
+carries byte code of its own instead: every process, eager ones too, reads one tree compiled
+beforehand (then the warm-up ships none). Each child reports the compiled C modules that
+Triton built in it (`triton_modules_built`) and where.
 Each process reports its torch cache counters: a warm row with any miss is reported as a
 miss. Warm-up processes that are not themselves measured (the harness, the remote-cache
 warm-up, the ahead-of-time save) run in parallel between the timed phases. `--rows` picks a
@@ -73,7 +83,9 @@ REMOTE_ENV = {
 }
 # The `compilecache` console script, without needing the package installed.
 CLI = ("-c", "import sys; from cachelib.cli import main; sys.exit(main())")
-WARMSTART_ROWS = ("warmstart", "warmstart-env")
+WARMSTART_ROWS = ("warmstart", "warmstart-env", "warmstart-pool", "warmstart-nocc")
+COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++", "cpp", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++",
+             "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")
 ROWS = ("eager", "cold", "hot", "preloaded", "sidecar", "megacache", "remote", *WARMSTART_ROWS, "precompiled")
 # Rows whose cache lookups must all hit.
 WARM_ROWS = ("hot", "preloaded", "sidecar", "megacache", "remote")
@@ -100,6 +112,7 @@ def child_main(argv: Sequence[str]) -> int:
     p.add_argument("--precompile-load", action="store_true", help="time the wrapper's creation as load_s")
     args = p.parse_args(argv)
     started = time.perf_counter()
+    started_epoch = time.time()
     import torch
 
     from bench import models
@@ -121,6 +134,7 @@ def child_main(argv: Sequence[str]) -> int:
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["traceback"] = traceback.format_exc()[-4000:]
     record["counters"] = _counters(torch)
+    record["triton_modules_built"] = _triton_modules_built(started_epoch)
     record["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if args.device == "cuda" and torch.cuda.is_available():
         record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
@@ -130,6 +144,21 @@ def child_main(argv: Sequence[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if record["ok"] else 1)
+
+
+def _triton_modules_built(since: float) -> list[str]:
+    """The compiled C modules (Triton's driver utilities and launchers: ``*.so``) written since
+    ``since`` below HOME or the Inductor cache dir: what this process had to build with a C compiler."""
+    roots = [Path.home(), Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/nonexistent"))]
+    found = []
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for path in root.rglob("*.so"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime >= since and "compilecache-pycache" not in path.parts:
+                    found.append(str(path))
+    return sorted(found)
 
 
 def _sync(torch: Any, device: str) -> None:
@@ -332,12 +361,21 @@ class Bench:
     selected: frozenset[str] = frozenset(ROWS)
     repeat: int = 1
     python: str = sys.executable
+    image_pycache: Path | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
+    _homes: int = 0
 
     # -- processes -------------------------------------------------------------------
     def env(self, cache_dir: Path | None, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_CACHE"))}
         env.pop("TORCH_COMPILE_JOB_ID", None)
+        env.pop("PYTHONPYCACHEPREFIX", None)
+        if self.image_pycache is not None:  # an image with byte code of its own
+            env["PYTHONPYCACHEPREFIX"] = str(self.image_pycache)
+        self._homes += 1  # a fresh container: nothing cached in HOME by earlier processes
+        home = self.work / "homes" / str(self._homes)
+        home.mkdir(parents=True, exist_ok=True)
+        env["HOME"] = str(home)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
         env["PYTHONUNBUFFERED"] = "1"
         if self.tiny:
@@ -494,9 +532,30 @@ class Bench:
         preload = self.tool(cfg, f"preload-{name}", cmd, self.preload_env(cfg))
         if not preload["ok"]:
             return [preload]
-        flags = ["--precompile-load"] + (["--warm-start"] if name == "warmstart" else [])
-        env = self.job_env(cfg, {"TORCH_CACHING_PRECOMPILE": "1"}, auto=True)
+        flags = ["--precompile-load"] + (["--warm-start"] if name != "warmstart-env" else [])
+        extra = {"TORCH_CACHING_PRECOMPILE": "1", **bytecode_env(target)}
+        if name == "warmstart-pool":
+            extra["TORCH_WARM_POOL"] = "1"
+        if name == "warmstart-nocc":
+            extra["PATH"] = str(self.path_without_compilers())
+            extra["CC"] = ""
+        env = self.job_env(cfg, extra, auto=True)
         return [preload, self.child(cfg, "compile", name, target, *flags, env=env)]
+
+    def path_without_compilers(self) -> Path:
+        """A directory of links to every program on PATH except the C and C++ compilers."""
+        bare = self.work / "path-without-compilers"
+        if not bare.is_dir():
+            bare.mkdir(parents=True)
+            for directory in os.environ.get("PATH", "").split(os.pathsep):
+                if not directory or not Path(directory).is_dir():
+                    continue
+                for program in Path(directory).iterdir():
+                    name = program.name
+                    compiler = name in COMPILERS or name.startswith(("gcc-", "g++-", "clang-", "cc-"))
+                    if not compiler and not (bare / name).exists() and os.access(program, os.X_OK):
+                        (bare / name).symlink_to(program)
+        return bare
 
     def preload_command(self, cfg: Config, target: Path, *options: str, auto: bool = False) -> list[str]:
         """`compilecache preload` of the harness's bundle into ``target`` (an empty directory)."""
@@ -519,7 +578,7 @@ class Bench:
         preload = self.tool(cfg, "preload", self.preload_command(cfg, target, "--strict"), self.preload_env(cfg))
         if not preload["ok"] or not compile_after:
             return [preload]
-        return [preload, self.child(cfg, "compile", "preloaded", target, env=self.job_env(cfg))]
+        return [preload, self.child(cfg, "compile", "preloaded", target, env=self.job_env(cfg, bytecode_env(target)))]
 
     def preload_beside_compile(self, cfg: Config) -> list[dict[str, Any]]:
         """The sidecar mode: the preload and the compiling process start together; the latter
@@ -557,7 +616,7 @@ class Bench:
             warm = self.dirs(cfg, "breakdown-warmstart-cache")
             shutil.rmtree(warm, ignore_errors=True)
             shutil.copytree(self.dirs(cfg, "warmstart"), warm)
-            env = self.job_env(cfg, {"TORCH_CACHING_PRECOMPILE": "1"}, auto=True)
+            env = self.job_env(cfg, {"TORCH_CACHING_PRECOMPILE": "1", **bytecode_env(warm)}, auto=True)
             flags = ("--warm-start", "--precompile-load")
             self.rows.append(self.child(cfg, "breakdown", "breakdown-warmstart", warm, *flags, env=env))
             prof = self.work / cfg.slug / "breakdown-warmstart.pstats"
@@ -582,6 +641,13 @@ class Bench:
             if prof.exists():
                 self.rows[-1]["profile_buckets_s"] = profile_buckets(prof)
                 self.rows[-1]["profile_top"] = profile_top(prof, limit=60)
+
+
+def bytecode_env(cache_dir: Path) -> dict[str, str]:
+    """``PYTHONPYCACHEPREFIX`` on the preloaded bundle's byte-code part, as the webhook sets it for an
+    init-container preload; nothing when the bundle has none (an image with byte code of its own)."""
+    tree = cache_dir / "compilecache-pycache"  # cachelib.bytecode.PYCACHE_DIR, without importing it here
+    return {"PYTHONPYCACHEPREFIX": str(tree)} if tree.is_dir() else {}
 
 
 def run_isolated(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -780,13 +846,18 @@ def summarise_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if len(samples) > 1 and out["first_call_s"] is not None:
         out["first_call_all_s"] = [round(r["first_call_s"], 3) for r in samples]
-    for extra in ("load_s", "to_first_output_s", "preload_wait_s"):
+    for extra in ("load_s", "to_first_output_s", "preload_wait_s", *BREAKDOWN):
         if all(extra in r for r in samples):
             out[extra] = median([r[extra] for r in samples])
+    out["triton_modules_built"] = max(len(r.get("triton_modules_built", [])) for r in samples)
     results = [r["preload_result"] for r in samples if "preload_result" in r]
     if results:
         out["preload_result"] = next((x for x in results if x != "hit"), results[0])
     return out
+
+
+BREAKDOWN = ("import_torch_s", "build_s", "import_s", "wrap_s")
+"""A process's own steps before its first call (see the child's record)."""
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -950,19 +1021,35 @@ def render(results: list[dict[str, Any]]) -> str:
                 )
                 + " |"
             )
+    names = ("eager", "hot", "preloaded", "sidecar", "remote", *WARMSTART_ROWS)
     lines += [
         "",
-        "Seconds to first output (from the spawn of the row's first process):",
+        "Seconds to first output (from the spawn of the row's first process; for the init-container rows,",
+        "of the preload's), and in brackets ÷ eager's:",
         "",
-        "| model | eager | local hot (3) | init container: preload, then process | sidecar | PyTorch remote (6) "
-        "| warmstart: preload, then process | warmstart-env |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
     ]
     for res in results:
         for s in res["summary"]:
-            names = ("eager", "hot", "preloaded", "sidecar", "remote", *WARMSTART_ROWS)
             cells = [to_first_output(s, n) for n in names]
-            lines.append(f"| {s['config']} | " + " | ".join("—" if c is None else f"{c:.2f}" for c in cells) + " |")
+            eager = cells[0]
+            text = ["—" if c is None else f"{c:.2f}" + (f" ({c / eager:.2f})" if eager and c is not eager else "")
+                    for c in cells]  # fmt: skip
+            lines.append(f"| {s['config']} | " + " | ".join(text) + " |")
+    lines += [
+        "",
+        "Where a process's time goes (seconds, medians): preload, import torch, build the model, import Dynamo",
+        "and Inductor, load (warm_start() and the wrapper), first call; Triton modules built with a C compiler:",
+        "",
+        "| model | row | preload | import torch | build | import Dynamo/Inductor | load | 1st call | to first output "
+        "| C modules built |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        for s in res["summary"]:
+            for name in names:
+                lines.extend(_breakdown_line(s, name))
     lines += ["", "| model | goal | met | ratio |", "|---|---|---|---|"]
     for res in results:
         for s in res["summary"]:
@@ -971,6 +1058,19 @@ def render(results: list[dict[str, Any]]) -> str:
                 extra = f" (1st call alone {g['ratio_first_call']:.2f})" if "ratio_first_call" in g else ""
                 lines.append(f"| {s['config']} | {goal} | {'yes' if g['met'] else 'NO'} | {ratio:.2f}{extra} |")
     return "\n".join(lines) + "\n"
+
+
+def _breakdown_line(s: dict[str, Any], name: str) -> list[str]:
+    v = s.get(name)
+    if not isinstance(v, dict) or "error" in v:
+        return []
+    pre = s.get("preload" if name == "preloaded" else f"preload_{name}")
+    preload = f"{pre['wall_s']:.2f}" if isinstance(pre, dict) and pre.get("ok") else "—"
+    load = v.get("load_s", v.get("wrap_s"))
+    imports = v.get("import_s")
+    cells = [v.get("import_torch_s"), v.get("build_s"), imports, load, v.get("first_call_s"), to_first_output(s, name)]
+    text = " | ".join("—" if c is None else f"{c:.2f}" for c in cells)
+    return [f"| {s['config']} | {name} | {preload} | {text} | {v.get('triton_modules_built', 0)} |"]
 
 
 def _sidecar_cell(s: dict[str, Any]) -> str:
@@ -1045,7 +1145,25 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="samples of hot, preloaded, sidecar and remote, interleaved; figures are their medians",
     )  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="directory for results.json, results.md and work files")
+    p.add_argument(
+        "--image-bytecode", action="store_true",
+        help="measure an image that carries byte code: compile every installed package and the standard "
+             "library into one PYTHONPYCACHEPREFIX tree first, read by every process",
+    )  # fmt: skip
     return p.parse_args(argv)
+
+
+def compile_image_bytecode(python: str, tree: Path) -> dict[str, Any]:
+    """What an image built with byte code has: every module of the interpreter's standard library and
+    site-packages compiled (checked-hash pycs) into ``tree``, used as the run's PYTHONPYCACHEPREFIX."""
+    code = "import sys, sysconfig; print(sysconfig.get_paths()['stdlib']); print(sysconfig.get_paths()['purelib'])"
+    dirs = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(tree))
+    t = time.perf_counter()
+    cmd = [python, "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "checked-hash", *dirs]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    files = sum(1 for _ in tree.rglob("*.pyc"))
+    return {"dirs": dirs, "seconds": time.perf_counter() - t, "pyc_files": files, "exit": proc.returncode}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1080,6 +1198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with redis_server(args.redis_server, work) as redis:
         store = f"redis://{redis[0]}:{redis[1]}/0" if redis else f"file://{(work / 'store').resolve()}"
         bench = Bench(args.device, args.tiny, work.resolve(), store, redis, args.jobs, selected, max(1, args.repeat))
+        if args.image_bytecode:
+            bench.image_pycache = (args.out / "image-pycache").resolve()
+            result["image_bytecode"] = compile_image_bytecode(bench.python, bench.image_pycache)
+            _log(f"image byte code: {json.dumps(result['image_bytecode'])}")
         result["environment"] = environment(bench.python)
         result["store"] = "redis (redis-server on the same machine)" if redis else "file (no redis-server found)"
         _log(f"environment: {json.dumps(result['environment'])}; store {store}")

@@ -103,9 +103,11 @@ def valid_bytecode(source: Path, pyc: Path) -> bool:
 
 
 def image_has_bytecode(sources: Iterable[Path]) -> tuple[bool, int, int]:
-    """Whether the image carries valid byte code beside the sources; (it does, how many have it, of how many)."""
+    """Whether the image carries valid byte code where this process's imports look for it (beside the
+    sources, or under the image's own ``PYTHONPYCACHEPREFIX``); (it does, how many have it, of how many)."""
     listed = list(sources)
-    have = sum(1 for s in listed if valid_bytecode(s, bytecode_path(s, None)))
+    prefix = Path(sys.pycache_prefix) if sys.pycache_prefix else None
+    have = sum(1 for s in listed if valid_bytecode(s, bytecode_path(s, prefix)))
     return bool(listed) and have >= IMAGE_HAS_BYTECODE * len(listed), have, len(listed)
 
 

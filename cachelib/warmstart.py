@@ -390,6 +390,17 @@ def _fall_back(stage: str, exc: BaseException) -> PrecompileFallback:
     return PrecompileFallback(f"{reason}: {type(exc).__name__}: {first_line}")
 
 
+def outside_proven_torch(what: str) -> str | None:
+    """Why the installed torch is not one where ``what`` was checked (PROVEN_TORCH); None when it is."""
+    import torch
+
+    release = torch_release(str(torch.__version__))
+    if release is None or not PROVEN_TORCH[0] <= release <= PROVEN_TORCH[1]:
+        low, high = (".".join(map(str, end)) for end in PROVEN_TORCH)
+        return f"torch {torch.__version__} is outside {low}-{high}, where {what} was checked"
+    return None
+
+
 def precompile_loader_problem() -> str | None:
     """Why Dynamo's precompile loader of this torch cannot be guarded; None when it can.
 
@@ -398,12 +409,9 @@ def precompile_loader_problem() -> str | None:
     ``_TorchDynamoContext.__call__`` catching RuntimeError around ``initialize``/``install``."""
     import inspect
 
-    import torch
-
-    release = torch_release(str(torch.__version__))
-    if release is None or not PROVEN_TORCH[0] <= release <= PROVEN_TORCH[1]:
-        low, high = (".".join(map(str, end)) for end in PROVEN_TORCH)
-        return f"torch {torch.__version__} is outside {low}-{high}, where its precompile loader was checked"
+    outside = outside_proven_torch("its precompile loader")
+    if outside is not None:
+        return outside
     try:
         eval_frame: Any = importlib.import_module("torch._dynamo.eval_frame")
         package: Any = importlib.import_module("torch._dynamo.package")
@@ -536,12 +544,53 @@ def prepare(cache_dir: str | Path | None = None, env: Mapping[str, str] | None =
         hand_over_triton_key(keys["triton_key"], done)
     if manifest["dynamo_precompile"]:
         _apply_caching_precompile(done)
+        if "caching_precompile" in done.applied:
+            defer_compile_pool(done, environ)
     else:
         _set_caching_precompile(False)
         check = manifest.get("precompile_check")
         if isinstance(check, dict) and check.get("verified") is False:
             done.declined.append(f"caching_precompile: left out by the warm-up's check: {check.get('reason')}")
     return done
+
+
+WARM_POOL_ENV = "TORCH_WARM_POOL"
+"""Read by Inductor's ``maybe_warm_pool()`` at the first compile: ``0`` skips starting the pool."""
+
+
+def warm_pool_problem() -> str | None:
+    """Why this torch's compile-worker pool cannot be left unstarted through ``TORCH_WARM_POOL``; None
+    when it can (checked in the proven releases: ``maybe_warm_pool`` reads it when the first compile
+    starts, and the pool is still made on demand by the first kernel that must compile)."""
+    import inspect
+
+    outside = outside_proven_torch("its compile-worker pool")
+    if outside is not None:
+        return outside
+    try:
+        async_compile: Any = importlib.import_module("torch._inductor.async_compile")
+        source = inspect.getsource(async_compile.maybe_warm_pool)
+    except (ImportError, AttributeError, OSError, TypeError) as exc:
+        return f"Inductor's maybe_warm_pool cannot be read: {exc}"
+    if WARM_POOL_ENV not in source:
+        return f"Inductor's maybe_warm_pool does not read ${WARM_POOL_ENV}"
+    return None
+
+
+def defer_compile_pool(done: Prepared, environ: Mapping[str, str]) -> None:
+    """A bundle whose precompiled part loads needs no compile: leave Inductor's compile-worker pool
+    unstarted at the first compile (it spawns a process that imports torch again, competing with the
+    workload's own start). A graph that must compile after all still gets the pool, started on
+    demand. A workload that sets ``TORCH_WARM_POOL`` itself keeps its choice."""
+    if WARM_POOL_ENV in environ:
+        done.declined.append(f"lazy_compile_pool: ${WARM_POOL_ENV} is set by the workload")
+        return
+    problem = warm_pool_problem()
+    if problem is not None:
+        done.declined.append(f"lazy_compile_pool: {problem}")
+        return
+    os.environ[WARM_POOL_ENV] = "0"
+    done.applied.append("lazy_compile_pool")
 
 
 def _apply_caching_precompile(done: Prepared) -> None:

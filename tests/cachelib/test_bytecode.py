@@ -99,6 +99,22 @@ def test_an_image_with_its_own_byte_code_ships_none(tmp_path: Path) -> None:
     assert not (tmp_path / "cache" / bytecode.PYCACHE_DIR).exists()
 
 
+def test_an_image_whose_byte_code_lives_under_its_own_prefix_ships_none(tmp_path: Path) -> None:
+    """An image built with ``ENV PYTHONPYCACHEPREFIX`` keeps its byte code there: what the process's imports
+    read is what counts, in a fresh interpreter that has the image's prefix set."""
+    sources = [write_package(tmp_path / f"p{i}") for i in range(10)]
+    prefix = tmp_path / "image-pycache"
+    for source in sources:
+        py_compile.compile(str(source), cfile=str(bytecode.bytecode_path(source, prefix)))
+    code = (
+        "import json; from pathlib import Path; from cachelib import bytecode; "
+        f"print(json.dumps(bytecode.image_has_bytecode([Path(p) for p in {[str(s) for s in sources]!r}])))"
+    )
+    root = Path(bytecode.__file__).resolve().parents[1]
+    assert json.loads(fresh(root, prefix, code)) == [True, 10, 10]
+    assert json.loads(fresh(root, None, code)) == [False, 0, 10]  # the same image without its prefix
+
+
 def test_stale_or_foreign_byte_code_beside_a_source_does_not_count(tmp_path: Path) -> None:
     source = write_package(tmp_path)
     pyc = bytecode.bytecode_path(source, None)

@@ -220,7 +220,7 @@ def test_the_runtime_call_loads_dynamo_entries_and_matches_eager(preloaded: Path
     seen = run_workload(fresh_copy(preloaded, tmp_path), "call")
     assert seen["allclose"], seen
     assert seen["prepared"]["declined"] == [], seen["prepared"]
-    assert {"torch_key", "triton_key", "caching_precompile"} <= set(seen["prepared"]["applied"])
+    assert {"torch_key", "triton_key", "caching_precompile", "lazy_compile_pool"} <= set(seen["prepared"]["applied"])
     assert seen["counters"]["dynamo_cache"] == {"dynamo_cache_hit": 1}, seen["counters"]
     assert seen["counters"]["frames"] == {}, "Dynamo traced a frame: the precompiled entry was not used"
 
@@ -351,3 +351,27 @@ def test_a_training_step_loads_forward_and_backward_and_matches_eager(tmp_path: 
     assert seen["same"], seen
     assert "caching_precompile" in seen["prepared"]["applied"]
     assert seen["counters"] == {"dynamo_cache": {"dynamo_cache_hit": 1}, "frames": {}}, seen["counters"]
+
+
+def test_this_torch_lets_its_compile_pool_wait_and_the_lever_keeps_a_workload_choice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert warmstart.warm_pool_problem() is None  # the installed torch is one of the proven releases
+    monkeypatch.delenv(warmstart.WARM_POOL_ENV, raising=False)
+    done = warmstart.Prepared()
+    warmstart.defer_compile_pool(done, {})
+    assert done.applied == ["lazy_compile_pool"] and os.environ[warmstart.WARM_POOL_ENV] == "0"
+    kept = warmstart.Prepared()
+    warmstart.defer_compile_pool(kept, {warmstart.WARM_POOL_ENV: "1"})
+    assert kept.applied == [] and "set by the workload" in kept.declined[0]
+
+
+def test_a_torch_outside_the_proven_range_keeps_its_compile_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    assert "outside" in str(warmstart.warm_pool_problem())
+    monkeypatch.delenv(warmstart.WARM_POOL_ENV, raising=False)
+    done = warmstart.Prepared()
+    warmstart.defer_compile_pool(done, {})
+    assert done.applied == [] and warmstart.WARM_POOL_ENV not in os.environ
