@@ -362,6 +362,7 @@ class Bench:
     repeat: int = 1
     python: str = sys.executable
     image_pycache: Path | None = None
+    cpus: int = 0
     rows: list[dict[str, Any]] = field(default_factory=list)
     _homes: int = 0
 
@@ -386,6 +387,9 @@ class Bench:
         if self.redis is not None:
             env["TORCHINDUCTOR_REDIS_HOST"], env["TORCHINDUCTOR_REDIS_PORT"] = self.redis[0], str(self.redis[1])
         env.update(extra or {})
+        for name in ("CC", "CXX"):  # an empty value unsets it (the image without a compiler)
+            if env.get(name) == "":
+                del env[name]
         return env
 
     def child(
@@ -403,6 +407,8 @@ class Bench:
         cmd += ["--device", self.device, "--result", str(result), *extra_args]
         if self.tiny:
             cmd.append("--tiny")
+        if self.cpus:  # a pod with that many CPUs: the process and every one it starts
+            cmd = ["taskset", "-c", f"0-{self.cpus - 1}", *cmd]
         spawned = time.time()
         t = time.perf_counter()
         proc = run_isolated(cmd, self.env(cache_dir, env))
@@ -537,8 +543,7 @@ class Bench:
         if name == "warmstart-pool":
             extra["TORCH_WARM_POOL"] = "1"
         if name == "warmstart-nocc":
-            extra["PATH"] = str(self.path_without_compilers())
-            extra["CC"] = ""
+            extra.update(PATH=str(self.path_without_compilers()), CC="", CXX="")
         env = self.job_env(cfg, extra, auto=True)
         return [preload, self.child(cfg, "compile", name, target, *flags, env=env)]
 
@@ -1145,6 +1150,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="samples of hot, preloaded, sidecar and remote, interleaved; figures are their medians",
     )  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="directory for results.json, results.md and work files")
+    p.add_argument("--cpus", type=int, default=0, help="run every measured process on CPUs 0..N-1 (a pod's share)")
     p.add_argument(
         "--image-bytecode", action="store_true",
         help="measure an image that carries byte code: compile every installed package and the standard "
@@ -1198,6 +1204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with redis_server(args.redis_server, work) as redis:
         store = f"redis://{redis[0]}:{redis[1]}/0" if redis else f"file://{(work / 'store').resolve()}"
         bench = Bench(args.device, args.tiny, work.resolve(), store, redis, args.jobs, selected, max(1, args.repeat))
+        bench.cpus = max(0, args.cpus)
+        result["cpus"] = bench.cpus or os.cpu_count()
         if args.image_bytecode:
             bench.image_pycache = (args.out / "image-pycache").resolve()
             result["image_bytecode"] = compile_image_bytecode(bench.python, bench.image_pycache)

@@ -188,6 +188,7 @@ def _import(module_name: str) -> Any:
         "cachelib.warmstart": "warmstart",
         "cachelib.precheck": "precheck",
         "cachelib.bytecode": "bytecode",
+        "cachelib.triton_modules": "triton_modules",
     }
     try:
         return importlib.import_module(module_name)
@@ -443,6 +444,7 @@ def warm_up(request: Request) -> dict[str, Any]:
     total = time.perf_counter() - started
     megacache = save_megacache(request.out)  # with caching precompile, also writes Dynamo's entries
     bytecode = write_bytecode(request)
+    triton_modules = _import("cachelib.triton_modules").collect(request.cache_path).to_dict()
     precompile = write_warm_start(request) if request.options.precompile == "auto" else None
     if precompile is not None and request.target is not None and precompile_failure is not None:
         _record_check(request.cache_path, {"verified": False, "reason": precompile_failure})
@@ -470,6 +472,7 @@ def warm_up(request: Request) -> dict[str, Any]:
         "megacache": megacache,
         "precompile": precompile,
         "bytecode": bytecode,
+        "triton_modules": triton_modules,
     }
     _write_atomic(request.out / RESULT_FILE, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
     return result

@@ -16,7 +16,8 @@ Metrics:
 - ``compilecache_runtime_compiled_frames_total`` -- frames Dynamo compiled.
 - ``compilecache_runtime_graph_breaks_total`` -- graph breaks Dynamo met.
 - ``compilecache_runtime_warm_start_levers{lever}`` -- 1 for each lever :func:`warm_start` applied
-  (``torch_key``, ``triton_key``, ``caching_precompile``); absent until it was called.
+  (``torch_key``, ``triton_key``, ``caching_precompile``, ``lazy_compile_pool``, ``triton_modules``);
+  absent until it was called.
 - ``compilecache_runtime_warm_start_fallbacks_total{reason}`` -- precompiled entries refused and
   compiled afresh instead (``unreadable``, ``source_changed``, ``load_failed``, ``install_failed``):
   :func:`warm_start` guards torch's loader, so a bad entry costs a compile, never the process.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
@@ -36,7 +38,7 @@ from prometheus_client import start_http_server as _start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cachelib import warmstart
+from cachelib import triton_modules, warmstart
 from cachelib.handoff import wait_for_preload
 
 CACHE_EVENTS: dict[tuple[str, str], tuple[str, str]] = {
@@ -156,10 +158,25 @@ def warm_start(cache_dir: str | None = None, *, wait: bool = True) -> warmstart.
 
     Dynamo looks its precompiled entry up when ``torch.compile`` is called, so a preload running
     beside the workload (Sidecar mode) must be done by then: with ``wait`` (the default) this
-    first waits for it (:func:`cachelib.handoff.wait_for_preload`, at once where none runs)."""
+    first waits for it (:func:`cachelib.handoff.wait_for_preload`, at once where none runs).
+
+    Triton's compiled C modules that the bundle carries (:mod:`cachelib.triton_modules`) are put where
+    this process's Triton looks for them, so that it neither runs nor needs a C compiler."""
     if wait:
         wait_for_preload()
-    return warmstart.prepare(cache_dir)
+    done = warmstart.prepare(cache_dir)
+    if done.cache_dir:
+        install_triton_modules(Path(done.cache_dir), done)
+    return done
+
+
+def install_triton_modules(cache_dir: Path, done: warmstart.Prepared) -> None:
+    """Install the bundle's Triton modules; the lever ``triton_modules`` when any is in place."""
+    installed = triton_modules.install(cache_dir)
+    if installed.placed or installed.present:
+        done.applied.append("triton_modules")
+    for problem in installed.problems[:3]:
+        done.declined.append(f"triton_modules: {problem}")
 
 
 _registered: dict[int, TorchCompileCacheCollector] = {}

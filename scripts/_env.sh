@@ -14,6 +14,9 @@ ZOO_REQUIREMENTS="torchvision==0.28.0 transformers==5.24.0 timm==1.0.31 numpy"
 # The newest torch the project supports, in a venv of its own for the zoo's other end (scripts/test.sh).
 NEWEST_TORCH_REQUIREMENT="torch==2.15.0"
 NEWEST_VENV="$COMPILECACHE_TEST_CACHE/venv-torch-2.15"
+# Triton's Python package alone (no torch, no GPU), for the tests of its compiled C modules as a bundle part.
+TRITON_REQUIREMENT="triton==3.9.0"
+export COMPILECACHE_TEST_TRITON="$COMPILECACHE_TEST_CACHE/triton-3.9.0"
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -77,6 +80,22 @@ ensure_newest_torch_venv() {
     "$(pick_python)" -m venv "$NEWEST_VENV"
     from_wheelhouse "$NEWEST_VENV/bin/python" "$NEWEST_TORCH_REQUIREMENT" transformers==5.24.0 numpy prometheus-client
     touch "$stamp"
+}
+
+ensure_triton_target() {
+    # ensure_triton_target : $COMPILECACHE_TEST_TRITON holds Triton's package (from the wheelhouse), on no
+    # venv's path: the suite's torch stays a CPU torch without Triton.
+    [ -f "$COMPILECACHE_TEST_TRITON/.complete" ] && return 0
+    local stamp="$WHEELHOUSE/.$(echo "--no-deps $TRITON_REQUIREMENT" | tr ' /' '__').complete"
+    if [ ! -f "$stamp" ]; then
+        log "downloading $TRITON_REQUIREMENT into $WHEELHOUSE (once)"
+        "$VENV/bin/python" -m pip download -q --no-deps -d "$WHEELHOUSE" "$TRITON_REQUIREMENT"
+        touch "$stamp"
+    fi
+    rm -rf "$COMPILECACHE_TEST_TRITON"
+    "$VENV/bin/python" -m pip install -q --no-index --find-links "$WHEELHOUSE" --no-deps \
+        --target "$COMPILECACHE_TEST_TRITON" "$TRITON_REQUIREMENT"
+    touch "$COMPILECACHE_TEST_TRITON/.complete"
 }
 
 ensure_venv() {

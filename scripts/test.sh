@@ -10,13 +10,15 @@ cd "$ROOT"
 # for the image-slimming tests; podman, buildah, runc, mmdebstrap: our images built and run as real containers;
 # util-linux (setpriv): the test node agent runs each container as the uid its pod spec says.
 apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap util-linux \
-    containernetworking-plugins iproute2 gcc libc6-dev  # the real node: CNI bridge, ip, the static pause binary
+    containernetworking-plugins iproute2 gcc libc6-dev \
+    python3-dev  # the real node: CNI bridge, ip, the static pause binary; Python.h: Triton's C modules (tests)
 ensure_venv "test"
 bash tests/infra/checkout_access.sh "$VENV/bin/python"  # tests run processes as other uids: they must read the clone
 # No PYTHONPYCACHEPREFIX for the suite: pip writes byte code beside every installed module even with
 # PYTHONDONTWRITEBYTECODE=1 (measured: 2,284 .pyc in the venv's torch/), and a prefix hides those files, also from
 # the tests' processes that run as other uids and could not read a prefix under $HOME (docs/benchmarks.md).
 ensure_newest_torch_venv
+ensure_triton_target
 
 log "kube-apiserver, kube-controller-manager and etcd (built once from Go modules, then cached)"
 bash tests/infra/kube/build.sh
