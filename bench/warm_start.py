@@ -25,6 +25,8 @@ fresh Python process, one after another on one device:
               compile-worker pool starts at the first compile (warm_start() leaves it alone)
   warmstart-nocc the warmstart row in an image without a C compiler: gcc, cc, clang and the
               rest hidden from PATH, CC unset
+  warmstart-1thread the warmstart row with OMP_NUM_THREADS=1 (as torchrun sets it per worker): a
+              global state other than the warm-up's, so the precompiled entry's guards fail
   precompiled torch.compile(step, fullgraph=True).aot_compile(...) saved by one process,
               torch.compiler.load_compiled_function() in a fresh one with an empty cache dir
               ("precompiled"), and again beside a copy of the preloaded cache dir
@@ -83,7 +85,7 @@ REMOTE_ENV = {
 }
 # The `compilecache` console script, without needing the package installed.
 CLI = ("-c", "import sys; from cachelib.cli import main; sys.exit(main())")
-WARMSTART_ROWS = ("warmstart", "warmstart-env", "warmstart-pool", "warmstart-nocc")
+WARMSTART_ROWS = ("warmstart", "warmstart-env", "warmstart-pool", "warmstart-nocc", "warmstart-1thread")
 COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++", "cpp", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++",
              "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")
 ROWS = ("eager", "cold", "hot", "preloaded", "sidecar", "megacache", "remote", *WARMSTART_ROWS, "precompiled")
@@ -148,15 +150,20 @@ def child_main(argv: Sequence[str]) -> int:
 
 def _triton_modules_built(since: float) -> list[str]:
     """The compiled C modules (Triton's driver utilities and launchers: ``*.so``) written since
-    ``since`` below HOME or the Inductor cache dir: what this process had to build with a C compiler."""
-    roots = [Path.home(), Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/nonexistent"))]
+    ``since`` below HOME or the Inductor cache dir, less those the bundle shipped (cachelib.triton_modules
+    installs them): what this process had to build with a C compiler."""
+    cache_dir = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/nonexistent"))
+    part = cache_dir / "compilecache-triton-modules"  # cachelib.triton_modules.PART_DIR: installed, not built
+    shipped = {p.relative_to(part).as_posix() for p in part.rglob("*.so")} if part.is_dir() else set()
     found = []
-    for root in roots:
+    for root in (Path.home(), cache_dir):
         if not root.is_dir():
             continue
         for path in root.rglob("*.so"):
+            if "compilecache-pycache" in path.parts or part in path.parents:
+                continue
             with contextlib.suppress(OSError):
-                if path.stat().st_mtime >= since and "compilecache-pycache" not in path.parts:
+                if path.stat().st_mtime >= since and f"{path.parent.name}/{path.name}" not in shipped:
                     found.append(str(path))
     return sorted(found)
 
@@ -425,7 +432,10 @@ class Bench:
         return record
 
     def tool(self, cfg: Config, name: str, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
-        """Run a compilecache command (harness, publish, preload) and time the whole process."""
+        """Run a compilecache command (harness, publish, preload) and time the whole process; with a CPU
+        share (``--cpus``), under the same share as the pods (a warm-up Job of the pods' shape)."""
+        if self.cpus:
+            cmd = ["taskset", "-c", f"0-{self.cpus - 1}", *cmd]
         spawned = time.time()
         t = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
@@ -542,6 +552,8 @@ class Bench:
         extra = {"TORCH_CACHING_PRECOMPILE": "1", **bytecode_env(target)}
         if name == "warmstart-pool":
             extra["TORCH_WARM_POOL"] = "1"
+        if name == "warmstart-1thread":
+            extra["OMP_NUM_THREADS"] = "1"
         if name == "warmstart-nocc":
             extra.update(PATH=str(self.path_without_compilers()), CC="", CXX="")
         env = self.job_env(cfg, extra, auto=True)

@@ -39,10 +39,12 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import itertools
 import json
 import logging
 import os
 import platform
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -482,6 +484,7 @@ def guard_precompile_loader() -> str | None:
         except Exception as exc:
             reset(self)
             raise _fall_back("install", exc) from exc
+        advance_unique_ids(installed_scopes(self))
 
     @functools.wraps(original_load)
     def load(self: Any, fn: Any) -> Any:
@@ -505,6 +508,52 @@ def guard_precompile_loader() -> str | None:
         setattr(wrapper, "_compilecache_guarded", True)  # noqa: B010 (a flag on a function object)
         setattr(owner, name, wrapper)
     return None
+
+
+UNIQUE_ID = re.compile(r"^__\w*?_(\d+)(?:_[0-9a-f]{8}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{12})?$")
+"""A name Dynamo minted with ``unique_id`` (``__builtins_dict___0``, ``__compiled_fn_1_<uuid>``)."""
+
+
+def highest_unique_id(names: Iterable[str]) -> int:
+    """The largest counter value among Dynamo-minted ``names``; -1 when there is none (pure)."""
+    found = [int(m.group(1)) for m in map(UNIQUE_ID.match, names) if m is not None]
+    return max(found, default=-1)
+
+
+def installed_scopes(package: Any) -> list[dict[str, Any]]:
+    """The module dictionaries a loaded precompiled package wrote its globals into."""
+    scopes: list[dict[str, Any]] = []
+    modules = list(getattr(package, "_installed_globals", {}) or {})
+    for entry in getattr(package, "_codes", {}).values():
+        module = sys.modules.get(getattr(entry, "python_module", ""))
+        if module is not None:
+            modules.append(module)
+    for module in modules:
+        scope = getattr(module, "__dict__", None)
+        if isinstance(scope, dict) and all(scope is not s for s in scopes):
+            scopes.append(scope)
+    return scopes
+
+
+def advance_unique_ids(scopes: Iterable[Mapping[str, Any]]) -> None:
+    """Move Dynamo's name counter past the names a loaded package brought from the warm-up's process.
+
+    Those names (``__builtins_dict___0`` …) were minted by another process's counter. When a guard of
+    the loaded entry then fails in this process (another thread count, grad mode, default dtype …),
+    Dynamo compiles the frame afresh and mints the same names from its own counter, which starts at 0:
+    torch 2.11-2.14 then fail the first call with ``AssertionError: Name '__builtins_dict___0' already
+    exists in scope`` (torch 2.15 mints names free in the scope). Only ever moves the counter forward."""
+    highest = max((highest_unique_id(scope) for scope in scopes), default=-1)
+    if highest < 0:
+        return
+    try:
+        transformation: Any = importlib.import_module("torch._dynamo.bytecode_transformation")
+    except ImportError:
+        return
+    counter = getattr(transformation, "_unique_id_counter", None)
+    if not isinstance(counter, itertools.count):
+        return
+    transformation._unique_id_counter = itertools.count(max(next(counter), highest + 1))
 
 
 def prepare(cache_dir: str | Path | None = None, env: Mapping[str, str] | None = None) -> Prepared:

@@ -375,3 +375,40 @@ def test_a_torch_outside_the_proven_range_keeps_its_compile_pool(monkeypatch: py
     done = warmstart.Prepared()
     warmstart.defer_compile_pool(done, {})
     assert done.applied == [] and warmstart.WARM_POOL_ENV not in os.environ
+
+
+GLOBAL_STATE_CHANGES = {
+    "deterministic algorithms": ("torch.use_deterministic_algorithms(True)", {}),
+    "one intra-op thread (as torchrun sets)": ("", {"OMP_NUM_THREADS": "1"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", sorted(GLOBAL_STATE_CHANGES))
+def test_a_pod_whose_global_state_fails_the_entrys_guards_compiles_afresh_without_crashing(
+    preloaded: Path, tmp_path: Path, change: str
+) -> None:
+    """The loaded entry's names come from the warm-up's process; a recompile in the pod must not reuse them
+    (torch 2.11-2.14 failed the first call with ``Name '__builtins_dict___0' already exists in scope``)."""
+    statement, env = GLOBAL_STATE_CHANGES[change]
+    before = "compiled = torch.compile(model)"
+    code = WORKLOAD.format(target=TARGET).replace(before, f"{statement}\n{before}")
+    seen = run_workload(fresh_copy(preloaded, tmp_path), "call", env={"OMP_NUM_THREADS": "2", **env}, code=code)
+    assert seen["allclose"], seen
+    assert seen["counters"]["dynamo_cache"] == {"dynamo_cache_hit": 1}, seen["counters"]
+    if statement:  # a global-state guard that certainly fails: the frame is compiled afresh
+        assert seen["counters"]["frames"].get("ok") == 1, seen["counters"]
+
+
+def test_dynamo_names_from_another_process_move_the_counter_forward_only() -> None:
+    from torch._dynamo import bytecode_transformation
+
+    names = ["__builtins_dict___7", "__compiled_fn_3_0b1c2d3e_4f50_6172_8394_a5b6c7d8e9f0", "__resume_at_30_2", "x_99"]
+    assert warmstart.highest_unique_id(names) == 7
+    assert warmstart.highest_unique_id(["plain", "__no_number_"]) == -1
+    start = int(bytecode_transformation.unique_id("probe").rsplit("_", 1)[1])
+    warmstart.advance_unique_ids([dict.fromkeys(names)])
+    after = int(bytecode_transformation.unique_id("probe").rsplit("_", 1)[1])
+    assert after >= max(start + 1, 8)
+    warmstart.advance_unique_ids([{"__builtins_dict___0": None}])  # never backwards
+    assert int(bytecode_transformation.unique_id("probe").rsplit("_", 1)[1]) == after + 1
