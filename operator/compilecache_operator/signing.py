@@ -46,10 +46,17 @@ class Signing:
 def load_signing(key_file: Path, extra_trusted: Sequence[str] = ()) -> Signing:
     """The signing key from its PEM file, trusting its public key and ``extra_trusted``."""
     try:
-        signer = Signer.from_pem(key_file.read_bytes(), str(key_file))
-        extra = parse_public_keys(extra_trusted)
+        pem = key_file.read_bytes()
     except OSError as exc:
         raise SigningKeyError(f"signing key {key_file}: {exc.strerror or exc}") from None
+    return signing_from_pem(pem, str(key_file), extra_trusted)
+
+
+def signing_from_pem(pem: bytes, where: str, extra_trusted: Sequence[str] = ()) -> Signing:
+    """The signing key ``pem`` (read from ``where``), trusting its public key and ``extra_trusted``."""
+    try:
+        signer = Signer.from_pem(pem, where)
+        extra = parse_public_keys(extra_trusted)
     except KeyFormatError as exc:
         raise SigningKeyError(str(exc)) from None
     trusted = (signer.public_key, *(k for k in extra if k != signer.public_key))
