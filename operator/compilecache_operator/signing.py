@@ -49,7 +49,14 @@ def load_signing(key_file: Path, extra_trusted: Sequence[str] = ()) -> Signing:
         pem = key_file.read_bytes()
     except OSError as exc:
         raise SigningKeyError(f"signing key {key_file}: {exc.strerror or exc}") from None
-    return signing_from_pem(pem, str(key_file), extra_trusted)
+    signing = signing_from_pem(pem, str(key_file), extra_trusted)
+    log_signing(signing)
+    return signing
+
+
+def log_signing(signing: Signing) -> None:
+    log.info("signing bundles with key %s (public key %s); preloads trust %s", signing.signer.public_key.id,
+             signing.signer.public_key.text(), ", ".join(k.id for k in signing.trusted))
 
 
 def signing_from_pem(pem: bytes, where: str, extra_trusted: Sequence[str] = ()) -> Signing:
@@ -60,8 +67,6 @@ def signing_from_pem(pem: bytes, where: str, extra_trusted: Sequence[str] = ()) 
     except KeyFormatError as exc:
         raise SigningKeyError(str(exc)) from None
     trusted = (signer.public_key, *(k for k in extra if k != signer.public_key))
-    log.info("signing bundles with key %s (public key %s); preloads trust %s", signer.public_key.id,
-             signer.public_key.text(), ", ".join(k.id for k in trusted))
     return Signing(signer, trusted)
 
 

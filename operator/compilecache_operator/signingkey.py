@@ -23,7 +23,7 @@ from typing import Any
 
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.names import PREFIX
-from compilecache_operator.signing import Signing, SigningKeyError, signing_from_pem
+from compilecache_operator.signing import Signing, SigningKeyError, log_signing, signing_from_pem
 
 from cachelib.signing import Signer
 
@@ -108,6 +108,7 @@ class KeySecret:
         while True:
             signing = await self.once(leading())
             if signing is not None:
+                log_signing(signing)
                 return signing
             log.info("waiting for the leader to create the signing key Secret %s/%s", self.namespace, self.name)
             await asyncio.sleep(interval)
@@ -125,4 +126,5 @@ class KeySecret:
                 continue
             if signing is not None and (signing.signer.public_key, signing.trusted) != seen:
                 seen = (signing.signer.public_key, signing.trusted)
+                log_signing(signing)
                 on_change(signing)
