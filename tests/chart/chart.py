@@ -36,10 +36,18 @@ def helm(helm_bin: Path, *args: str, check: bool = True, env: Mapping[str, str] 
     return proc
 
 
+MONITORING_APIS = tuple(arg for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+                        for arg in ("--api-versions", f"monitoring.coreos.com/v1/{kind}"))
+"""``helm template`` arguments of a cluster with prometheus-operator: the chart renders its monitoring objects only
+where the cluster serves them (``helm install`` asks the API server)."""
+
+
 def template(helm_bin: Path, values: Path | None = None, *, set_values: Iterable[str] = (),
-             namespace: str = NAMESPACE, release: str = RELEASE) -> list[Manifest]:
-    """``helm template`` the chart and return the rendered objects (test hooks included)."""
-    args = ["template", release, str(CHART_DIR), "--namespace", namespace]
+             namespace: str = NAMESPACE, release: str = RELEASE, apis: Iterable[str] = MONITORING_APIS
+             ) -> list[Manifest]:
+    """``helm template`` the chart for a cluster serving ``apis`` and return the rendered objects (test hooks
+    included)."""
+    args = ["template", release, str(CHART_DIR), "--namespace", namespace, *apis]
     if values is not None:
         args += ["--values", str(values)]
     for item in set_values:

@@ -11,7 +11,19 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.chart.chart import CHART_DIR, CI_DIR, NAMESPACE, RELEASE, Manifest, helm, of_kind, one, parse_manifests
+from tests.chart.chart import (
+    CHART_DIR,
+    CI_DIR,
+    MONITORING_APIS,
+    NAMESPACE,
+    RELEASE,
+    Manifest,
+    helm,
+    of_kind,
+    one,
+    parse_manifests,
+    template,
+)
 
 pytestmark = pytest.mark.helm
 
@@ -70,7 +82,7 @@ def test_cert_manager_with_an_existing_cluster_issuer(renderings: dict[str, list
 
 # -- GitOps: the same rendering every time ----------------------------------------------------------------
 def rendered_text(helm_bin: Path, values: Path | None = None, *set_values: str) -> str:
-    args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE]
+    args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, *MONITORING_APIS]
     args += ["--values", str(values)] if values else []
     for item in set_values:
         args += ["--set", item]
@@ -131,7 +143,24 @@ def test_every_scenario_renders_the_same_every_time_on_every_kubernetes_version(
     assert first == rendered_text(helm_bin, values)
     assert "BEGIN" not in first and "PRIVATE KEY" not in first
     for version in KUBE_VERSIONS:
-        args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, "--kube-version", version]
+        args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, "--kube-version", version,
+                *MONITORING_APIS]
         args += ["--values", str(values)] if values else []
         once, twice = helm(helm_bin, *args).stdout, helm(helm_bin, *args).stdout
         assert once == twice, f"kube-version {version}: two renders differ"
+
+
+def test_optional_apis_render_only_where_the_cluster_serves_them(helm_bin: Path) -> None:
+    """The admission policy (admissionregistration.k8s.io/v1, from 1.30) and prometheus-operator's objects are
+    left out where the cluster lacks them, so an install there does not fail on an unknown kind."""
+    monitoring = CI_DIR / "monitoring-values.yaml"
+    for version in KUBE_VERSIONS:
+        kinds = {m["kind"] for m in parse_manifests(helm(
+            helm_bin, "template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, "--values", str(monitoring),
+            "--kube-version", version, *MONITORING_APIS).stdout)}
+        policy = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+        assert (policy <= kinds) == (int(version.split(".")[1]) >= 30), version
+        assert {"ServiceMonitor", "PrometheusRule"} <= kinds
+    without = {m["kind"] for m in template(helm_bin, monitoring, apis=())}
+    assert not without & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    assert "Deployment" in without
