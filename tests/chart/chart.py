@@ -70,10 +70,16 @@ def one(manifests: Iterable[Manifest], kind: str, name_suffix: str = "") -> Mani
     return found[0]
 
 
+def user_role(role: Manifest) -> bool:
+    """A ClusterRole aggregated into the built-in view/edit/admin roles: for people, not the operator."""
+    return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in role["metadata"].get("labels", {}))
+
+
 def rbac_rules(manifests: Iterable[Manifest]) -> Iterator[tuple[Manifest, Mapping[str, Any]]]:
-    """(role, rule) for every rule of every Role and ClusterRole."""
+    """(role, rule) for every rule of every Role and ClusterRole the operator is bound to (not the
+    :func:`user_role` ones)."""
     for role in manifests:
-        if role["kind"] in ("Role", "ClusterRole"):
+        if role["kind"] in ("Role", "ClusterRole") and not user_role(role):
             for rule in role.get("rules") or []:
                 yield role, rule
 
