@@ -1,6 +1,6 @@
 """The chart's knobs an SRE sets: PodDisruptionBudget maxUnavailable (or minAvailable), readiness probe timings,
-topologySpreadConstraints, and the monitors' honorLabels and relabelings, with the per-namespace metrics kept
-right under honorLabels false, checked with a real Prometheus scraping the operator's real metrics."""
+topologySpreadConstraints, a NetworkPolicy, and the monitors' honorLabels and relabelings, with the per-namespace
+metrics kept right under honorLabels false, checked with a real Prometheus scraping the operator's real metrics."""
 
 from __future__ import annotations
 
@@ -124,3 +124,23 @@ def test_per_namespace_metrics_keep_their_namespace_in_a_real_prometheus(helm_bi
         prometheus.stop()
         server.shutdown()
         thread.join(5)
+
+
+def test_network_policy_lets_in_the_webhook_and_scrapes_and_out_dns_the_api_server_and_the_stores(
+    renderings: dict[str, list[Manifest]],
+) -> None:
+    assert not [m for m in renderings["default"] if m["kind"] == "NetworkPolicy"], "off by default"
+    rendered = renderings["production"]
+    policy = one(rendered, "NetworkPolicy")["spec"]
+    pod = one(rendered, "Deployment")["spec"]["template"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"]: p["containerPort"] for p in operator_container(rendered)["ports"]}
+    webhook, scrape = policy["ingress"]
+    assert [p["port"] for p in webhook["ports"]] == [ports["webhook"]] and "from" not in webhook
+    assert [p["port"] for p in scrape["ports"]] == [ports["metrics"]]
+    assert scrape["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    dns, api, store = policy["egress"]
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+    assert [p["port"] for p in api["ports"]] == [443] and api["to"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    assert store["ports"] == [{"port": 6380, "protocol": "TCP"}]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
