@@ -1,9 +1,10 @@
-"""TLS material of the webhook server: files from a directory, or a self-signed set.
+"""TLS material of the webhook server: files from a directory, or a CA and certificate made here.
 
-A mounted ``kubernetes.io/tls`` Secret (cert-manager's or the chart's) gives ``tls.crt``,
+A mounted ``kubernetes.io/tls`` Secret (cert-manager's or the user's) gives ``tls.crt``,
 ``tls.key`` and, optionally, ``ca.crt``. Without a directory the operator makes a CA and a
-server certificate for the webhook host names (useful with ``--webhook-config managed``,
-where the operator also writes the CA into the webhook configuration).
+server certificate for the webhook host names (:func:`issue`): with ``--webhook-config managed``,
+where Kopf writes the CA into the webhook configuration, or kept and rotated in a Secret
+(:mod:`compilecache_operator.servingcert`). :func:`write_files` replaces each file at once.
 """
 
 from __future__ import annotations
