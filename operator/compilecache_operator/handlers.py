@@ -41,7 +41,17 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
-from compilecache_operator import builders, controller, kubeconfig, leader, probes
+from compilecache_operator import (
+    builders,
+    certs,
+    controller,
+    kubeconfig,
+    leader,
+    probes,
+    servingcert,
+    signingkey,
+    tlsreload,
+)
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import WEBHOOK_HANDLER, instrumented
 from compilecache_operator.names import (
@@ -59,6 +69,7 @@ from compilecache_operator.names import (
 )
 from compilecache_operator.results import job_condition, preload_outcome
 from compilecache_operator.sidecars import detect_native_sidecars
+from compilecache_operator.signing import Signing
 from compilecache_operator.webhook import PodWebhookServer, inject_pods, review_pod
 
 from cachelib.keys import gpu_slug
@@ -77,10 +88,30 @@ class Intervals:
 
 @dataclass
 class Admission:
-    """The webhook server and, in managed mode, the webhook configuration's name."""
+    """The webhook server and, in managed mode, the webhook configuration's name; where its certificate
+    comes from and how it is reloaded."""
 
     server: kopf.WebhookServer | None = None
     managed: str | None = None
+    reloader: tlsreload.Reloader | None = None
+    serving: servingcert.Target | None = None
+    """The operator's own serving certificate Secret (None: files, or self-signed)."""
+    policy: servingcert.Policy = dataclasses.field(default_factory=servingcert.Policy)
+    check_seconds: float = 10.0
+    cert_ready: bool = True
+    """The certificate served is the one to serve (with ``serving``: once the Secret's is loaded)."""
+    watch_files: bool = False
+    """Whether the certificate files may be renewed (a mounted Secret)."""
+
+
+@dataclass(frozen=True)
+class SigningSecret:
+    """The signing key's Secret (see :mod:`compilecache_operator.signingkey`)."""
+
+    namespace: str
+    name: str
+    extra_trusted: tuple[str, ...]
+    labels: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -210,7 +241,8 @@ async def configure(
                 state.sidecars.basis)
     where: Probes = memo.get("probes") or Probes()
     if where.port:
-        memo["probes_server"] = await probes.serve(where.address, where.port, readiness(state, admission.server))
+        memo["probes_server"] = await probes.serve(where.address, where.port,
+                                                   readiness(state, admission.server, admission))
     memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
     election: Election | None = memo.get("election")
     if election is not None:
@@ -219,15 +251,57 @@ async def configure(
         state.leading = False
         memo["elector"] = elector
         memo["election_task"] = asyncio.create_task(elector.run())
+    memo["cert_task"] = start_certificates(state, admission)
+    key_secret: SigningSecret | None = memo.get("signing_secret")
+    if key_secret is not None:
+        memo["signing_task"] = await start_signing(state, key_secret)
 
 
-def readiness(state: controller.State, server: kopf.WebhookServer | None) -> Callable[[], bool]:
+def start_certificates(state: controller.State, admission: Admission) -> asyncio.Task[None] | None:
+    """Keep the operator's serving certificate Secret (leader) and serve it (every replica), or watch the
+    mounted files for a renewal."""
+    reloader = admission.reloader
+    if reloader is None:
+        return None
+    if admission.serving is not None and state.api is not None:
+        directory = reloader.files.cert.parent
+
+        def serve(material: servingcert.Material) -> None:
+            certs.write_files(directory, material.cert, material.key, material.ca)
+            if reloader.check():
+                admission.cert_ready = True
+
+        return asyncio.create_task(servingcert.keep(state.api, admission.serving, admission.policy,
+                                                    leading=lambda: state.leading, serve=serve,
+                                                    interval=admission.check_seconds))
+    if admission.watch_files:
+        return asyncio.create_task(reloader.watch(admission.check_seconds))
+    return None
+
+
+async def start_signing(state: controller.State, where: SigningSecret) -> asyncio.Task[None]:
+    """Read the signing key from its Secret (the leader creating it on the first start), then follow
+    its rotations."""
+    assert state.api is not None
+    keys = signingkey.KeySecret(state.api, where.namespace, where.name, where.labels, where.extra_trusted)
+    signing = await keys.first(lambda: state.leading)
+    state.settings = dataclasses.replace(state.settings, signing=signing)
+
+    def changed(new: Signing) -> None:
+        state.settings = dataclasses.replace(state.settings, signing=new)
+
+    return asyncio.create_task(keys.keep(lambda: state.leading, changed, signing))
+
+
+def readiness(state: controller.State, server: kopf.WebhookServer | None,
+              admission: Admission | None = None) -> Callable[[], bool]:
     """What ``/readyz`` answers: the caches are known and, where this replica serves the webhook,
-    its endpoint accepts connections; not while shutting down."""
+    its endpoint accepts connections with the certificate to serve; not while shutting down."""
     if not isinstance(server, PodWebhookServer):
         return state.serving
     webhook = server
-    return lambda: state.serving() and webhook.listening
+    certified = admission or Admission()
+    return lambda: state.serving() and webhook.listening and certified.cert_ready
 
 
 def identity() -> str:
@@ -250,7 +324,7 @@ def lead(state: controller.State, leading: bool) -> None:
 
 @kopf.on.cleanup(id="close")
 async def close(memo: kopf.Memo, **_: Any) -> None:
-    for task_name in ("resync", "election_task"):
+    for task_name in ("resync", "election_task", "cert_task", "signing_task"):
         task: asyncio.Task[None] | None = memo.get(task_name)
         if task is not None:
             task.cancel()

@@ -14,11 +14,12 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
 
 import kopf
-from compilecache_operator import certs, handlers
+from compilecache_operator import certs, handlers, servingcert, tlsreload
 from compilecache_operator.builders import JobSettings
 from compilecache_operator.confinement import Confinement, store_destination
 from compilecache_operator.controller import Settings, State
@@ -35,6 +36,10 @@ from cachelib.masking import install_log_masking, mask_text
 from cachelib.stores import StoreURLError
 
 WEBHOOK_MODES = ("managed", "external", "off")
+NEVER = 10.0**9
+"""Kopf's own look at the certificate files (it restarts its server on a change): seconds, i.e. never."""
+OWNED_LABELS = {"app.kubernetes.io/managed-by": "compilecache-operator"}
+"""Labels of the Secrets the operator creates."""
 LOG_FORMATS = ("text", "json")
 
 
@@ -101,6 +106,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--webhook-cert-dir", type=Path, default=_env("WEBHOOK_CERT_DIR"),
                    help="directory with tls.crt, tls.key and optionally ca.crt (a kubernetes.io/tls Secret); "
                         "without it a self-signed CA and certificate are generated")
+    p.add_argument("--webhook-cert-secret", default=_env("WEBHOOK_CERT_SECRET"), metavar="NAME",
+                   help="keep the serving certificate in this Secret of the operator's namespace: the leader creates "
+                        "it (a CA and a certificate), rotates it before it expires (the new CA trusted beside the "
+                        "old during the switch) and writes the CA into the --webhook-ca-inject configurations; "
+                        "every replica serves what it holds")
+    p.add_argument("--webhook-ca-inject", default=_env("WEBHOOK_CA_INJECT") or "", metavar="NAMES",
+                   help="comma-separated MutatingWebhookConfigurations whose caBundle the leader keeps "
+                        "(with --webhook-cert-secret)")
+    p.add_argument("--webhook-cert-validity-days", type=float, default=_env_float("WEBHOOK_CERT_VALIDITY_DAYS", 365.0),
+                   help="life of each certificate made with --webhook-cert-secret (default 365)")
+    p.add_argument("--webhook-cert-renew-before-days", type=float,
+                   default=_env_float("WEBHOOK_CERT_RENEW_BEFORE_DAYS", 30.0),
+                   help="start a rotation when less than this is left of the certificate's life (default 30)")
+    p.add_argument("--webhook-cert-overlap-seconds", type=float,
+                   default=_env_float("WEBHOOK_CERT_OVERLAP_SECONDS", 120.0),
+                   help="how long each step of a rotation waits for the previous one to reach every replica "
+                        "and the API server (default 120)")
+    p.add_argument("--webhook-cert-check-seconds", type=float, default=_env_float("WEBHOOK_CERT_CHECK_SECONDS", 10.0),
+                   help="how often the certificate (files of --webhook-cert-dir, or the Secret) is looked at "
+                        "for a renewal, which is loaded without a restart (default 10)")
     p.add_argument("--webhook-config-name", default=_env("WEBHOOK_CONFIG_NAME"),
                    help="name of the managed MutatingWebhookConfiguration (default compilecache.io, or "
                         "<namespace>.compilecache.io when watching one namespace)")
@@ -136,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--signing-key-file", type=Path, default=_env("SIGNING_KEY_FILE"),
                    help="PEM Ed25519 private key that signs published bundles; every preload then accepts only "
                         "bundles signed by it or by a --trusted-public-keys key (default: bundles are unsigned)")
+    p.add_argument("--signing-key-secret", default=_env("SIGNING_KEY_SECRET"), metavar="NAME",
+                   help="keep the signing key in this Secret of the operator's namespace: the leader creates it once "
+                        "and never replaces it; annotating it compilecache.io/rotate-signing-key=<anything> rotates "
+                        "it, the previous key staying trusted (instead of --signing-key-file)")
     p.add_argument("--trusted-public-keys", default=_env("TRUSTED_PUBLIC_KEYS") or "",
                    help="comma-separated Ed25519 public keys (base64) preloads also accept: the previous "
                         "signing key during a rotation")
@@ -188,7 +217,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
             problem = node_path_problem(path, (path,))  # the format, and never a system directory
             if problem:
                 parser.error(f"{flag}: {path!r} {problem}")
-    if args.webhook_config == "external" and args.webhook_cert_dir is None:
+    if (args.webhook_cert_secret or args.signing_key_secret) and not args.operator_namespace:
+        parser.error("--webhook-cert-secret and --signing-key-secret need --operator-namespace (their namespace)")
+    if args.webhook_cert_secret and args.webhook_cert_dir:
+        parser.error("--webhook-cert-secret and --webhook-cert-dir: choose one source of the serving certificate")
+    if args.signing_key_secret and args.signing_key_file:
+        parser.error("--signing-key-secret and --signing-key-file: choose one source of the signing key")
+    if args.webhook_cert_renew_before_days >= args.webhook_cert_validity_days:
+        parser.error("--webhook-cert-renew-before-days must be less than --webhook-cert-validity-days")
+    if args.webhook_config == "external" and args.webhook_cert_dir is None and not args.webhook_cert_secret:
         logging.getLogger(__name__).warning(
             "--webhook-config external without --webhook-cert-dir: the self-signed certificate is not known "
             "to the API server"
@@ -240,15 +277,14 @@ def confinement_from(a: argparse.Namespace) -> Confinement:
     )
 
 
-def admission_from(options: Options, scratch: Path) -> handlers.Admission:
+def admission_from(options: Options, scratch: Path, metrics: Metrics) -> handlers.Admission:
     a = options.args
     if a.webhook_config == "off":
         return handlers.Admission()
-    if a.webhook_cert_dir is not None:
-        files = certs.from_directory(Path(a.webhook_cert_dir))
-    else:
-        names = [a.webhook_host or "", a.webhook_listen_address, "localhost", "127.0.0.1"]
-        files = certs.self_signed(names, scratch)
+    names = [a.webhook_host or "", a.webhook_listen_address, "localhost", "127.0.0.1"]
+    files = certs.from_directory(Path(a.webhook_cert_dir)) if a.webhook_cert_dir is not None \
+        else certs.self_signed(names, scratch)  # until the Secret's certificate is read, with --webhook-cert-secret
+    reloader = tlsreload.Reloader(files, metrics.set_webhook_cert_expiry)
     server = PodWebhookServer(
         addr=a.webhook_listen_address,
         port=a.webhook_port,
@@ -256,12 +292,27 @@ def admission_from(options: Options, scratch: Path) -> handlers.Admission:
         certfile=files.cert,
         pkeyfile=files.key,
         cafile=files.ca,
+        context=reloader.context,
+        file_check_interval=NEVER,  # the reloader loads a renewal into the same context: no restart
     )
     managed = None
     if a.webhook_config == "managed":
         default_name = f"{options.namespaces[0]}.{GROUP}" if len(options.namespaces) == 1 else GROUP
         managed = a.webhook_config_name or default_name
-    return handlers.Admission(server=server, managed=managed)
+    serving = None
+    if a.webhook_cert_secret:
+        serving = servingcert.Target(
+            namespace=a.operator_namespace, secret=a.webhook_cert_secret, hostnames=tuple(h for h in names if h),
+            configs=tuple(_csv(a.webhook_ca_inject)), labels=OWNED_LABELS,
+        )
+    policy = servingcert.Policy(
+        validity=timedelta(days=a.webhook_cert_validity_days),
+        renew_before=timedelta(days=a.webhook_cert_renew_before_days),
+        overlap=timedelta(seconds=a.webhook_cert_overlap_seconds),
+    )
+    return handlers.Admission(server=server, managed=managed, reloader=reloader, serving=serving, policy=policy,
+                              check_seconds=a.webhook_cert_check_seconds, cert_ready=serving is None,
+                              watch_files=a.webhook_cert_dir is not None)
 
 
 def run(options: Options) -> None:
@@ -276,7 +327,7 @@ def run(options: Options) -> None:
         start_http_server(a.metrics_port, addr=a.metrics_address, registry=metrics.registry)
     state = State(settings=settings_from(options), metrics=metrics)
     with tempfile.TemporaryDirectory(prefix="compilecache-webhook-") as scratch:
-        admission = admission_from(options, Path(scratch))
+        admission = admission_from(options, Path(scratch), metrics)
         if admission.server is not None:
             handlers.register_webhook()
         stop = threading.Event()
@@ -288,6 +339,9 @@ def run(options: Options) -> None:
             counted=handlers.CountedPods(),
             intervals=handlers.Intervals(resync_seconds=a.resync_seconds),
             probes=handlers.Probes(address=a.health_address, port=a.health_port),
+            signing_secret=handlers.SigningSecret(a.operator_namespace, a.signing_key_secret,
+                                                  tuple(_csv(a.trusted_public_keys)), OWNED_LABELS)
+            if a.signing_key_secret else None,
             election=handlers.Election(a.leader_election_namespace, a.leader_election_name)
             if a.leader_election_namespace else None,
         )

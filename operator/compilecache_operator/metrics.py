@@ -9,7 +9,8 @@ The operator also reports on itself: ``compilecache_operator_build_info``, the p
 CPU and file descriptors (prometheus_client's process collector: ``process_*``), each handler's
 duration and errors (:func:`instrumented` wraps a Kopf handler, the webhook's included),
 and ``compilecache_cache_ready`` per CompileCache, read from the status the API server holds
-(:meth:`Metrics.observe_cache`), which the alerts in the chart's PrometheusRule use.
+(:meth:`Metrics.observe_cache`), which the alerts in the chart's PrometheusRule use, and when the
+webhook's serving certificate expires (``compilecache_webhook_certificate_expiry_timestamp_seconds``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from compilecache_operator.plan import BundleRecord
 from compilecache_operator.reasons import ERROR, REASONS, RESULTS, SKIPPED
+from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from cachelib import __version__
@@ -150,8 +152,16 @@ class Metrics:
             buckets=WEBHOOK_BUCKETS,
             registry=r,
         )
+        self.webhook_cert_expiry = Gauge(
+            "compilecache_webhook_certificate_expiry_timestamp_seconds",
+            "When the certificate the webhook serves now expires (Unix time); follows each reload.",
+            registry=r,
+        )
         ProcessCollector(registry=r)
         self._bundle_gpus: dict[tuple[str, str], set[str]] = {}
+
+    def set_webhook_cert_expiry(self, cert_pem: bytes) -> None:
+        self.webhook_cert_expiry.set(x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc.timestamp())
 
     # -- pods ------------------------------------------------------------------------------------
     def count_preload(

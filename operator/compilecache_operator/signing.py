@@ -46,15 +46,27 @@ class Signing:
 def load_signing(key_file: Path, extra_trusted: Sequence[str] = ()) -> Signing:
     """The signing key from its PEM file, trusting its public key and ``extra_trusted``."""
     try:
-        signer = Signer.from_pem(key_file.read_bytes(), str(key_file))
-        extra = parse_public_keys(extra_trusted)
+        pem = key_file.read_bytes()
     except OSError as exc:
         raise SigningKeyError(f"signing key {key_file}: {exc.strerror or exc}") from None
+    signing = signing_from_pem(pem, str(key_file), extra_trusted)
+    log_signing(signing)
+    return signing
+
+
+def log_signing(signing: Signing) -> None:
+    log.info("signing bundles with key %s (public key %s); preloads trust %s", signing.signer.public_key.id,
+             signing.signer.public_key.text(), ", ".join(k.id for k in signing.trusted))
+
+
+def signing_from_pem(pem: bytes, where: str, extra_trusted: Sequence[str] = ()) -> Signing:
+    """The signing key ``pem`` (read from ``where``), trusting its public key and ``extra_trusted``."""
+    try:
+        signer = Signer.from_pem(pem, where)
+        extra = parse_public_keys(extra_trusted)
     except KeyFormatError as exc:
         raise SigningKeyError(str(exc)) from None
     trusted = (signer.public_key, *(k for k in extra if k != signer.public_key))
-    log.info("signing bundles with key %s (public key %s); preloads trust %s", signer.public_key.id,
-             signer.public_key.text(), ", ".join(k.id for k in trusted))
     return Signing(signer, trusted)
 
 

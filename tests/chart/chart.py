@@ -36,10 +36,18 @@ def helm(helm_bin: Path, *args: str, check: bool = True, env: Mapping[str, str] 
     return proc
 
 
+MONITORING_APIS = tuple(arg for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+                        for arg in ("--api-versions", f"monitoring.coreos.com/v1/{kind}"))
+"""``helm template`` arguments of a cluster with prometheus-operator: the chart renders its monitoring objects only
+where the cluster serves them (``helm install`` asks the API server)."""
+
+
 def template(helm_bin: Path, values: Path | None = None, *, set_values: Iterable[str] = (),
-             namespace: str = NAMESPACE, release: str = RELEASE) -> list[Manifest]:
-    """``helm template`` the chart and return the rendered objects (test hooks included)."""
-    args = ["template", release, str(CHART_DIR), "--namespace", namespace]
+             namespace: str = NAMESPACE, release: str = RELEASE, apis: Iterable[str] = MONITORING_APIS
+             ) -> list[Manifest]:
+    """``helm template`` the chart for a cluster serving ``apis`` and return the rendered objects (test hooks
+    included)."""
+    args = ["template", release, str(CHART_DIR), "--namespace", namespace, *apis]
     if values is not None:
         args += ["--values", str(values)]
     for item in set_values:
@@ -62,10 +70,16 @@ def one(manifests: Iterable[Manifest], kind: str, name_suffix: str = "") -> Mani
     return found[0]
 
 
+def user_role(role: Manifest) -> bool:
+    """A ClusterRole aggregated into the built-in view/edit/admin roles: for people, not the operator."""
+    return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in role["metadata"].get("labels", {}))
+
+
 def rbac_rules(manifests: Iterable[Manifest]) -> Iterator[tuple[Manifest, Mapping[str, Any]]]:
-    """(role, rule) for every rule of every Role and ClusterRole."""
+    """(role, rule) for every rule of every Role and ClusterRole the operator is bound to (not the
+    :func:`user_role` ones)."""
     for role in manifests:
-        if role["kind"] in ("Role", "ClusterRole"):
+        if role["kind"] in ("Role", "ClusterRole") and not user_role(role):
             for rule in role.get("rules") or []:
                 yield role, rule
 

@@ -22,7 +22,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from tests.chart.chart import CHART_DIR, EXAMPLES_DIR, NAMESPACE, RELEASE, helm, scenario_files
+from tests.chart.chart import CHART_DIR, EXAMPLES_DIR, MONITORING_APIS, NAMESPACE, RELEASE, helm, scenario_files
 from tests.infra.linters import convert_crds, kube_version, kubernetes_schemas, linters  # noqa: F401
 
 REPO_ROOT = CHART_DIR.parent.parent
@@ -31,18 +31,28 @@ KUBE_SCORE_IGNORE = "kube-score/ignore"
 LOCATION = "{{ .ResourceKind }}{{ .KindSuffix }}.json"
 
 
-@pytest.fixture(scope="session")
-def rendered(helm_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def render_scenarios(helm_bin: Path, out_dir: Path, *extra: str) -> dict[str, Path]:
     """Scenario name -> a file holding exactly what ``helm template`` printed for it."""
-    out_dir = tmp_path_factory.mktemp("rendered")
     out: dict[str, Path] = {}
     for name, values in SCENARIOS.items():
-        args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE]
+        args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, *MONITORING_APIS, *extra]
         if values is not None:
             args += ["--values", str(values)]
         out[name] = out_dir / f"{name}.yaml"
         out[name].write_text(helm(helm_bin, *args).stdout)
     return out
+
+
+@pytest.fixture(scope="session")
+def rendered(helm_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return render_scenarios(helm_bin, tmp_path_factory.mktemp("rendered"))
+
+
+@pytest.fixture(scope="session")
+def rendered_oldest(helm_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """As :func:`rendered`, for the oldest Kubernetes the chart supports."""
+    return render_scenarios(helm_bin, tmp_path_factory.mktemp("rendered-oldest"),
+                            "--kube-version", kube_version("KUBE_OLDEST_VERSION"))
 
 
 @pytest.fixture(scope="session")
@@ -54,11 +64,14 @@ def our_crd_schemas(linters: dict[str, Path], tmp_path_factory: pytest.TempPathF
     return target
 
 
-def kubeconform(linters: dict[str, Path], crd_schemas: Path, *files: Path) -> dict[str, Any]:  # noqa: F811
-    locations = [linters["schemas-kubernetes"], linters["schemas-prometheus-operator"],
-                 linters["schemas-cert-manager"], crd_schemas]
+def kubeconform(linters: dict[str, Path], crd_schemas: Path, *files: Path,  # noqa: F811
+                oldest: bool = False) -> dict[str, Any]:
+    """kubeconform -strict on ``files``, against the schemas of the control plane's Kubernetes version (or of the
+    oldest supported one)."""
+    kubernetes = linters["schemas-kubernetes-oldest" if oldest else "schemas-kubernetes"]
+    locations = [kubernetes, linters["schemas-prometheus-operator"], linters["schemas-cert-manager"], crd_schemas]
     args = [str(linters["kubeconform"]), "-strict", "-summary", "-verbose", "-output", "json",
-            "-kubernetes-version", kube_version()]
+            "-kubernetes-version", kube_version("KUBE_OLDEST_VERSION" if oldest else "KUBE_VERSION")]
     for location in locations:
         args += ["-schema-location", f"{location}/{LOCATION}"]
     proc = subprocess.run([*args, *map(str, files)], capture_output=True, text=True, timeout=300)
@@ -85,6 +98,20 @@ def test_kubeconform_strict_accepts_every_rendered_object(
     assert not problems(report), "\n".join(problems(report))
     assert report["returncode"] == 0
     assert report["summary"]["valid"] == len(documents(rendered[scenario])) > 0, report["summary"]
+
+
+@pytest.mark.helm
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_kubeconform_strict_accepts_every_object_rendered_for_the_oldest_kubernetes(
+    scenario: str, rendered_oldest: dict[str, Path], linters: dict[str, Path], our_crd_schemas: Path,  # noqa: F811
+) -> None:
+    """Rendered with ``--kube-version`` of the oldest supported release, every object validates against that
+    release's own schemas (an API it lacks, such as admissionregistration.k8s.io/v1 policies before 1.30,
+    is left out)."""
+    report = kubeconform(linters, our_crd_schemas, rendered_oldest[scenario], oldest=True)
+    assert not problems(report), "\n".join(problems(report))
+    assert report["returncode"] == 0
+    assert report["summary"]["valid"] == len(documents(rendered_oldest[scenario])) > 0, report["summary"]
 
 
 def test_kubeconform_strict_accepts_the_examples(linters: dict[str, Path], our_crd_schemas: Path) -> None:  # noqa: F811

@@ -111,7 +111,7 @@ def test_rules_pass_promtool_check(renderings: dict[str, list[Manifest]], promto
     rules.write_text(yaml.safe_dump(rule_groups(renderings["monitoring"])))
     proc = subprocess.run([str(promtool), "check", "rules", str(rules)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 6 rules found" in proc.stdout
+    assert "SUCCESS: 7 rules found" in proc.stdout
 
 
 def test_hit_rate_rule_and_alert_behave(renderings: dict[str, list[Manifest]], promtool: Path,
@@ -229,6 +229,40 @@ def test_operator_down_fires_when_its_target_is_down_or_gone(
     })
 
 
+def test_certificate_expiring_fires_for_a_replica_left_with_an_old_certificate(
+    renderings: dict[str, list[Manifest]], promtool: Path, tmp_path: Path
+) -> None:
+    """Two replicas export their served certificate's expiry (Unix time). One renews in time (its expiry jumps a
+    year ahead); the other keeps a certificate that ends at 9 days: the alert fires for that one only once it is
+    less than `certificateExpiry.days` (7) away and `for` has passed, never for the renewed one."""
+    rendered = renderings["monitoring"]
+    day = 86400
+    job = f"{RELEASE}-compilecache-operator-metrics"
+
+    def series(instance: str) -> str:
+        return (f'compilecache_webhook_certificate_expiry_timestamp_seconds{{job="{job}",namespace="{NAMESPACE}",'
+                f'instance="{instance}"}}')
+
+    expected = fired("CompileCacheWebhookCertificateExpiring", rendered,
+                     {"job": job, "namespace": NAMESPACE, "instance": "10.0.0.1:8080"})
+    annotations = expected["exp_annotations"]
+    assert isinstance(annotations, dict)
+    annotations["description"] = annotations["description"].replace("{{ $value | humanizeDuration }}", "6d 0h 0m 0s")
+    # A sample a minute over 4 days: the stuck replica's certificate ends at 9 days; the renewed one's at 9 days,
+    # then (renewed after a day) at 365.
+    run_promtool_test(promtool, tmp_path, rendered, {
+        "interval": "1m",
+        "input_series": [
+            {"series": series("10.0.0.1:8080"), "values": f"{9 * day}x5760"},
+            {"series": series("10.0.0.2:8080"), "values": f"{9 * day}x1440 {365 * day}x4320"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "47h", "alertname": "CompileCacheWebhookCertificateExpiring", "exp_alerts": []},
+            {"eval_time": "72h", "alertname": "CompileCacheWebhookCertificateExpiring", "exp_alerts": [expected]},
+        ],
+    })
+
+
 def test_warmup_failing_fires_for_repeated_failures_without_a_success(
     renderings: dict[str, list[Manifest]], promtool: Path, tmp_path: Path
 ) -> None:
@@ -275,7 +309,8 @@ def test_every_alert_links_its_runbook(renderings: dict[str, list[Manifest]]) ->
     runbooks = (REPO_ROOT / "docs" / "runbooks.md").read_text()
     alerts = [r for g in rule_groups(renderings["monitoring"])["groups"] for r in g["rules"] if "alert" in r]  # type: ignore[attr-defined]
     assert {a["alert"] for a in alerts} == {"CompileCacheHitRateLow", "CompileCacheOperatorDown",
-                                            "CompileCacheWarmupFailing", "CompileCacheNotReady"}
+                                            "CompileCacheWarmupFailing", "CompileCacheNotReady",
+                                            "CompileCacheWebhookCertificateExpiring"}
     for alert in alerts:
         anchor = alert["alert"].lower()
         assert alert["annotations"]["runbook_url"] == f"{RUNBOOKS}#{anchor}"

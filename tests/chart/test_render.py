@@ -107,7 +107,9 @@ def test_every_optional_branch_is_rendered_by_some_scenario(renderings: dict[str
         "cert-manager self-signed Issuer": lambda ms: bool(of_kind(ms, "Issuer")),
         "cert-manager Certificate from an existing issuer": lambda ms: bool(of_kind(ms, "Certificate"))
         and not of_kind(ms, "Issuer"),
-        "generated certificate Secret": lambda ms: any(s["type"] == "kubernetes.io/tls" for s in of_kind(ms, "Secret")),
+        "certificate made by the operator": lambda ms: any(a.startswith("--webhook-cert-secret=") for a in args(ms)),
+        "signing key made by the operator": lambda ms: any(a.startswith("--signing-key-secret=") for a in args(ms)),
+        "signing key from an existing Secret": lambda ms: any(a.startswith("--signing-key-file=") for a in args(ms)),
         "ServiceMonitor": lambda ms: bool(of_kind(ms, "ServiceMonitor")),
         "PrometheusRule": lambda ms: bool(of_kind(ms, "PrometheusRule")),
         "Grafana dashboard": lambda ms: any("grafana_dashboard" in c["metadata"]["labels"]
@@ -229,8 +231,9 @@ EXPECTED_VERBS = {
     ("", "nodes"): {"get", "list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
     ("", "namespaces"): {"list", "watch"},
-    ("", "secrets"): {"get"},
+    ("", "secrets"): {"get", "create", "update"},
     ("coordination.k8s.io", "leases"): {"get", "create", "update"},
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
 }
 
 
@@ -251,9 +254,17 @@ def test_rbac_is_least_privilege(renderings: dict[str, list[Manifest]], scenario
                 granted.setdefault(key, set()).update(rule["verbs"])
                 if resource == "secrets":
                     assert role["kind"] == "Role", f"{where}: secrets must only be granted by namespaced Roles"
+                if resource == "secrets" and set(rule["verbs"]) - {"get"}:  # the operator's own keys only
+                    assert role["metadata"]["namespace"] == NAMESPACE, where
+                    assert rule["verbs"] == ["create"] or rule.get("resourceNames"), where
+                if resource == "mutatingwebhookconfigurations":
+                    assert rule["resourceNames"] == [one(rendered, "MutatingWebhookConfiguration")["metadata"]["name"]]
     if not of_kind(rendered, "ClusterRole"):
         return  # rbac.create=false
-    assert granted == {k: v for k, v in EXPECTED_VERBS.items() if k in granted}
+    keeps_secrets = any(a.startswith(("--webhook-cert-secret=", "--signing-key-secret="))
+                        for a in operator_container(rendered)["args"])
+    expected = {**EXPECTED_VERBS, **({} if keeps_secrets else {("", "secrets"): {"get"}})}
+    assert granted == {k: v for k, v in expected.items() if k in granted}
     # Kopf watches namespaces only when it watches listed namespaces; cluster-wide it needs none.
     assert (("", "namespaces") in granted) == ("--all-namespaces" not in operator_container(rendered)["args"])
 
@@ -272,9 +283,9 @@ def test_secrets_role_follows_the_listed_namespaces(renderings: dict[str, list[M
     # Watching listed namespaces: the namespaced objects are granted by a Role in each, never cluster-wide.
     cluster_resources = {res for role, rule in rbac_rules(namespaced) if role["kind"] == "ClusterRole"
                          for res in rule["resources"]}
-    assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces"}
+    assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces", "mutatingwebhookconfigurations"}
     watched = {r["metadata"]["namespace"] for r in of_kind(namespaced, "Role") if not r["metadata"]["name"].endswith(
-        ("-secrets", "-leader"))}
+        ("-secrets", "-leader", "-keys"))}
     assert watched == {"ml-team", "ml-research"}
     args = operator_container(namespaced)["args"]
     assert "--namespace=ml-team" in args and "--namespace=ml-research" in args and "--all-namespaces" not in args
@@ -303,13 +314,14 @@ def test_values_keys_are_camel_case() -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_operator_accepts_the_rendered_command_line(
-    renderings: dict[str, list[Manifest]], scenario: str, tmp_path: Path
+    renderings: dict[str, list[Manifest]], scenario: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The operator's own argument parser reads the Deployment's args into the settings the values asked for
-    (the signing key file is the rendered Secret's key, as the Deployment mounts it)."""
-    import base64
-
+    (a signing key file is a key as the mounted Secret holds it; the operator namespace comes from the pod's
+    environment, as the Deployment sets it)."""
     from compilecache_operator.main import parse_args, settings_from
+
+    from cachelib.signing import Signer
 
     rendered = renderings[scenario]
     container = operator_container(rendered)
@@ -318,9 +330,11 @@ def test_operator_accepts_the_rendered_command_line(
     if key_flag is not None:
         mounted = next(m for m in container["volumeMounts"] if m["name"] == "signing-key")
         assert args[key_flag] == f"--signing-key-file={mounted['mountPath']}/signing.key"
-        secret = next(s for s in of_kind(rendered, "Secret") if s["metadata"]["name"].endswith("-signing"))
-        (tmp_path / "signing.key").write_bytes(base64.b64decode(secret["data"]["signing.key"]))
+        (tmp_path / "signing.key").write_bytes(Signer.generate().private_pem())
         args[key_flag] = f"--signing-key-file={tmp_path / 'signing.key'}"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["COMPILECACHE_OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    monkeypatch.setenv("COMPILECACHE_OPERATOR_NAMESPACE", NAMESPACE)
     options = parse_args(args)
     settings = settings_from(options)
     assert (settings.signing is not None) == (key_flag is not None)
@@ -330,7 +344,11 @@ def test_operator_accepts_the_rendered_command_line(
     assert settings.native_sidecars == values["--native-sidecars"] == "auto"
     assert options.args.metrics_port == next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
     assert options.args.health_port == next(p["containerPort"] for p in container["ports"] if p["name"] == "health")
-    if of_kind(rendered, "MutatingWebhookConfiguration"):
+    if of_kind(rendered, "MutatingWebhookConfiguration") and options.args.webhook_cert_secret:
+        assert options.args.webhook_config == "external" and options.args.webhook_cert_dir is None
+        assert options.args.webhook_ca_inject == one(rendered, "MutatingWebhookConfiguration")["metadata"]["name"]
+        assert "webhook-tls" not in {m["name"] for m in container["volumeMounts"]}
+    elif of_kind(rendered, "MutatingWebhookConfiguration"):
         assert options.args.webhook_config == "external"
         assert str(options.args.webhook_cert_dir) == next(
             m["mountPath"] for m in container["volumeMounts"] if m["name"] == "webhook-tls")

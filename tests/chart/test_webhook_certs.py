@@ -9,9 +9,21 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.chart.chart import CHART_DIR, CI_DIR, NAMESPACE, RELEASE, Manifest, helm, of_kind, one, parse_manifests
+from tests.chart.chart import (
+    CHART_DIR,
+    CI_DIR,
+    MONITORING_APIS,
+    NAMESPACE,
+    RELEASE,
+    Manifest,
+    helm,
+    of_kind,
+    one,
+    parse_manifests,
+    template,
+)
 
 pytestmark = pytest.mark.helm
 
@@ -26,31 +38,22 @@ def service_dns_names(rendered: list[Manifest]) -> set[str]:
     return {svc, f"{svc}.{NAMESPACE}", f"{svc}.{NAMESPACE}.svc", f"{svc}.{NAMESPACE}.svc.cluster.local"}
 
 
-def test_generated_certificate_serves_the_webhook_service(default_rendering: list[Manifest]) -> None:
-    secret = one(default_rendering, "Secret", "-webhook-tls")
-    assert secret["type"] == "kubernetes.io/tls"
-    assert secret["metadata"]["name"] == mounted_secret(default_rendering)
-    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
-    ca = x509.load_pem_x509_certificate(data["ca.crt"])
-    cert = x509.load_pem_x509_certificate(data["tls.crt"])
-    key = serialization.load_pem_private_key(data["tls.key"], password=None)
-
-    (hook,) = one(default_rendering, "MutatingWebhookConfiguration")["webhooks"]
-    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == data["ca.crt"]
-
-    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
-    assert cert.issuer == ca.subject
-    ca_key = ca.public_key()
-    assert isinstance(ca_key, rsa.RSAPublicKey)
-    assert cert.signature_hash_algorithm is not None
-    ca_key.verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(), cert.signature_hash_algorithm)
-    assert key.public_key().public_numbers() == cert.public_key().public_numbers()  # type: ignore[union-attr]
-    sans = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-        x509.DNSName))
-    assert service_dns_names(default_rendering) <= sans
-    now = dt.datetime.now(dt.UTC)
-    assert cert.not_valid_before_utc <= now < cert.not_valid_after_utc
-    assert cert.not_valid_after_utc - now > dt.timedelta(days=3000)  # validityDays 3650 by default
+def test_by_default_the_operator_makes_the_certificate_and_the_chart_none(default_rendering: list[Manifest]) -> None:
+    """Nothing is generated at render time: no TLS Secret, no caBundle (the operator writes it), the operator told
+    which Secret to keep and which configuration's caBundle to write, for the Service's DNS names."""
+    assert not [s for s in of_kind(default_rendering, "Secret") if s["type"] == "kubernetes.io/tls"]
+    config = one(default_rendering, "MutatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    assert "caBundle" not in hook["clientConfig"]
+    deployment = one(default_rendering, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = dict(a.split("=", 1) for a in container["args"] if "=" in a)
+    assert args["--webhook-ca-inject"] == config["metadata"]["name"]
+    assert args["--webhook-cert-secret"].endswith("-webhook-serving")
+    assert float(args["--webhook-cert-validity-days"]) > float(args["--webhook-cert-renew-before-days"])
+    svc = one(default_rendering, "Service", "-webhook")["metadata"]["name"]
+    assert args["--webhook-host"] == f"{svc}.{NAMESPACE}.svc"
+    assert "webhook-tls" not in {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
 
 
 def test_cert_manager_issues_and_injects(renderings: dict[str, list[Manifest]]) -> None:
@@ -79,7 +82,7 @@ def test_cert_manager_with_an_existing_cluster_issuer(renderings: dict[str, list
 
 # -- GitOps: the same rendering every time ----------------------------------------------------------------
 def rendered_text(helm_bin: Path, values: Path | None = None, *set_values: str) -> str:
-    args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE]
+    args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, *MONITORING_APIS]
     args += ["--values", str(values)] if values else []
     for item in set_values:
         args += ["--set", item]
@@ -128,7 +131,36 @@ def test_a_provided_certificate_needs_its_ca(helm_bin: Path) -> None:
     assert "webhook.providedCert.caBundle: the base64-encoded PEM CA that signed the Secret's tls.crt" in proc.stderr
 
 
-def test_the_generated_certificate_changes_with_every_template(helm_bin: Path) -> None:
-    """Why GitOps users want cert-manager or providedCert: without a cluster to look the Secret up in,
-    `helm template` generates a new CA each time (`helm install/upgrade` reuse the stored one)."""
-    assert rendered_text(helm_bin) != rendered_text(helm_bin)
+KUBE_VERSIONS = [f"1.{minor}.0" for minor in range(29, 38)]
+
+
+@pytest.mark.parametrize("values", [None, *sorted(CI_DIR.glob("*.yaml"))], ids=lambda v: v.stem if v else "default")
+def test_every_scenario_renders_the_same_every_time_on_every_kubernetes_version(helm_bin: Path,
+                                                                                 values: Path | None) -> None:
+    """GitOps tools render with `helm template` (no cluster to look anything up in): no key, certificate or random
+    name may come out of a render, on any Kubernetes version the chart supports."""
+    first = rendered_text(helm_bin, values)
+    assert first == rendered_text(helm_bin, values)
+    assert "BEGIN" not in first and "PRIVATE KEY" not in first
+    for version in KUBE_VERSIONS:
+        args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, "--kube-version", version,
+                *MONITORING_APIS]
+        args += ["--values", str(values)] if values else []
+        once, twice = helm(helm_bin, *args).stdout, helm(helm_bin, *args).stdout
+        assert once == twice, f"kube-version {version}: two renders differ"
+
+
+def test_optional_apis_render_only_where_the_cluster_serves_them(helm_bin: Path) -> None:
+    """The admission policy (admissionregistration.k8s.io/v1, from 1.30) and prometheus-operator's objects are
+    left out where the cluster lacks them, so an install there does not fail on an unknown kind."""
+    monitoring = CI_DIR / "monitoring-values.yaml"
+    for version in KUBE_VERSIONS:
+        kinds = {m["kind"] for m in parse_manifests(helm(
+            helm_bin, "template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, "--values", str(monitoring),
+            "--kube-version", version, *MONITORING_APIS).stdout)}
+        policy = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+        assert (policy <= kinds) == (int(version.split(".")[1]) >= 30), version
+        assert {"ServiceMonitor", "PrometheusRule"} <= kinds
+    without = {m["kind"] for m in template(helm_bin, monitoring, apis=())}
+    assert not without & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    assert "Deployment" in without

@@ -7,6 +7,7 @@ last test runs the operator as a local process that authenticates as the chart's
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,7 +22,6 @@ from tests.chart.e2e_fixtures import (
     CC_API,
     CRDS_API,
     MWC_API,
-    Release,
     helm_bin,
     helm_binaries,
     helm_env,
@@ -41,11 +41,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 def crd_established(client: KubeClient) -> bool:
     conditions = client.get(f"{CRDS_API}/{CRD_NAME}").get("status", {}).get("conditions") or []
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-
-def webhook_tls(client: KubeClient, release: Release) -> dict[str, str]:
-    data = client.get(f"/api/v1/namespaces/{release.namespace}/secrets/{release.fullname}-webhook-tls")["data"]
-    return dict(data)
 
 
 def test_default_chart_installs_upgrades_and_uninstalls(kube_client: KubeClient, install: Any) -> None:
@@ -75,15 +70,19 @@ def test_default_chart_installs_upgrades_and_uninstalls(kube_client: KubeClient,
     deployment = kube_client.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{release.fullname}")
     assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
 
-    tls = webhook_tls(kube_client, release)
+    # No key or certificate comes from the chart (the operator makes them at run time: tests/e2e/test_serving_cert.py).
+    assert not [name for kind, name in rendered if kind == "Secret"]
     webhook = kube_client.get(f"{MWC_API}/{release.fullname}")["webhooks"][0]
-    assert webhook["clientConfig"]["caBundle"] == tls["ca.crt"]
+    assert "caBundle" not in webhook["clientConfig"]
     assert webhook["failurePolicy"] == "Ignore"
 
-    # An upgrade reads the generated certificate back (lookup): the CA the API server trusts stays valid.
+    # The caBundle the operator writes survives an upgrade (the chart never renders one).
+    written = base64.b64encode(b"the operator's CA").decode()
+    config = kube_client.get(f"{MWC_API}/{release.fullname}")
+    config["webhooks"][0]["clientConfig"]["caBundle"] = written
+    kube_client.request("PUT", f"{MWC_API}/{release.fullname}", body=config)
     release.helm("upgrade", release.name, str(CHART_DIR), "--reuse-values", "--set", "operator.verbose=true")
-    assert webhook_tls(kube_client, release) == tls
-    assert kube_client.get(f"{MWC_API}/{release.fullname}")["webhooks"][0]["clientConfig"]["caBundle"] == tls["ca.crt"]
+    assert kube_client.get(f"{MWC_API}/{release.fullname}")["webhooks"][0]["clientConfig"]["caBundle"] == written
     args = kube_client.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{release.fullname}")[
         "spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--verbose" in args
@@ -213,7 +212,7 @@ def test_namespaced_release_reaches_only_its_namespaces(
         patch = {"metadata": {"annotations": {"probe": "1"}}}
         assert allowed(operator, "PATCH", f"/api/v1/namespaces/{kube_namespace}/pods/x", patch)
         assert not allowed(operator, "PATCH", f"/api/v1/namespaces/{outside}/pods/x", patch)
-        # the signing key is mounted into the operator's pod, never readable through the API
+        # the operator's own Secrets (signing key, serving certificate) only in the release namespace
         assert not allowed(operator, "GET", f"/api/v1/namespaces/{outside}/secrets/{release.fullname}-signing")
     finally:
         operator.close()

@@ -14,7 +14,8 @@ Go modules in the same module cache (``$COMPILECACHE_TEST_CACHE/go/mod``, shared
 tests/infra/kube/build.sh):
 
 - ``tools-schemas-kubernetes-<version>/``: every built-in kind, from ``api/openapi-spec/swagger.json``
-  of ``k8s.io/kubernetes`` at the control plane's version (tests/infra/kube/versions.env), made
+  of ``k8s.io/kubernetes`` at the control plane's version and at the oldest supported one
+  (``KUBE_VERSION`` and ``KUBE_OLDEST_VERSION`` of tests/infra/kube/versions.env), made
   standalone (the definitions a kind uses are embedded) and strict (no unknown fields), named as
   kubeconform looks them up (``<kind>-<group>-<version>.json``).
 - ``tools-schemas-prometheus-operator-<version>/`` and ``tools-schemas-cert-manager-<version>/``: the
@@ -91,12 +92,13 @@ def cache_root() -> Path:
     return Path(os.environ.get("COMPILECACHE_TEST_CACHE") or default)
 
 
-def kube_version() -> str:
-    """The control plane's Kubernetes version, from tests/infra/kube/versions.env."""
+def kube_version(name: str = "KUBE_VERSION") -> str:
+    """The control plane's Kubernetes version (or the oldest supported: ``KUBE_OLDEST_VERSION``), from
+    tests/infra/kube/versions.env."""
     for line in KUBE_VERSIONS_ENV.read_text().splitlines():
-        if line.startswith("KUBE_VERSION="):
+        if line.startswith(f"{name}="):
             return line.split("=", 1)[1].strip()
-    raise LintersUnavailable(f"no KUBE_VERSION in {KUBE_VERSIONS_ENV}")
+    raise LintersUnavailable(f"no {name} in {KUBE_VERSIONS_ENV}")
 
 
 def tool_path(tool: GoTool, root: Path | None = None) -> Path:
@@ -113,6 +115,7 @@ def schema_dirs(root: Path | None = None) -> dict[str, Path]:
     base = root or cache_root()
     return {
         "kubernetes": base / f"tools-schemas-kubernetes-{kube_version()}",
+        "kubernetes-oldest": base / f"tools-schemas-kubernetes-{kube_version('KUBE_OLDEST_VERSION')}",
         "prometheus-operator": base / f"tools-schemas-prometheus-operator-{PROMETHEUS_OPERATOR[1]}",
         "cert-manager": base / f"tools-schemas-cert-manager-{CERT_MANAGER[1]}",
     }
@@ -304,6 +307,7 @@ def ensure_linters(root: Path | None = None, log: Any = print) -> dict[str, Path
     dirs = schema_dirs(root)
     writers = {
         "kubernetes": lambda d: write_kubernetes_schemas(root, d),
+        "kubernetes-oldest": lambda d: write_kubernetes_schemas(root, d),
         "prometheus-operator": lambda d: write_crd_schemas(root, PROMETHEUS_OPERATOR, d),
         "cert-manager": lambda d: write_crd_schemas(root, CERT_MANAGER, d),
     }

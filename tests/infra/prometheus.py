@@ -11,7 +11,7 @@ prometheus-operator would generate from them (pure functions, unit-testable):
   ``kubernetes_sd_configs`` (role pod) would give (``pod_targets``, a stand-in for that discovery only);
 - ``operator_job``: the ServiceMonitor's endpoint → a static target for an operator that runs as a process
   on this host, labelled as the Service's endpoints would be (``job`` = the metrics Service, ``namespace``),
-  with the ServiceMonitor's ``honorLabels``;
+  with the ServiceMonitor's ``honorLabels``, relabelings and metric relabelings;
 - ``rule_groups``: the PrometheusRule's ``spec.groups``, as a rule file.
 
 ``PrometheusServer`` runs Debian's ``prometheus`` (2.42 on bookworm: every query and rule of the chart
@@ -167,6 +167,8 @@ def operator_job(service_monitor: Mapping[str, Any], service: Mapping[str, Any],
             "job": service["metadata"]["name"], "namespace": service["metadata"]["namespace"],
             "endpoint": endpoint["port"],
         }}],
+        "relabel_configs": [_relabel(r) for r in endpoint.get("relabelings") or []],
+        "metric_relabel_configs": [_relabel(r) for r in endpoint.get("metricRelabelings") or []],
     }  # fmt: skip
 
 

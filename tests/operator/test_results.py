@@ -257,12 +257,25 @@ def test_command_line_and_environment(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert settings.jobs.preloader_image.startswith("example/preloader@sha256:")
     assert settings.jobs.image_pull_secrets == ("a", "b") and settings.defaults.gpu_label_key == "x/gpu"
     assert not settings.in_scope("team-b") and settings.in_scope("team-a")
-    admission = admission_from(options, tmp_path)
+    metrics = Metrics()
+    admission = admission_from(options, tmp_path, metrics)
     assert admission.managed == "team-a.compilecache.io" and admission.server is not None
     assert (tmp_path / "tls.crt").is_file() and (tmp_path / "ca.crt").is_file()
+    assert admission.cert_ready and admission.serving is None
+    assert metrics.webhook_cert_expiry._value.get() == certs.not_after((tmp_path / "tls.crt").read_bytes()).timestamp()
     assert parse_args(["--all-namespaces", "--webhook-config", "off"]).namespaces == ()
-    with pytest.raises(SystemExit):
-        parse_args(["--metrics-port", "70000"])
+    for wrong in (["--metrics-port", "70000"],
+                  ["--webhook-cert-secret", "tls"],  # no operator namespace for the Secret
+                  ["--operator-namespace", "ops", "--webhook-cert-secret", "tls", "--webhook-cert-dir", "/x"],
+                  ["--operator-namespace", "ops", "--signing-key-secret", "k", "--signing-key-file", "/k"],
+                  ["--webhook-cert-validity-days", "10", "--webhook-cert-renew-before-days", "10"]):
+        with pytest.raises(SystemExit):
+            parse_args(wrong)
+    serving = admission_from(parse_args(["--operator-namespace", "ops", "--webhook-cert-secret", "tls",
+                                         "--webhook-ca-inject", "a,b", "--webhook-host", "hook.ops.svc"]),
+                             tmp_path / "own", metrics)
+    assert serving.serving is not None and not serving.cert_ready
+    assert serving.serving.configs == ("a", "b") and "hook.ops.svc" in serving.serving.hostnames
 
 
 def test_certificate_directory(tmp_path: Path) -> None:

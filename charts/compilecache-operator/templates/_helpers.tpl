@@ -77,6 +77,15 @@ app.kubernetes.io/part-of: compilecache
 {{- printf "%s-webhook-tls" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
+{{/* Whether the operator makes and rotates the webhook's serving certificate itself (neither cert-manager nor a
+provided certificate), and the Secret it keeps it in. */}}
+{{- define "compilecache-operator.operatorServingCert" -}}
+{{- and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) (not .Values.webhook.providedCert.secretName) -}}
+{{- end }}
+{{- define "compilecache-operator.webhookServingSecretName" -}}
+{{- printf "%s-webhook-serving" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "compilecache-operator.webhookCertificateName" -}}
 {{- printf "%s-webhook" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}

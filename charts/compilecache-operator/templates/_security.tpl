@@ -40,8 +40,13 @@
 - --allowed-store-secrets={{ include "compilecache-operator.allowedStoreSecrets" . | fromJsonArray | join "," }}
 - --allowed-warmup-service-accounts={{ .Values.confinement.warmupServiceAccounts | default list | join "," }}
 {{- end }}
-{{- if .Values.signing.enabled }}
+{{- if and .Values.signing.enabled .Values.signing.existingSecret }}
 - --signing-key-file=/etc/compilecache/signing/signing.key
+{{- else if .Values.signing.enabled }}
+{{- /* The operator creates the key into this Secret once, at run time, and never replaces it (docs/security.md). */}}
+- --signing-key-secret={{ include "compilecache-operator.signingSecretName" . }}
+{{- end }}
+{{- if .Values.signing.enabled }}
 {{- with .Values.signing.additionalTrustedKeys }}
 - --trusted-public-keys={{ join "," . }}
 {{- end }}
@@ -49,7 +54,7 @@
 {{- end }}
 
 {{- define "compilecache-operator.securityVolumeMounts" -}}
-{{- if .Values.signing.enabled }}
+{{- if and .Values.signing.enabled .Values.signing.existingSecret }}
 - name: signing-key
   mountPath: /etc/compilecache/signing
   readOnly: true
@@ -57,7 +62,7 @@
 {{- end }}
 
 {{- define "compilecache-operator.securityVolumes" -}}
-{{- if .Values.signing.enabled }}
+{{- if and .Values.signing.enabled .Values.signing.existingSecret }}
 - name: signing-key
   secret:
     secretName: {{ include "compilecache-operator.signingSecretName" . }}

@@ -14,7 +14,8 @@
 #
 # Idempotent and non-interactive. Needs Go >= the go directive of k8s.io/kubernetes (1.26 for 1.37);
 # GOTOOLCHAIN=auto fetches a newer toolchain as a module when the machine's is older.
-# The versions live in versions.env beside this script (KUBE_BUILD_VERSION / ETCD_BUILD_VERSION override them); KUBE_BUILD_FORCE=1 rebuilds what is present.
+# The versions live in versions.env beside this script (KUBE_BUILD_VERSION / ETCD_BUILD_VERSION override them; without
+# KUBE_BUILD_VERSION the oldest supported version, KUBE_OLDEST_VERSION, is built too); KUBE_BUILD_FORCE=1 rebuilds what is present.
 set -euo pipefail
 
 # shellcheck source=versions.env
@@ -72,13 +73,20 @@ if [[ "${KUBE_BUILD_FORCE:-0}" != 1 ]] && usable "$ETCD_DIR/bin/etcd"; then
 else
     t0=$(date +%s); build_etcd; log "built etcd v$ETCD_VERSION in $(( $(date +%s) - t0 ))s"
 fi
-if [[ "${KUBE_BUILD_FORCE:-0}" != 1 ]] && usable "$KUBE_DIR/bin/kube-apiserver" "$KUBE_DIR/bin/kube-controller-manager"; then
-    log "reusing $KUBE_DIR/bin ($("$KUBE_DIR/bin/kube-apiserver" --version))"
-else
-    t0=$(date +%s); build_kube; log "built kube v$KUBE_VERSION in $(( $(date +%s) - t0 ))s"
-fi
-usable "$ETCD_DIR/bin/etcd" "$KUBE_DIR/bin/kube-apiserver" "$KUBE_DIR/bin/kube-controller-manager" \
-    || die "the built binaries do not run"
+# KUBE_VERSION, then (unless KUBE_BUILD_VERSION names one version) the oldest supported, KUBE_OLDEST_VERSION.
+kube_versions=("$KUBE_VERSION")
+[[ -z "${KUBE_BUILD_VERSION:-}" && -n "${KUBE_OLDEST_VERSION:-}" ]] && kube_versions+=("$KUBE_OLDEST_VERSION")
+for KUBE_VERSION in "${kube_versions[@]}"; do
+    KUBE_DIR="$CACHE_DIR/kube-v$KUBE_VERSION"
+    if [[ "${KUBE_BUILD_FORCE:-0}" != 1 ]] && usable "$KUBE_DIR/bin/kube-apiserver" "$KUBE_DIR/bin/kube-controller-manager"; then
+        log "reusing $KUBE_DIR/bin ($("$KUBE_DIR/bin/kube-apiserver" --version))"
+    else
+        t0=$(date +%s); build_kube; log "built kube v$KUBE_VERSION in $(( $(date +%s) - t0 ))s"
+    fi
+    usable "$ETCD_DIR/bin/etcd" "$KUBE_DIR/bin/kube-apiserver" "$KUBE_DIR/bin/kube-controller-manager" \
+        || die "the built binaries do not run"
+    log "ready: $("$KUBE_DIR/bin/kube-apiserver" --version)"
+done
 # The build cache is large and only speeds up a rebuild of the same version: keep the module cache.
 rm -rf "$GOCACHE"
-log "done: $("$KUBE_DIR/bin/kube-apiserver" --version), etcd $("$ETCD_DIR/bin/etcd" --version | head -n1)"
+log "done: etcd $("$ETCD_DIR/bin/etcd" --version | head -n1)"

@@ -76,16 +76,18 @@ def versions(text: str | None = None) -> dict[str, str]:
     return {name.strip(): value.strip() for name, value in pairs}
 
 
-def find_binaries() -> KubeBinaries:
-    """Locate etcd, kube-apiserver and kube-controller-manager; raise BinariesMissing naming what is absent."""
+def find_binaries(kube_version: str | None = None) -> KubeBinaries:
+    """Locate etcd, kube-apiserver and kube-controller-manager (of versions.env's KUBE_VERSION, or
+    ``kube_version``: e.g. KUBE_OLDEST_VERSION); raise BinariesMissing naming what is absent."""
     wanted = versions()
-    bin_dir = cache_dir() / f"kube-v{wanted['KUBE_VERSION']}" / "bin"
+    bin_dir = cache_dir() / f"kube-v{kube_version or wanted['KUBE_VERSION']}" / "bin"
     etcd_dir = cache_dir() / f"etcd-v{wanted['ETCD_VERSION']}" / "bin"
+    overridden = kube_version is None  # KUBE_*_BIN name the binaries of KUBE_VERSION
     candidates = {
         "etcd": os.environ.get("ETCD_BIN") or str(etcd_dir / "etcd"),
-        "kube-apiserver": os.environ.get("KUBE_APISERVER_BIN") or str(bin_dir / "kube-apiserver"),
+        "kube-apiserver": (overridden and os.environ.get("KUBE_APISERVER_BIN")) or str(bin_dir / "kube-apiserver"),
         "kube-controller-manager": (
-            os.environ.get("KUBE_CONTROLLER_MANAGER_BIN") or str(bin_dir / "kube-controller-manager")
+            (overridden and os.environ.get("KUBE_CONTROLLER_MANAGER_BIN")) or str(bin_dir / "kube-controller-manager")
         ),
     }
     missing = [f"{name} ({path})" for name, path in candidates.items() if not os.access(path, os.X_OK)]
