@@ -104,10 +104,6 @@ class CacheKey:
         """A short readable label of the runtime part: ``<gpu>/<capability>/torch-.../py-...``."""
         return "/".join(str(self).split("/")[5:])
 
-    def matches(self, **wanted: str | None) -> bool:
-        """True when every given (non-None) field equals this key's field."""
-        return all(value is None or getattr(self, name) == value for name, value in wanted.items())
-
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
 
