@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from cachelib import __version__
 from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments, options_from_args
-from cachelib.handoff import DONE_FILE_NAME
 from cachelib.masking import install_log_masking, mask_command, mask_text
+from cachelib.podcontract import DONE_FILE_NAME
 from cachelib.progress import stderr_bar
 from cachelib.stores.base import MAX_SEGMENT_LENGTH
 from cachelib.units import human_bytes, parse_size
@@ -127,7 +127,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from cachelib.preload import write_termination_message
+    from cachelib.podcontract import write_termination_message
     from cachelib.publish import publish
 
     try:
@@ -242,7 +242,7 @@ def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:
 
 def _fetch_and_report(mode: str, args: argparse.Namespace) -> PreloadResult:
     """Run ``preload`` or ``load``; print and record the one-line result."""
-    from cachelib.preload import write_termination_message
+    from cachelib.podcontract import write_termination_message
 
     result = _fetch(mode, args)
     payload = result.to_dict()

@@ -37,6 +37,7 @@ from typing import IO, Any
 
 from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BundleError, BundleReader
 from cachelib.keys import CacheKey, InvalidKey, cache_prefix, gpu_slug
+from cachelib.podcontract import CACHE_DIR_ENV, GPU_ENV
 from cachelib.progress import Watch, unwatched
 from cachelib.signing import PublicKey, check_stored
 from cachelib.stores import NotFound, Store, StoreError, StoreUnavailable, open_store
@@ -62,11 +63,6 @@ HIT, MISS, ERROR = "hit", "miss", "error"
 RESULTS = (HIT, MISS, ERROR)
 """What a preload (or load) reports as its ``result``."""
 SOURCE_STORE, SOURCE_NODE_CACHE, SOURCE_MIXED = "store", "node-cache", "mixed"
-GPU_ENV = "COMPILECACHE_GPU"
-TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
-TERMINATION_MESSAGE_LIMIT = 4096
-"""Kubernetes keeps at most 4096 bytes of a termination message."""
 DEFAULT_MAX_BYTES = 64 * 1024**3
 DEFAULT_MAX_RATIO = 200.0
 """Largest uncompressed/stored ratio of a bundle part accepted by default. Real cache-directory
@@ -205,42 +201,6 @@ def choose_gpu(gpu: str | None, env: Mapping[str, str]) -> str | None:
     return gpu_slug(chosen) if chosen else None
 
 
-# -- termination message --------------------------------------------------------------------------
-def termination_log_path(env: Mapping[str, str] | None = None) -> Path | None:
-    """Where to write the termination message: $COMPILECACHE_TERMINATION_LOG when its directory
-    exists, else /dev/termination-log when that file exists (Kubernetes creates it)."""
-    env = os.environ if env is None else env
-    explicit = env.get(TERMINATION_LOG_ENV)
-    if explicit:
-        path = Path(explicit)
-        return path if path.exists() or path.parent.is_dir() else None
-    default = Path(DEFAULT_TERMINATION_LOG)
-    return default if default.exists() else None
-
-
-def termination_message(payload: Mapping[str, Any]) -> str:
-    """Compact JSON that fits Kubernetes' limit: long key lists are replaced by their counts."""
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT:
-        return text
-    shrunk = dict(payload)
-    for name in ("keys", "hits", "node_cache"):
-        if isinstance(shrunk.get(name), list):
-            shrunk[f"{name}_count"] = len(shrunk.pop(name))
-    text = json.dumps(shrunk, sort_keys=True, separators=(",", ":"))
-    return text.encode()[:TERMINATION_MESSAGE_LIMIT].decode(errors="ignore")
-
-
-def write_termination_message(payload: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Path | None:
-    """Write ``payload`` to the termination log when there is one; the path written, if any."""
-    path = termination_log_path(env)
-    if path is None:
-        return None
-    try:
-        path.write_text(termination_message(payload))
-    except OSError:
-        return None
-    return path
 
 
 # -- fetching -------------------------------------------------------------------------------------
@@ -632,7 +592,7 @@ def load_cache_artifacts(data: bytes, cache_dir: Path | None = None) -> None:
     """Hand Mega-Cache bytes to torch; ``cache_dir`` becomes ``TORCHINDUCTOR_CACHE_DIR`` when torch's
     inductor is not loaded yet."""
     if cache_dir is not None and "torch._inductor" not in sys.modules:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).absolute())
+        os.environ[CACHE_DIR_ENV] = str(Path(cache_dir).absolute())
     import torch
 
     torch.compiler.load_cache_artifacts(data)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cachelib import compilekey, harness, keys
+from cachelib import compilekey, harness, keys, podcontract
 from cachelib.compilekey import CompileOptions, UsageError
 from cachelib.harness import HarnessError
 from tests.cachelib.conftest import WARM_NAME, WARM_NAMESPACE, Warmed
@@ -250,16 +250,18 @@ def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None
     assert any((warmed.out / "cachedir" / "aotautograd").iterdir())
 
 
-COMPANIONS = {"cachelib.harness": {"cachelib.compilekey", "compilekey"}, "cachelib.compilekey": set(),
-              "cachelib.targets": set(), "cachelib.warmstart": set()}
+CONTRACT = {"cachelib.podcontract", "podcontract"}
+COMPANIONS = {"cachelib.harness": {"cachelib.compilekey", "compilekey"} | CONTRACT, "cachelib.compilekey": set(),
+              "cachelib.targets": set(), "cachelib.warmstart": CONTRACT, "cachelib.podcontract": set()}
 
 
 @pytest.mark.parametrize(
-    "module", [harness, compilekey, pytest.importorskip("cachelib.targets"), pytest.importorskip("cachelib.warmstart")]
+    "module", [harness, compilekey, podcontract, pytest.importorskip("cachelib.targets"),
+               pytest.importorskip("cachelib.warmstart")]
 )
 def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> None:
-    """harness.py, compilekey.py, targets.py and warmstart.py are copied into users' images: nothing else of
-    ours, nothing else at all (the harness imports compilekey from beside itself, or from cachelib)."""
+    """harness.py, compilekey.py, podcontract.py, targets.py and warmstart.py are copied into users' images:
+    nothing else of ours, nothing else at all (they import each other from beside themselves, or from cachelib)."""
     import ast
 
     tree = ast.parse(Path(module.__file__).read_text())
@@ -277,14 +279,15 @@ def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> Non
 
 @pytest.mark.slow
 def test_built_in_targets_load_from_beside_the_harness_without_cachelib(tmp_path: Path) -> None:
-    """In a user's image only harness.py, compilekey.py, targets.py and warmstart.py exist, side by side:
-    short names and --precompile still work."""
+    """In a user's image only harness.py, compilekey.py, podcontract.py, targets.py and warmstart.py exist, side by
+    side: short names and --precompile still work."""
     import shutil
 
     from cachelib import targets, warmstart
 
     shutil.copy(harness.__file__, tmp_path / "harness.py")
     shutil.copy(compilekey.__file__, tmp_path / "compilekey.py")
+    shutil.copy(podcontract.__file__, tmp_path / "podcontract.py")
     shutil.copy(targets.__file__, tmp_path / "targets.py")
     shutil.copy(warmstart.__file__, tmp_path / "warmstart.py")
     code = (
