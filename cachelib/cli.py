@@ -456,7 +456,7 @@ def print_table(rows: Sequence[Sequence[str]]) -> None:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from cachelib.inventory import list_bundles, parse_duration, plan_gc
-    from cachelib.signing import signature_key
+    from cachelib.signing import delete_signed
 
     try:
         older_than = parse_duration(args.older_than) if args.older_than else None
@@ -465,8 +465,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             doomed = plan_gc(list_bundles(store, _prefix(args)), now, older_than=older_than, keep=args.keep)
             deleted = 0
             for entry in doomed:
-                if not args.dry_run and store.delete(str(entry.key)):
-                    store.delete(signature_key(str(entry.key)))  # a signature without its bundle means nothing
+                if not args.dry_run and delete_signed(store, str(entry.key)):
                     deleted += 1
                 print_json(
                     {

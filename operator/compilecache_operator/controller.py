@@ -64,7 +64,7 @@ from compilecache_operator.signing import Signing, sign_records
 from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec, StorageSpec, parse_spec
 
 from cachelib.keys import cache_prefix
-from cachelib.stores import StoreError
+from cachelib.stores import Store, StoreError, in_store_thread
 
 logger = logging.getLogger(__name__)
 
@@ -767,15 +767,14 @@ async def _sign(
 ) -> list[BundleRecord]:
     """Sign the new bundles in the store; those that cannot be signed are left out (and logged)."""
 
-    def run() -> list[BundleRecord]:
-        with storeops.open_cache_store(spec.storage.url, secret_credentials(spec.storage, secret)) as store:
-            signed = sign_records(store, signing, records)
+    def run(store: Store) -> list[BundleRecord]:
+        signed = sign_records(store, signing, records)
         for record, reason in signed.failed:
             logger.warning("bundle %s not signed, not recorded yet: %s", record.key, reason)
         return list(signed.signed)
 
     try:
-        signed = await asyncio.to_thread(run)
+        signed = await in_store_thread(spec.storage.url, run, secret_credentials(spec.storage, secret))
     except StoreError as exc:
         logger.warning("cannot open the store to sign %d bundle(s): %s", len(records), exc)
         return []
@@ -817,12 +816,11 @@ async def prune_bundles(actions: Actions, secret: Mapping[str, bytes] | None) ->
     spec = actions.spec
     credentials = secret_credentials(spec.storage, secret)
 
-    def run() -> storeops.DeleteReport:
-        with storeops.open_cache_store(spec.storage.url, credentials) as store:
-            return storeops.delete_keys(store, [b.key for b in actions.prune])
+    def run(store: Store) -> storeops.DeleteReport:
+        return storeops.delete_keys(store, [b.key for b in actions.prune])
 
     try:
-        report = await asyncio.to_thread(run)
+        report = await in_store_thread(spec.storage.url, run, credentials)
     except StoreError as exc:
         return list(actions.bundles), f"pruning {len(actions.prune)} bundle(s) failed: {exc}"
     return pruned(actions.bundles, report)
@@ -941,12 +939,11 @@ async def _clear_store(
 ) -> CleanupOutcome:
     credentials = secret_credentials(spec.storage, secret)
 
-    def run() -> storeops.DeleteReport:
-        with storeops.open_cache_store(spec.storage.url, credentials) as store:
-            return storeops.delete_cache(store, namespace, name)
+    def run(store: Store) -> storeops.DeleteReport:
+        return storeops.delete_cache(store, namespace, name)
 
     try:
-        report = await asyncio.to_thread(run)
+        report = await in_store_thread(spec.storage.url, run, credentials)
     except StoreError as exc:
         return CleanupOutcome(False, f"store unavailable: {exc}", retry_after=state.settings.retry_seconds)
     if report.failed:
