@@ -268,7 +268,7 @@ def parse_owner_arg(text: str) -> tuple[int, int]:
 
 def parse_cache_arg(text: str) -> str:
     """``NS/NAME`` as given; anything else is a bad argument (exit status 2)."""
-    from cachelib.keys import InvalidKey
+    from cachelib.keyformat import InvalidKey
     from cachelib.preload import parse_cache_ref
 
     try:
@@ -280,7 +280,7 @@ def parse_cache_arg(text: str) -> str:
 
 def parse_namespace_arg(text: str) -> str:
     """A Kubernetes namespace name (a DNS label)."""
-    from cachelib.keys import InvalidKey, check_cache_ref
+    from cachelib.keyformat import InvalidKey, check_cache_ref
 
     try:
         check_cache_ref(text, "x")
@@ -291,7 +291,7 @@ def parse_namespace_arg(text: str) -> str:
 
 def parse_name_arg(text: str) -> str:
     """A cache name: a Kubernetes object name that fits one segment of a store key."""
-    from cachelib.keys import InvalidKey, check_cache_ref
+    from cachelib.keyformat import InvalidKey, check_cache_ref
 
     try:
         check_cache_ref("x", text)
@@ -400,7 +400,7 @@ def signature_report(
 
 
 def _prefix(args: argparse.Namespace) -> str:
-    from cachelib.keys import cache_prefix
+    from cachelib.keyformat import cache_prefix
     from cachelib.preload import parse_cache_ref
 
     if args.cache:
@@ -881,7 +881,7 @@ def _leave_now_if_abandoned(code: int) -> None:
 
 def _is_expected(exc: Exception) -> bool:
     from cachelib.bundle import BundleError
-    from cachelib.keys import InvalidKey
+    from cachelib.keyformat import InvalidKey
     from cachelib.publish import PackError
     from cachelib.stores import StoreError
     from cachelib.unpack import UnpackError

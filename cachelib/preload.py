@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BundleError, BundleReader
-from cachelib.keys import CacheKey, InvalidKey, cache_prefix, gpu_slug
+from cachelib.keyformat import CacheKey, InvalidKey, cache_prefix, gpu_slug
 from cachelib.podcontract import CACHE_DIR_ENV, GPU_ENV
 from cachelib.progress import Watch, unwatched
 from cachelib.signing import PublicKey, check_stored

@@ -31,7 +31,7 @@ from cachelib.bundle import (
     verify_bundle_file,
     write_bundle_file,
 )
-from cachelib.keys import CacheKey, InvalidKey
+from cachelib.keyformat import CacheKey, InvalidKey
 from cachelib.podcontract import CACHEDIR, MEGACACHE_FILE, RESULT_FILE
 from cachelib.progress import Watch, unwatched
 from cachelib.stores import Store, open_store

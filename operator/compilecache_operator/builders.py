@@ -72,7 +72,7 @@ from compilecache_operator.spec import (
 from compilecache_operator.wiring import CACHE_DIR_ENV, cache_mount_point, env_from_overrides, unwired_containers
 
 from cachelib.bytecode import PYCACHE_DIR, PYCACHE_ENV
-from cachelib.keys import gpu_slug
+from cachelib.keyformat import gpu_slug
 from cachelib.masking import mask_url
 from cachelib.podcontract import GPU_ENV, JOB_ID_ENV, PRECOMPILE_ENV
 

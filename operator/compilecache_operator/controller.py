@@ -63,7 +63,7 @@ from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.signing import Signing, sign_records
 from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec, StorageSpec, parse_spec
 
-from cachelib.keys import cache_prefix
+from cachelib.keyformat import cache_prefix
 from cachelib.stores import Store, StoreError, in_store_thread
 
 logger = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from cachelib.compilekey import (
     is_target,
     parse_dynamic,
 )
-from cachelib.keys import gpu_slug
+from cachelib.keyformat import gpu_slug
 from cachelib.masking import mask_text
 from cachelib.stores import CREDENTIALS
 from cachelib.stores.base import MAX_SEGMENT_LENGTH, StoreURLError

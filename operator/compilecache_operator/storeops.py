@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cachelib.keys import cache_prefix
+from cachelib.keyformat import cache_prefix
 from cachelib.signing import delete_signed
 from cachelib.stores import Store, StoreError
 

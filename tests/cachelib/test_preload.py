@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cachelib.bundle import CACHEDIR_PART, PREAMBLE, read_header
-from cachelib.keys import CacheKey
+from cachelib.keyformat import CacheKey
 from cachelib.preload import (
     PreloadFailed,
     choose_gpu,
@@ -23,7 +23,7 @@ from cachelib.publish import publish
 from cachelib.stores import open_store
 from cachelib.unpack import RUNTIME_DIRS
 from tests.cachelib.helpers import ROOT, content, last_json, make_key, make_outdir, run_cli, tree
-from tests.servers import free_port
+from testsupport.servers import free_port
 
 H100 = make_key()
 A100 = make_key(gpu="nvidia-a100-sxm4-80gb", capability="sm80")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachelib.keys import CacheKey, InvalidKey, cache_prefix, capability_slug, digest, gpu_slug
+from cachelib.keyformat import CacheKey, InvalidKey, cache_prefix, capability_slug, digest, gpu_slug
 from tests.cachelib.helpers import BASE_FIELDS, make_key
 
 OTHER_VALUES = {

@@ -1,4 +1,4 @@
-"""Cache keys: which compiled artifacts may be reused where.
+"""The cache key's format: its fields, its one string form, its prefixes (which compiled artifacts may be reused where).
 
 Inductor artifacts hit only with the same torch and triton versions, the same GPU and the
 same compile options, so every one of those is part of the key. A key has one string
