@@ -47,7 +47,7 @@ from typing import IO, Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from cachelib.keys import CacheKey  # noqa: E402
+from cachelib.keyformat import CacheKey  # noqa: E402
 from cachelib.stores import open_store  # noqa: E402
 from cachelib.units import parse_size  # noqa: E402
 
@@ -184,7 +184,7 @@ def build_bundle(path: Path, size: int) -> int:
 @contextmanager
 def store_urls(kinds: Sequence[str], workdir: Path) -> Iterator[dict[str, str]]:
     """A base URL per store kind, starting redis-server and moto on loopback as needed."""
-    from tests.servers import aws_environment, start_moto, start_redis
+    from testsupport.servers import aws_environment, start_moto, start_redis
 
     urls: dict[str, str] = {}
     with ExitStack() as stack:
@@ -406,7 +406,7 @@ class SweepRow:
 
 def chunk_sweep(chunks: Sequence[str], size: int, repeat: int, workers: Sequence[int], workdir: Path) -> list[SweepRow]:
     """Median put and get throughput of one ``size`` object per chunk size, on a loopback redis-server."""
-    from tests.servers import start_redis
+    from testsupport.servers import start_redis
 
     data = os.urandom(size)
     configs = [(count, chunk) for count in workers for chunk in chunks]

@@ -1,6 +1,6 @@
 """The model zoo through the product path with ``precompile: Auto``, timed on one device.
 
-For each zoo model (tests/zoo/models.py, through bench/zoo_gpu.py: bfloat16 on CUDA for
+For each zoo model (testsupport/models.py, through bench/zoo_gpu.py: bfloat16 on CUDA for
 inference, float32 for the training steps ``hf_bert_train`` and ``timm_resnet_train``, which run
 with ``--backward``), every measured row is its own fresh Python process, one after another:
 

@@ -1,6 +1,6 @@
-"""The model zoo (tests/zoo/models.py) on a chosen device: harness targets ``bench.zoo_gpu:NAME``.
+"""The model zoo (testsupport/models.py) on a chosen device: harness targets ``bench.zoo_gpu:NAME``.
 
-Each target calls ``tests.zoo.models.NAME`` and moves the model and its inputs to the device of
+Each target calls ``testsupport.models.NAME`` and moves the model and its inputs to the device of
 ``$COMPILECACHE_ZOO_DEVICE`` (default ``cuda``). On CUDA, inference models and their floating
 inputs are cast to bfloat16; the training steps (``TRAINING``) stay in float32. On the CPU
 everything stays float32. Token ids stay integers. The warm-up harness, its check process and
@@ -62,8 +62,8 @@ def _move(value: Any, dev: str, dt: torch.dtype) -> Any:
 
 
 def build(name: str) -> list[tuple[Any, tuple[Any, ...]]]:
-    """``tests.zoo.models.NAME()`` with every model and input on the device, in its dtype."""
-    from tests.zoo import models
+    """``testsupport.models.NAME()`` with every model and input on the device, in its dtype."""
+    from testsupport import models
 
     dev, dt = device(), dtype(name)
     built = getattr(models, name)()
@@ -72,7 +72,7 @@ def build(name: str) -> list[tuple[Any, tuple[Any, ...]]]:
 
 def second_inputs(name: str) -> tuple[Any, ...] | None:
     """Another input shape for the dynamic-shape cases, on the device; None for the others."""
-    from tests.zoo import models
+    from testsupport import models
 
     make = models.SECOND_INPUTS.get(name)
     return None if make is None else tuple(_move(a, device(), dtype(name)) for a in make())
@@ -83,7 +83,7 @@ def _target(name: str) -> Callable[[], list[tuple[Any, tuple[Any, ...]]]]:
         return build(name)
 
     target.__name__ = target.__qualname__ = name
-    target.__doc__ = f"tests.zoo.models.{name} on ${DEVICE_ENV} (a harness target)."
+    target.__doc__ = f"testsupport.models.{name} on ${DEVICE_ENV} (a harness target)."
     return target
 
 

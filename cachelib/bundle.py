@@ -52,7 +52,7 @@ from typing import IO, Any, BinaryIO, cast
 
 import zstandard
 
-from cachelib.keys import CacheKey, InvalidKey
+from cachelib.keyformat import CacheKey, InvalidKey
 
 MAGIC = b"CCBUNDLE"
 FORMAT_VERSION = 1

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from cachelib import __version__
 from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments, options_from_args
-from cachelib.handoff import DONE_FILE_NAME
 from cachelib.masking import install_log_masking, mask_command, mask_text
+from cachelib.podcontract import DONE_FILE_NAME
+from cachelib.preload import DEFAULT_DEADLINE, DEFAULT_MAX_BYTES, DEFAULT_MAX_RATIO, DEFAULT_SHARE
 from cachelib.progress import stderr_bar
 from cachelib.stores.base import MAX_SEGMENT_LENGTH
 from cachelib.units import human_bytes, parse_size
+from cachelib.unpack import SHARE_MODES
 
 if TYPE_CHECKING:
     from cachelib.preload import PreloadResult
@@ -127,7 +129,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from cachelib.preload import write_termination_message
+    from cachelib.podcontract import write_termination_message
     from cachelib.publish import publish
 
     try:
@@ -216,24 +218,26 @@ def cmd_load(args: argparse.Namespace) -> int:
 def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:
     """Run ``preload`` or ``load`` with the command's arguments. Fails open: whatever goes wrong,
     even in this process's own code, ends as an ``error`` result naming the exception."""
-    from cachelib.preload import ERROR, PreloadResult, load, preload
+    from cachelib.preload import ERROR, PRELOAD, PreloadRequest, PreloadResult, run
 
     trusted = trusted_keys_of(args)  # a malformed key is a bad argument (exit 2), not a result
+    target = Path(args.target) if args.target else None
     try:
-        shared: dict[str, Any] = {
-            "cache": args.cache,
-            "gpu": args.gpu,
-            "versions": versions_of(args),
-            "max_bytes": args.max_bytes,
-            "max_ratio": args.max_ratio or None,
-            "deadline": args.deadline or None,
-            "watch": stderr_bar,
-            "trusted_keys": trusted,
-        }
-        url = store_url(args)
-        if mode == "preload":
-            return preload(url, args.key or (), args.target, share=args.share, owner=args.owner, **shared)
-        return load(url, args.key or (), args.target, **shared)
+        request = PreloadRequest(
+            store_url(args),
+            args.key or (),
+            target.absolute() if target and mode == PRELOAD else target,
+            cache=args.cache,
+            gpu=args.gpu,
+            versions=versions_of(args),
+            max_bytes=args.max_bytes,
+            max_ratio=args.max_ratio or None,
+            deadline=args.deadline or None,
+            watch=stderr_bar,
+            trusted_keys=trusted,
+            **({"share": args.share, "owner": args.owner} if mode == PRELOAD else {}),
+        )
+        return run(mode, request)
     except Exception as exc:
         log.debug("%s failed", mode, exc_info=True)
         reason = str(exc) if isinstance(exc, CommandError) else f"unexpected {type(exc).__name__}: {exc}"
@@ -242,7 +246,7 @@ def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:
 
 def _fetch_and_report(mode: str, args: argparse.Namespace) -> PreloadResult:
     """Run ``preload`` or ``load``; print and record the one-line result."""
-    from cachelib.preload import write_termination_message
+    from cachelib.podcontract import write_termination_message
 
     result = _fetch(mode, args)
     payload = result.to_dict()
@@ -264,7 +268,7 @@ def parse_owner_arg(text: str) -> tuple[int, int]:
 
 def parse_cache_arg(text: str) -> str:
     """``NS/NAME`` as given; anything else is a bad argument (exit status 2)."""
-    from cachelib.keys import InvalidKey
+    from cachelib.keyformat import InvalidKey
     from cachelib.preload import parse_cache_ref
 
     try:
@@ -276,7 +280,7 @@ def parse_cache_arg(text: str) -> str:
 
 def parse_namespace_arg(text: str) -> str:
     """A Kubernetes namespace name (a DNS label)."""
-    from cachelib.keys import InvalidKey, check_cache_ref
+    from cachelib.keyformat import InvalidKey, check_cache_ref
 
     try:
         check_cache_ref(text, "x")
@@ -287,7 +291,7 @@ def parse_namespace_arg(text: str) -> str:
 
 def parse_name_arg(text: str) -> str:
     """A cache name: a Kubernetes object name that fits one segment of a store key."""
-    from cachelib.keys import InvalidKey, check_cache_ref
+    from cachelib.keyformat import InvalidKey, check_cache_ref
 
     try:
         check_cache_ref("x", text)
@@ -396,7 +400,7 @@ def signature_report(
 
 
 def _prefix(args: argparse.Namespace) -> str:
-    from cachelib.keys import cache_prefix
+    from cachelib.keyformat import cache_prefix
     from cachelib.preload import parse_cache_ref
 
     if args.cache:
@@ -456,7 +460,7 @@ def print_table(rows: Sequence[Sequence[str]]) -> None:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from cachelib.inventory import list_bundles, parse_duration, plan_gc
-    from cachelib.signing import signature_key
+    from cachelib.signing import delete_signed
 
     try:
         older_than = parse_duration(args.older_than) if args.older_than else None
@@ -465,8 +469,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             doomed = plan_gc(list_bundles(store, _prefix(args)), now, older_than=older_than, keep=args.keep)
             deleted = 0
             for entry in doomed:
-                if not args.dry_run and store.delete(str(entry.key)):
-                    store.delete(signature_key(str(entry.key)))  # a signature without its bundle means nothing
+                if not args.dry_run and delete_signed(store, str(entry.key)):
                     deleted += 1
                 print_json(
                     {
@@ -563,14 +566,14 @@ def _selection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-bytes",
         type=parse_size_arg,
-        default=64 * 1024**3,
+        default=DEFAULT_MAX_BYTES,
         metavar="N",
-        help="refuse to unpack more than N bytes in all (default 64G)",
+        help=f"refuse to unpack more than N bytes in all (default {human_bytes(DEFAULT_MAX_BYTES)})",
     )
     parser.add_argument(
         "--max-ratio",
         type=parse_ratio,
-        default=200.0,
+        default=DEFAULT_MAX_RATIO,
         metavar="R",
         help="refuse a bundle part that inflates more than R times its stored size, from its header on "
         "and while it streams (default %(default)g; 0: no limit)",
@@ -707,12 +710,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _store_arg(p)
     _selection_args(p)
-    _deadline_arg(p, 30.0, "connecting, fetching and unpacking")
+    _deadline_arg(p, DEFAULT_DEADLINE, "connecting, fetching and unpacking")
     p.add_argument("--target", required=True, help="the cache directory to fill (TORCHINDUCTOR_CACHE_DIR)")
     p.add_argument(
         "--share",
-        choices=("owner", "group", "all"),
-        default="group",
+        choices=SHARE_MODES,
+        default=DEFAULT_SHARE,
         help="who may write the unpacked cache: owner (only the preload's uid), group (directories 2775 "
         "setgid, files 664: any uid of the directory's group, e.g. the pod's fsGroup), all (777/666: any "
         "uid) (default: %(default)s)",
@@ -878,7 +881,7 @@ def _leave_now_if_abandoned(code: int) -> None:
 
 def _is_expected(exc: Exception) -> bool:
     from cachelib.bundle import BundleError
-    from cachelib.keys import InvalidKey
+    from cachelib.keyformat import InvalidKey
     from cachelib.publish import PackError
     from cachelib.stores import StoreError
     from cachelib.unpack import UnpackError

@@ -1,6 +1,6 @@
 """What a compiled artifact is keyed by: the compile options, the model, the runtime fields, their digests.
 
-The warm-up harness, the ``compilecache`` CLI, the key module and the operator all read these
+The warm-up harness, the ``compilecache`` CLI, the key format (``keyformat``) and the operator all read these
 definitions from here, so that the CRD, the CLI and the harness accept the same options and
 compute the same digests. Like the harness, this module needs nothing but the standard library:
 the warm-up Job copies it beside ``harness.py`` into the user's image (as it copies

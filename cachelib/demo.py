@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from cachelib.podcontract import CACHE_DIR_ENV, JOB_ID_ENV, TERMINATION_LOG_ENV
 from cachelib.units import human_bytes
 
 NAMESPACE, NAME = "default", "demo"
@@ -35,8 +36,8 @@ class DemoError(Exception):
 # -- the pod's workload (runs in its own process) --------------------------------------------------
 def workload(target: str, cache_dir: Path, options: dict[str, Any], job_id: str) -> dict[str, Any]:
     """Compile ``target`` against ``cache_dir`` as a pod would; timings, counters and metrics text."""
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
-    os.environ["TORCH_COMPILE_JOB_ID"] = job_id
+    os.environ[CACHE_DIR_ENV] = str(cache_dir)
+    os.environ[JOB_ID_ENV] = job_id
     from cachelib import harness
     from cachelib.compilekey import CompileOptions
 
@@ -131,7 +132,7 @@ def warm_up(work: Path, target: str) -> dict[str, Any]:
 
 
 def preload_as_init_container(store: str, cache_dir: Path, work: Path) -> dict[str, Any]:
-    env = {**os.environ, "COMPILECACHE_TERMINATION_LOG": str(work / "termination-log")}
+    env = {**os.environ, TERMINATION_LOG_ENV: str(work / "termination-log")}
     argv = [
         sys.executable,
         "-m",
@@ -163,7 +164,7 @@ def run_workload(target: str, cache_dir: Path, warm: dict[str, Any]) -> dict[str
         "--job-id",
         warm["job_id"],
     ]
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in (CACHE_DIR_ENV, "TRITON_CACHE_DIR")}
     return _last_json(_run(argv, "the workload", env), "the workload")
 
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DONE_FILE_ENV = "COMPILECACHE_PRELOAD_DONE"
-DONE_FILE_NAME = ".compilecache-preload.json"
-"""The done file's name inside the cache directory the preloader fills."""
+from cachelib.podcontract import DONE_FILE_ENV
+from cachelib.podcontract import DONE_FILE_NAME as DONE_FILE_NAME
+
 DEFAULT_TIMEOUT = 600.0
 POLL_SECONDS = 0.01
 TIMEOUT = "timeout"

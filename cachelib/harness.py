@@ -35,7 +35,6 @@ failed, 5 target returned the wrong shape, 6 output cannot be written.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -56,24 +55,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING or __package__:  # imported as cachelib.harness
-    from cachelib import compilekey
-else:  # run as a script in the warm-up pod: the warm-up Job copies compilekey.py beside this file
+    from cachelib import compilekey, podcontract
+else:  # run as a script in the warm-up pod: the warm-up Job copies compilekey.py and podcontract.py beside this file
     import compilekey
+    import podcontract
 
 HARNESS_VERSION = "1"
 RESULT_FORMAT = 1
 
-RESULT_FILE = "result.json"
-MEGACACHE_FILE = "megacache.bin"
-CACHEDIR = "cachedir"
+RESULT_FILE = podcontract.RESULT_FILE
+MEGACACHE_FILE = podcontract.MEGACACHE_FILE
+CACHEDIR = podcontract.CACHEDIR
 
-CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
-PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
-JOB_ID_ENV = "TORCH_COMPILE_JOB_ID"
+CACHE_DIR_ENV = podcontract.CACHE_DIR_ENV
+PRECOMPILE_ENV = podcontract.PRECOMPILE_ENV
+JOB_ID_ENV = podcontract.JOB_ID_ENV
 CHECK_FLAG = "--check-precompile"
 """The harness in its checking role (cachelib.precheck): run by the harness itself, never by users."""
-TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 EXIT_OK = 0
 EXIT_USAGE = compilekey.EXIT_USAGE
@@ -635,11 +633,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def write_termination_log(message: Mapping[str, Any]) -> None:
     """Write the outcome where Kubernetes reads a container's termination message, when it exists."""
-    path = Path(os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG)
-    explicit = bool(os.environ.get(TERMINATION_LOG_ENV))
-    if path.exists() or (explicit and path.parent.is_dir()):
-        with contextlib.suppress(OSError):
-            path.write_text(json.dumps(message, sort_keys=True)[:4000])
+    podcontract.write_termination_message(message)
 
 
 # -- command line ---------------------------------------------------------------------------

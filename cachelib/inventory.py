@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from cachelib.keys import CacheKey, InvalidKey
+from cachelib.keyformat import CacheKey, InvalidKey
 from cachelib.stores import ObjectInfo, Store
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")

@@ -34,7 +34,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING or __package__:  # imported as cachelib.precheck
+    from cachelib import podcontract
+else:  # beside harness.py in a warm-up container: podcontract.py is copied there too
+    import podcontract
 
 CHECK_FILE = "precompile-check.json"
 """What the checking process writes into its output directory."""
@@ -250,7 +255,8 @@ def check_environment(
     """The pod's environment for the checking process (pure); ``pycache``: the copy's byte-code
     tree, when the bundle carries one (the webhook points ``PYTHONPYCACHEPREFIX`` at it)."""
     env = {k: v for k, v in base.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_CACHE", "PYTHONPYCACHEPREFIX"))}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_copy), TORCH_CACHING_PRECOMPILE="1", TORCH_COMPILE_JOB_ID=job_id)
+    env.update({podcontract.CACHE_DIR_ENV: str(cache_copy), podcontract.PRECOMPILE_ENV: "1",
+                podcontract.JOB_ID_ENV: job_id})
     if pycache is not None:
         env["PYTHONPYCACHEPREFIX"] = str(pycache)
     return env

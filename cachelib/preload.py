@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BundleError, BundleReader
-from cachelib.keys import CacheKey, InvalidKey, cache_prefix, gpu_slug
+from cachelib.keyformat import CacheKey, InvalidKey, cache_prefix, gpu_slug
+from cachelib.podcontract import CACHE_DIR_ENV, GPU_ENV
 from cachelib.progress import Watch, unwatched
 from cachelib.signing import PublicKey, check_stored
 from cachelib.stores import NotFound, Store, StoreError, StoreUnavailable, open_store
@@ -59,14 +60,11 @@ from cachelib.unpack import (
 )
 
 HIT, MISS, ERROR = "hit", "miss", "error"
+PRELOAD, LOAD = "preload", "load"
+"""The two modes of :func:`run`."""
 RESULTS = (HIT, MISS, ERROR)
 """What a preload (or load) reports as its ``result``."""
 SOURCE_STORE, SOURCE_NODE_CACHE, SOURCE_MIXED = "store", "node-cache", "mixed"
-GPU_ENV = "COMPILECACHE_GPU"
-TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
-TERMINATION_MESSAGE_LIMIT = 4096
-"""Kubernetes keeps at most 4096 bytes of a termination message."""
 DEFAULT_MAX_BYTES = 64 * 1024**3
 DEFAULT_MAX_RATIO = 200.0
 """Largest uncompressed/stored ratio of a bundle part accepted by default. Real cache-directory
@@ -205,42 +203,6 @@ def choose_gpu(gpu: str | None, env: Mapping[str, str]) -> str | None:
     return gpu_slug(chosen) if chosen else None
 
 
-# -- termination message --------------------------------------------------------------------------
-def termination_log_path(env: Mapping[str, str] | None = None) -> Path | None:
-    """Where to write the termination message: $COMPILECACHE_TERMINATION_LOG when its directory
-    exists, else /dev/termination-log when that file exists (Kubernetes creates it)."""
-    env = os.environ if env is None else env
-    explicit = env.get(TERMINATION_LOG_ENV)
-    if explicit:
-        path = Path(explicit)
-        return path if path.exists() or path.parent.is_dir() else None
-    default = Path(DEFAULT_TERMINATION_LOG)
-    return default if default.exists() else None
-
-
-def termination_message(payload: Mapping[str, Any]) -> str:
-    """Compact JSON that fits Kubernetes' limit: long key lists are replaced by their counts."""
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT:
-        return text
-    shrunk = dict(payload)
-    for name in ("keys", "hits", "node_cache"):
-        if isinstance(shrunk.get(name), list):
-            shrunk[f"{name}_count"] = len(shrunk.pop(name))
-    text = json.dumps(shrunk, sort_keys=True, separators=(",", ":"))
-    return text.encode()[:TERMINATION_MESSAGE_LIMIT].decode(errors="ignore")
-
-
-def write_termination_message(payload: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Path | None:
-    """Write ``payload`` to the termination log when there is one; the path written, if any."""
-    path = termination_log_path(env)
-    if path is None:
-        return None
-    try:
-        path.write_text(termination_message(payload))
-    except OSError:
-        return None
-    return path
 
 
 # -- fetching -------------------------------------------------------------------------------------
@@ -253,6 +215,39 @@ class _CountingReader:
         data = self.stream.read(size)
         self.count += len(data)
         return data
+
+
+@dataclass(frozen=True)
+class PreloadRequest:
+    """What one ``preload`` or ``load`` is asked to do.
+
+    Keys come from ``keys`` (filtered by ``gpu`` and ``versions`` when given) or from listing
+    ``cache`` (``"NS/NAME"``). ``gpu`` defaults to ``$COMPILECACHE_GPU``; without either, every
+    matching variant is fetched. ``max_bytes`` caps the unpacked total, ``max_ratio`` the
+    compression ratio of each part (None: no limit). ``share`` (``owner``, ``group``, ``all``) and
+    ``owner`` (uid, gid) say who may write the tree (``preload`` only); ``deadline`` (seconds, None:
+    none) bounds the whole run. With ``trusted_keys`` every bundle must carry a signature by one of
+    them (:mod:`cachelib.signing`), checked right after its header and before any part is read:
+    without one, the result is an ``error`` naming why. With ``strict`` a non-hit raises
+    :class:`PreloadFailed` (carrying the result). ``env`` stands for the process environment.
+    """
+
+    store_url: str | Store
+    keys: Sequence[str] = ()
+    target: Path | None = None
+    """The cache directory to fill (``preload``), or the one torch is pointed at (``load``, None: torch's)."""
+    cache: str | None = None
+    gpu: str | None = None
+    versions: Mapping[str, str | None] | None = None
+    strict: bool = False
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_ratio: float | None = DEFAULT_MAX_RATIO
+    share: str = DEFAULT_SHARE
+    owner: tuple[int, int] | None = None
+    deadline: float | None = None
+    watch: Watch = unwatched
+    env: Mapping[str, str] | None = None
+    trusted_keys: Sequence[PublicKey] = ()
 
 
 @dataclass
@@ -378,19 +373,12 @@ def _fetch_cachedir(
             )
 
 
-def _work(
-    job: _Job,
-    store_url: str | Store,
-    keys: Sequence[str],
-    cache: str | None,
-    versions: Mapping[str, str | None],
-    max_bytes: int,
-    result: PreloadResult,
-) -> None:
+def _work(job: _Job, request: PreloadRequest, result: PreloadResult) -> None:
     """The fetch loop shared by ``preload`` and ``load``; every failure ends in ``result``."""
+    store_url, cache = request.store_url, request.cache
     store: Store | None = None
     try:
-        if job.mode == "preload" and job.sharing.owner is not None:
+        if job.mode == PRELOAD and job.sharing.owner is not None:
             assert job.target is not None
             job.stage = "checking that the tree can be handed to --owner"
             probe = job.target if job.target.is_dir() else job.target.parent
@@ -399,15 +387,15 @@ def _work(
         job.stage = "opening the store"
         store = open_store(store_url) if isinstance(store_url, str) else store_url
         job.stage = f"listing {cache} in the store" if cache else "resolving the keys"
-        result.keys, reason = _resolve(store, keys, cache, result.gpu, versions)
+        result.keys, reason = _resolve(store, request.keys, cache, result.gpu, request.versions or {})
         if reason:
             result.reason = reason
-        budget = _Budget(max_bytes)
+        budget = _Budget(request.max_bytes)
         missing = []
         for key in result.keys:
             job.gate.check()
             try:
-                if job.mode == "load":
+                if job.mode == LOAD:
                     job.stage = f"fetching and loading {key}"
                     _load_megacache(store, key, job, budget, result)
                 else:
@@ -477,47 +465,33 @@ def _within_deadline(job: _Job, work: Callable[[], None], deadline: float | None
     return False
 
 
-def _run(
-    mode: str,
-    store_url: str | Store,
-    keys: Sequence[str],
-    target: Path | None,
-    *,
-    cache: str | None,
-    gpu: str | None,
-    versions: Mapping[str, str | None] | None,
-    max_bytes: int,
-    max_ratio: float | None,
-    share: str,
-    owner: tuple[int, int] | None,
-    deadline: float | None,
-    watch: Watch,
-    env: Mapping[str, str] | None,
-    strict: bool,
-    trusted_keys: Sequence[PublicKey],
-) -> PreloadResult:
-    """Run the fetch loop, within ``deadline`` when given; with ``strict`` a non-hit raises."""
-    env = os.environ if env is None else env
+def run(mode: str, request: PreloadRequest) -> PreloadResult:
+    """``preload`` or ``load`` (``mode``) as ``request`` asks: the fetch loop, within the request's
+    ``deadline`` when given; with ``strict`` a non-hit raises."""
+    if mode == LOAD and (request.share != DEFAULT_SHARE or request.owner is not None):
+        raise TypeError("load takes no share or owner: torch writes the cache directory")
+    target, deadline, owner = request.target, request.deadline, request.owner
+    env = os.environ if request.env is None else request.env
     started = time.perf_counter()
     result = PreloadResult(MISS, target=str(target) if target else None, mode=mode, deadline=deadline)
     sharing: Sharing | None = None
     # A directory that already holds a cache (a node cache) may hold what earlier workloads wrote.
-    reused = mode == "preload" and target is not None and _holds_anything(target)
+    reused = mode == PRELOAD and target is not None and _holds_anything(target)
     try:
-        result.gpu = choose_gpu(gpu, env)
-        sharing = Sharing(share, owner)
-        if mode == "preload":
-            result.share, result.owner = share, f"{owner[0]}:{owner[1]}" if owner else None
-        job = _Job(mode, target, sharing, max_ratio, watch, Gate(), tuple(trusted_keys))
-        work = functools.partial(_work, job, store_url, keys, cache, versions or {}, max_bytes, result)
+        result.gpu = choose_gpu(request.gpu, env)
+        sharing = Sharing(request.share, owner)
+        if mode == PRELOAD:
+            result.share, result.owner = request.share, f"{owner[0]}:{owner[1]}" if owner else None
+        job = _Job(mode, target, sharing, request.max_ratio, request.watch, Gate(), tuple(request.trusted_keys))
+        work = functools.partial(_work, job, request, result)
         if not _within_deadline(job, work, deadline):
             result = _deadline_result(result, job, deadline)
     except Exception as exc:  # a bad argument (share, gpu): still a result, never a crash
         result.result, result.reason = ERROR, f"{type(exc).__name__}: {exc}"
-    if mode == "preload" and target is not None and sharing is not None:
+    if mode == PRELOAD and target is not None and sharing is not None:
         _prepare(target, sharing, reused)
     result.seconds = time.perf_counter() - started
-    if strict and result.result != HIT:
+    if request.strict and result.result != HIT:
         raise PreloadFailed(result)
     return result
 
@@ -557,53 +531,11 @@ def _deadline_result(result: PreloadResult, job: _Job, deadline: float | None) -
 
 
 def preload(
-    store_url: str | Store,
-    keys: Sequence[str] = (),
-    target: str | Path = ".",
-    *,
-    cache: str | None = None,
-    gpu: str | None = None,
-    versions: Mapping[str, str | None] | None = None,
-    strict: bool = False,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    max_ratio: float | None = DEFAULT_MAX_RATIO,
-    share: str = DEFAULT_SHARE,
-    owner: tuple[int, int] | None = None,
-    deadline: float | None = None,
-    watch: Watch = unwatched,
-    env: Mapping[str, str] | None = None,
-    trusted_keys: Sequence[PublicKey] = (),
+    store_url: str | Store, keys: Sequence[str] = (), target: str | Path = ".", **options: Any
 ) -> PreloadResult:
-    """Fetch, verify and unpack the ``cachedir`` part of each resolved bundle into ``target``.
-
-    Keys come from ``keys`` (filtered by ``gpu`` and ``versions`` when given) or from
-    listing ``cache`` (``"NS/NAME"``). ``gpu`` defaults to ``$COMPILECACHE_GPU``; without
-    either, every matching variant is unpacked. ``max_bytes`` caps the unpacked total,
-    ``max_ratio`` the compression ratio of each part (None: no limit). ``share`` (``owner``,
-    ``group``, ``all``) and ``owner`` (uid, gid) say who may write the tree; ``deadline``
-    (seconds, None: none) bounds the whole preload. With ``trusted_keys`` every bundle must carry a
-    signature by one of them (:mod:`cachelib.signing`), checked right after its header and before
-    any part is read: without one, the result is an ``error`` naming why. With ``strict`` a
-    non-hit raises :class:`PreloadFailed` (carrying the result).
-    """
-    return _run(
-        "preload",
-        store_url,
-        keys,
-        Path(target).absolute(),
-        cache=cache,
-        gpu=gpu,
-        versions=versions,
-        max_bytes=max_bytes,
-        max_ratio=max_ratio,
-        share=share,
-        owner=owner,
-        deadline=deadline,
-        watch=watch,
-        env=env,
-        strict=strict,
-        trusted_keys=trusted_keys,
-    )
+    """Fetch, verify and unpack the ``cachedir`` part of each resolved bundle into ``target``;
+    ``options``: the other fields of :class:`PreloadRequest`."""
+    return run(PRELOAD, PreloadRequest(store_url, keys, Path(target).absolute(), **options))
 
 
 # -- load (Mega-Cache) -------------------------------------------------------------------------------
@@ -632,44 +564,15 @@ def load_cache_artifacts(data: bytes, cache_dir: Path | None = None) -> None:
     """Hand Mega-Cache bytes to torch; ``cache_dir`` becomes ``TORCHINDUCTOR_CACHE_DIR`` when torch's
     inductor is not loaded yet."""
     if cache_dir is not None and "torch._inductor" not in sys.modules:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cache_dir).absolute())
+        os.environ[CACHE_DIR_ENV] = str(Path(cache_dir).absolute())
     import torch
 
     torch.compiler.load_cache_artifacts(data)
 
 
 def load(
-    store_url: str | Store,
-    keys: Sequence[str] = (),
-    cache_dir: str | Path | None = None,
-    *,
-    cache: str | None = None,
-    gpu: str | None = None,
-    versions: Mapping[str, str | None] | None = None,
-    strict: bool = False,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    max_ratio: float | None = DEFAULT_MAX_RATIO,
-    deadline: float | None = None,
-    watch: Watch = unwatched,
-    env: Mapping[str, str] | None = None,
-    trusted_keys: Sequence[PublicKey] = (),
+    store_url: str | Store, keys: Sequence[str] = (), cache_dir: str | Path | None = None, **options: Any
 ) -> PreloadResult:
-    """Fetch each resolved bundle's ``megacache`` part, verify it, and load it into torch."""
-    return _run(
-        "load",
-        store_url,
-        keys,
-        Path(cache_dir) if cache_dir is not None else None,
-        cache=cache,
-        gpu=gpu,
-        versions=versions,
-        max_bytes=max_bytes,
-        max_ratio=max_ratio,
-        share=DEFAULT_SHARE,
-        owner=None,
-        deadline=deadline,
-        watch=watch,
-        env=env,
-        strict=strict,
-        trusted_keys=trusted_keys,
-    )
+    """Fetch each resolved bundle's ``megacache`` part, verify it, and load it into torch; ``options``:
+    the other fields of :class:`PreloadRequest` but ``share`` and ``owner``."""
+    return run(LOAD, PreloadRequest(store_url, keys, Path(cache_dir) if cache_dir is not None else None, **options))

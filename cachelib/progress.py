@@ -43,7 +43,7 @@ def display_label(label: str) -> str:
     A label whose last word is a bundle key is shown as the cache and GPU the bundle is for;
     any other label is shown as it is.
     """
-    from cachelib.keys import CacheKey, InvalidKey
+    from cachelib.keyformat import CacheKey, InvalidKey
 
     verb, _, last = label.rpartition(" ")
     try:

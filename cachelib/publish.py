@@ -31,13 +31,11 @@ from cachelib.bundle import (
     verify_bundle_file,
     write_bundle_file,
 )
-from cachelib.keys import CacheKey, InvalidKey
+from cachelib.keyformat import CacheKey, InvalidKey
+from cachelib.podcontract import CACHEDIR, MEGACACHE_FILE, RESULT_FILE
 from cachelib.progress import Watch, unwatched
 from cachelib.stores import Store, open_store
 
-RESULT_FILE = "result.json"
-MEGACACHE_FILE = "megacache.bin"
-CACHEDIR = "cachedir"
 EXCLUDED_TOP_LEVEL = frozenset({"locks"})
 """Inductor's lock files: transient, empty, never worth shipping."""
 

@@ -135,6 +135,14 @@ def signature_key(key: str) -> str:
     return f"{SIGNATURES}/{key}{SIGNATURE_SUFFIX}"
 
 
+def delete_signed(store: Store, key: str) -> bool:
+    """Delete the bundle under ``key`` and its signature (a signature without its bundle means nothing);
+    True when the bundle was there."""
+    deleted = store.delete(key)
+    store.delete(signature_key(key))
+    return deleted
+
+
 @dataclass(frozen=True)
 class Signature:
     key: str

@@ -30,7 +30,8 @@ entry again when it loads it (torch and Python versions, device, the hashes of t
 source lines) and compiles afresh when that fails.
 
 Standard library only at import; torch is imported by the functions that need it. This module
-is copied beside ``harness.py`` into warm-up containers, so it imports nothing from cachelib.
+is copied beside ``harness.py`` into warm-up containers, so it imports nothing from cachelib but the
+pod contract copied with it.
 """
 
 from __future__ import annotations
@@ -49,13 +50,18 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING or __package__:  # imported as cachelib.warmstart
+    from cachelib import podcontract
+else:  # beside harness.py in a warm-up container: podcontract.py is copied there too
+    import podcontract
 
 MANIFEST_NAME = "compilecache-warm-start.json"
 """The manifest's name at the top of the cache directory (a plain name: the unpacker installs it)."""
 MANIFEST_FORMAT = 1
-CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
-PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
+CACHE_DIR_ENV = podcontract.CACHE_DIR_ENV
+PRECOMPILE_ENV = podcontract.PRECOMPILE_ENV
 AUTO = "auto"
 OFF = "off"
 PRECOMPILE_CHOICES = (AUTO, OFF)

@@ -11,9 +11,11 @@ The Redis and S3 client libraries are imported only when such a store is opened
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from cachelib.masking import mask_url
 from cachelib.stores.base import (
@@ -90,11 +92,14 @@ __all__ = [
     "StoreUnavailable",
     "check_credentials",
     "check_key",
+    "in_store_thread",
     "mask_url",
     "open_store",
     "parse_store_url",
     "resolve_environment",
 ]
+
+T = TypeVar("T")
 
 
 def resolve_environment(config: StoreURL, env: Mapping[str, str]) -> StoreURL:
@@ -160,3 +165,14 @@ def open_store(url: str, credentials: Mapping[str, str] | None = None) -> Store:
     except ImportError as exc:
         raise StoreError(f"{shown}: the boto3 package is missing (pip install 'compilecache[s3]')") from exc
     return S3Store(config, shown, endpoint=config.endpoint, credentials=given or None)
+
+
+async def in_store_thread(url: str, work: Callable[[Store], T], credentials: Mapping[str, str] | None = None) -> T:
+    """``work(store)`` in a worker thread, the store at ``url`` open around it (stores block; an event
+    loop must not). Raises what :func:`open_store` and ``work`` raise."""
+
+    def run() -> T:
+        with open_store(url, credentials=credentials) as store:
+            return work(store)
+
+    return await asyncio.to_thread(run)

@@ -72,8 +72,9 @@ from compilecache_operator.spec import (
 from compilecache_operator.wiring import CACHE_DIR_ENV, cache_mount_point, env_from_overrides, unwired_containers
 
 from cachelib.bytecode import PYCACHE_DIR, PYCACHE_ENV
-from cachelib.keys import gpu_slug
+from cachelib.keyformat import gpu_slug
 from cachelib.masking import mask_url
+from cachelib.podcontract import GPU_ENV, JOB_ID_ENV, PRECOMPILE_ENV
 
 HARNESS_FILE = f"{HARNESS_DIR}/harness.py"
 # Copies cachelib's harness module, the key and options module it imports from beside itself and the
@@ -82,10 +83,9 @@ COPY_HARNESS = (
     "import importlib.util, os, shutil, sys; "
     "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
     "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) "
-    "for m in ('harness', 'compilekey', 'targets', 'warmstart', 'precheck', 'bytecode', 'triton_modules')]"
+    "for m in ('harness', 'compilekey', 'podcontract', 'targets', 'warmstart', 'precheck', 'bytecode', "
+    "'triton_modules')]"
 )
-PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
-"""Set on app containers of a cache with spec.model.precompile Auto (torch reads it at import)."""
 DEFAULT_PRELOAD_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 
 
@@ -216,9 +216,9 @@ def _compile_container(
 ) -> dict[str, Any]:
     """The warm-up's ``compile`` container: the user's image running the harness into ``/work/out``."""
     warm = spec.warmup
-    compile_env = [{"name": "TORCH_COMPILE_JOB_ID", "value": job_id}]
+    compile_env = [{"name": JOB_ID_ENV, "value": job_id}]
     if variant.gpu:
-        compile_env.append({"name": "COMPILECACHE_GPU", "value": variant.gpu})
+        compile_env.append({"name": GPU_ENV, "value": variant.gpu})
     if spec.remote_cache is not None:
         compile_env += [{"name": k, "value": v} for k, v in spec.remote_cache.env().items()]
     compile_env += [dict(e) for e in warm.env]
@@ -655,7 +655,7 @@ def _with_cache(
     if handoff and not any(m.get("name") == HANDOFF_VOLUME for m in mounts):
         mounts.append({"name": HANDOFF_VOLUME, "mountPath": HANDOFF_DIR})
     if job_id:
-        extra["TORCH_COMPILE_JOB_ID"] = job_id
+        extra[JOB_ID_ENV] = job_id
     done_file = HANDOFF_DONE_FILE if handoff else done_file_seen_by(mounts)
     if done_file is not None:
         extra[DONE_FILE_ENV] = done_file

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from compilecache_operator.spec import CacheSpec, FieldError, InvalidSpec
 
 from cachelib.stores import StoreURLError
-from cachelib.stores.urls import FileStoreURL, RedisStoreURL, S3StoreURL, parse_store_url
+from cachelib.stores.urls import FileStoreURL, RedisStoreURL, S3StoreURL, StoreURL, parse_store_url
 
 ANY = "*"
 
@@ -38,10 +38,11 @@ class Confinement:
     warmup_service_accounts: tuple[str, ...] | None = None
 
 
-def store_destination(url: str) -> str:
-    """Where a store URL sends data: ``host:port`` (Redis, S3 endpoint), ``s3://bucket`` (AWS S3 by
-    its bucket), ``file:///root``. Raises :class:`cachelib.stores.StoreURLError` for a bad URL."""
-    parsed = parse_store_url(url)
+def store_destination(url: str | StoreURL) -> str:
+    """Where a store URL (a string, or one parsed) sends data: ``host:port`` (Redis, S3 endpoint),
+    ``s3://bucket`` (AWS S3 by its bucket), ``file:///root``. Raises :class:`cachelib.stores.StoreURLError`
+    for a bad URL."""
+    parsed = parse_store_url(url) if isinstance(url, str) else url
     if isinstance(parsed, RedisStoreURL):
         return f"{parsed.host.lower()}:{parsed.port}"
     if isinstance(parsed, S3StoreURL):
@@ -90,7 +91,7 @@ def problems(
     confinement: Confinement,
     namespace: str,
     *,
-    store_url: str,
+    store_url: str | StoreURL,
     secret_name: str | None,
     service_account: str | None,
 ) -> list[FieldError]:
@@ -127,7 +128,7 @@ def check_confinement(confinement: Confinement, namespace: str, spec: CacheSpec)
     found = problems(
         confinement,
         namespace,
-        store_url=spec.storage.url,
+        store_url=spec.storage.store or spec.storage.url,
         secret_name=spec.storage.secret_name,
         service_account=spec.warmup.service_account_name,
     )

@@ -63,8 +63,8 @@ from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.signing import Signing, sign_records
 from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec, StorageSpec, parse_spec
 
-from cachelib.keys import cache_prefix
-from cachelib.stores import StoreError
+from cachelib.keyformat import cache_prefix
+from cachelib.stores import Store, StoreError, in_store_thread
 
 logger = logging.getLogger(__name__)
 
@@ -366,6 +366,8 @@ class Snapshot:
     """The storage Secret's data (None when the spec names none, or it does not exist)."""
     pods: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     """The pods of the Jobs whose outcome is to be read, by Job uid."""
+    spec: CacheSpec | InvalidSpec | None = None
+    """The checked spec, or why it is invalid (None: not checked yet, :func:`decide_actions` checks it)."""
 
 
 def needs_pods(job: Mapping[str, Any], bundled: Collection[str]) -> bool:
@@ -380,18 +382,16 @@ def is_deleting(body: Mapping[str, Any] | None) -> bool:
     return body is None or bool((body.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def fingerprint(state: State, key: Key) -> tuple[Any, ...]:
+def fingerprint(state: State, key: Key, spec: CacheSpec | InvalidSpec | None = None) -> tuple[Any, ...]:
     """What a reconcile of ``key`` reads from memory, reduced to versions: the same fingerprint
     means the same decisions (the Secret and pods aside, which only caches with unfinished
-    business read, and those are never settled)."""
+    business read, and those are never settled). ``spec``: the cache's, when already checked."""
     body = state.cache(key) or {}
     meta = body.get("metadata") or {}
     jobs = state.indexes.jobs.get(str(meta.get("uid", "")), ())
     versions = sorted(str((j.get("metadata") or {}).get("resourceVersion", "")) for j in jobs)
-    try:
-        label_key = parse_spec(body.get("spec"), state.settings.defaults, name=key[1]).gpu_discovery.label_key
-    except InvalidSpec:
-        label_key = ""
+    spec = spec_of(body, state.settings, key[1]) if spec is None else spec
+    label_key = spec.gpu_discovery.label_key if isinstance(spec, CacheSpec) else ""
     return (meta.get("resourceVersion"), tuple(versions), frozenset(state.indexes.nodes.get(label_key, ())))
 
 
@@ -403,17 +403,25 @@ def checked_spec(body: Mapping[str, Any], settings: Settings, name: str) -> Cach
     return spec
 
 
-async def read_snapshot(state: State, key: Key) -> Snapshot | None:
-    """The snapshot of the cache ``key`` (None when it is gone or being deleted)."""
+def spec_of(body: Mapping[str, Any], settings: Settings, name: str) -> CacheSpec | InvalidSpec:
+    """:func:`checked_spec`, or the InvalidSpec it raised."""
+    try:
+        return checked_spec(body, settings, name)
+    except InvalidSpec as exc:
+        return exc
+
+
+async def read_snapshot(state: State, key: Key, spec: CacheSpec | InvalidSpec | None = None) -> Snapshot | None:
+    """The snapshot of the cache ``key`` (None when it is gone or being deleted); ``spec``: its
+    checked spec, when the caller has it."""
     api = state.api
     assert api is not None, "the API client is set at start-up"
     body = state.cache(key)
     if body is None or is_deleting(body):
         return None
-    try:
-        spec = checked_spec(body, state.settings, key[1])
-    except InvalidSpec:
-        return Snapshot(body)
+    spec = spec_of(body, state.settings, key[1]) if spec is None else spec
+    if isinstance(spec, InvalidSpec):
+        return Snapshot(body, spec=spec)
     jobs = state.jobs(body)
     gpus = frozenset(state.indexes.nodes.get(spec.gpu_discovery.label_key, ())) if spec.gpu_discovery.auto else None
     secret = await api.read_secret(key[0], spec.storage.secret_name) if spec.storage.secret_name else None
@@ -423,7 +431,7 @@ async def read_snapshot(state: State, key: Key) -> Snapshot | None:
         for job in jobs
         if needs_pods(job, bundled)
     }
-    return Snapshot(body, jobs, gpus or frozenset(), secret, pods)
+    return Snapshot(body, jobs, gpus or frozenset(), secret, pods, spec)
 
 
 # -- decide ----------------------------------------------------------------------------------------
@@ -479,10 +487,9 @@ def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
     meta = snapshot.body["metadata"]
     namespace, name = str(meta["namespace"]), str(meta["name"])
     generation = int(meta.get("generation") or 1)
-    try:
-        spec = checked_spec(snapshot.body, settings, name)
-    except InvalidSpec as exc:
-        return Actions(generation, failure=builders.Failure("InvalidSpec", str(exc)))
+    spec = spec_of(snapshot.body, settings, name) if snapshot.spec is None else snapshot.spec
+    if isinstance(spec, InvalidSpec):
+        return Actions(generation, failure=builders.Failure("InvalidSpec", str(spec)))
     finalizers = finalizers_for(meta.get("finalizers") or [], spec)
     problem = secret_problem(spec.storage, snapshot.secret, namespace)
     if problem is not None:
@@ -612,11 +619,13 @@ async def reconcile(
     settled reconcile."""
     key = (namespace, name)
     async with state.slots, state.locks.hold(key):
-        before = fingerprint(state, key)
+        body = state.cache(key)
+        spec = spec_of(body, state.settings, name) if body is not None else None
+        before = fingerprint(state, key, spec)
         if if_unsettled and state.settled.get(key) == before:
             return None
         try:
-            snapshot = await read_snapshot(state, key)
+            snapshot = await read_snapshot(state, key, spec)
             if snapshot is None:
                 return Outcome(gone=True)
             actions = decide_actions(snapshot, state.settings)
@@ -767,15 +776,14 @@ async def _sign(
 ) -> list[BundleRecord]:
     """Sign the new bundles in the store; those that cannot be signed are left out (and logged)."""
 
-    def run() -> list[BundleRecord]:
-        with storeops.open_cache_store(spec.storage.url, secret_credentials(spec.storage, secret)) as store:
-            signed = sign_records(store, signing, records)
+    def run(store: Store) -> list[BundleRecord]:
+        signed = sign_records(store, signing, records)
         for record, reason in signed.failed:
             logger.warning("bundle %s not signed, not recorded yet: %s", record.key, reason)
         return list(signed.signed)
 
     try:
-        signed = await asyncio.to_thread(run)
+        signed = await in_store_thread(spec.storage.url, run, secret_credentials(spec.storage, secret))
     except StoreError as exc:
         logger.warning("cannot open the store to sign %d bundle(s): %s", len(records), exc)
         return []
@@ -817,12 +825,11 @@ async def prune_bundles(actions: Actions, secret: Mapping[str, bytes] | None) ->
     spec = actions.spec
     credentials = secret_credentials(spec.storage, secret)
 
-    def run() -> storeops.DeleteReport:
-        with storeops.open_cache_store(spec.storage.url, credentials) as store:
-            return storeops.delete_keys(store, [b.key for b in actions.prune])
+    def run(store: Store) -> storeops.DeleteReport:
+        return storeops.delete_keys(store, [b.key for b in actions.prune])
 
     try:
-        report = await asyncio.to_thread(run)
+        report = await in_store_thread(spec.storage.url, run, credentials)
     except StoreError as exc:
         return list(actions.bundles), f"pruning {len(actions.prune)} bundle(s) failed: {exc}"
     return pruned(actions.bundles, report)
@@ -941,12 +948,11 @@ async def _clear_store(
 ) -> CleanupOutcome:
     credentials = secret_credentials(spec.storage, secret)
 
-    def run() -> storeops.DeleteReport:
-        with storeops.open_cache_store(spec.storage.url, credentials) as store:
-            return storeops.delete_cache(store, namespace, name)
+    def run(store: Store) -> storeops.DeleteReport:
+        return storeops.delete_cache(store, namespace, name)
 
     try:
-        report = await asyncio.to_thread(run)
+        report = await in_store_thread(spec.storage.url, run, credentials)
     except StoreError as exc:
         return CleanupOutcome(False, f"store unavailable: {exc}", retry_after=state.settings.retry_seconds)
     if report.failed:

@@ -72,7 +72,7 @@ from compilecache_operator.sidecars import detect_native_sidecars
 from compilecache_operator.signing import Signing
 from compilecache_operator.webhook import PodWebhookServer, inject_pods, review_pod
 
-from cachelib.keys import gpu_slug
+from cachelib.keyformat import gpu_slug
 
 logger = logging.getLogger(__name__)
 MAX_COUNTED = 100_000

@@ -279,9 +279,6 @@ class KubeAPI:
             items += await self.list_all(self.cache_path(namespace))
         return items
 
-    async def get_cache(self, namespace: str, name: str) -> JSON | None:
-        return await self.get(self.cache_path(namespace, name))
-
     async def patch_cache_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> JSON:
         """Merge-patch the status subresource; lists in ``status`` replace the stored ones whole."""
         return await self.request(
@@ -312,29 +309,18 @@ class KubeAPI:
         """PUT with the Lease's resourceVersion: HTTP 409 when someone changed it meanwhile."""
         return await self.request("PUT", self.lease_path(namespace, name), body=lease)
 
-    # -- Secrets, Nodes --------------------------------------------------------------------------------
+    # -- Secrets ---------------------------------------------------------------------------------------
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         secret = await self.get(f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
         if secret is None:
             return None
         return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
 
-    async def node_label_values(self, label_key: str) -> set[str]:
-        nodes = await self.list_all("/api/v1/nodes", query={"labelSelector": label_key})
-        return {
-            str(n["metadata"]["labels"][label_key])
-            for n in nodes
-            if (n.get("metadata") or {}).get("labels", {}).get(label_key)
-        }
-
     # -- Jobs ---------------------------------------------------------------------------------------
     @staticmethod
     def jobs_path(namespace: str, name: str = "") -> str:
         base = f"/apis/batch/v1/namespaces/{quote(namespace)}/jobs"
         return f"{base}/{quote(name)}" if name else base
-
-    async def list_jobs(self, namespace: str, selector: str) -> list[JSON]:
-        return await self.list_all(self.jobs_path(namespace), query={"labelSelector": selector})
 
     async def create_job(self, namespace: str, job: Mapping[str, Any]) -> bool:
         """Create the Job unless one of that name exists; True when this call created it."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from cachelib.podcontract import DONE_FILE_ENV as DONE_FILE_ENV
+from cachelib.podcontract import DONE_FILE_NAME as DONE_FILE_NAME
+
 GROUP = "compilecache.io"
 VERSION = "v1alpha1"
 PLURAL = "compilecaches"
@@ -50,10 +53,7 @@ PRELOAD_CONTAINER = "compilecache-preload"
 PRELOAD_TMPDIR = CACHE_MOUNT
 """``TMPDIR`` of the preload container: its root file system is read-only, the cache volume is not."""
 
-# The hand-off between the preloader and the workload. Source: cachelib.handoff.DONE_FILE_ENV and
-# cachelib.handoff.DONE_FILE_NAME, copied as plain strings (tests/operator checks that they agree).
-DONE_FILE_ENV = "COMPILECACHE_PRELOAD_DONE"
-DONE_FILE_NAME = ".compilecache-preload.json"
+# The hand-off between the preloader and the workload.
 DONE_FILE = f"{INDUCTOR_DIR}/{DONE_FILE_NAME}"
 """Where the preloader writes its result in the cache volume, as the preload container sees it."""
 HANDOFF_VOLUME = "compilecache-handoff"

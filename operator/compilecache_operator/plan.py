@@ -15,7 +15,7 @@ from typing import Any
 
 from compilecache_operator.spec import CacheSpec
 
-from cachelib.keys import CacheKey, InvalidKey, digest, gpu_slug
+from cachelib.keyformat import CacheKey, InvalidKey, digest, gpu_slug
 
 CPU = "cpu"
 MAX_NAME = 63

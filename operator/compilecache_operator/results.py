@@ -23,7 +23,7 @@ from compilecache_operator.names import (
 )
 from compilecache_operator.plan import BundleRecord, Variant
 
-from cachelib.keys import CacheKey, InvalidKey
+from cachelib.keyformat import CacheKey, InvalidKey
 
 HARNESS_CONTAINER = "harness"
 COMPILE_CONTAINER = "compile"

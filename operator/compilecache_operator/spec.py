@@ -43,11 +43,11 @@ from cachelib.compilekey import (
     is_target,
     parse_dynamic,
 )
-from cachelib.keys import gpu_slug
+from cachelib.keyformat import gpu_slug
 from cachelib.masking import mask_text
 from cachelib.stores import CREDENTIALS
 from cachelib.stores.base import MAX_SEGMENT_LENGTH, StoreURLError
-from cachelib.stores.urls import parse_store_url
+from cachelib.stores.urls import StoreURL, parse_store_url
 
 DEFAULT_GPU_LABEL_KEY = "nvidia.com/gpu.product"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -166,6 +166,8 @@ class StorageSpec:
     secret_keys: tuple[SecretKey, ...] = ()
     ca: Mapping[str, Any] | None = None
     """The pod volume source of ``spec.storage.ca`` (see :mod:`compilecache_operator.store_ca`)."""
+    store: StoreURL | None = field(default=None, compare=False, repr=False)
+    """``url`` parsed, as :func:`parse_spec` checked it (None only in a StorageSpec built by hand)."""
 
 
 @dataclass(frozen=True)
@@ -450,7 +452,7 @@ def _parse_storage(raw: Any, defaults: Defaults, errors: _Errors) -> StorageSpec
         return None
     scheme = urlsplit(url).scheme.lower()
     if secret_raw is None:
-        return StorageSpec(url=url)
+        return StorageSpec(url=url, store=parsed)
     secret = _mapping(secret_raw, f"{path}.secretRef", errors)
     name = _string(secret, "name", f"{path}.secretRef", errors, required=True, max_length=253)
     if name is not None and not _DNS_SUBDOMAIN.fullmatch(name):
@@ -469,7 +471,7 @@ def _parse_storage(raw: Any, defaults: Defaults, errors: _Errors) -> StorageSpec
                   optional=c.optional)
         for c in credentials
     )
-    return StorageSpec(url=url, secret_name=name, secret_keys=keys)
+    return StorageSpec(url=url, secret_name=name, secret_keys=keys, store=parsed)
 
 
 def _secret_key(keys: Mapping[str, Any], name: str, path: str, errors: _Errors) -> str | None:

@@ -3,17 +3,17 @@
 Stores are opened with the CompileCache's Secret, passed to ``open_store`` as credentials
 (never through the process environment, which all caches share): a Redis password, or S3
 access keys. Without a Secret the store falls back to its own chain (for S3, the operator
-pod's AWS identity). These calls block; the handlers run them in a worker thread.
+pod's AWS identity). These calls block; the handlers run them in a worker thread (``in_store_thread``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cachelib.keys import cache_prefix
-from cachelib.signing import signature_key
-from cachelib.stores import Store, StoreError, open_store
+from cachelib.keyformat import cache_prefix
+from cachelib.signing import delete_signed
+from cachelib.stores import Store, StoreError
 
 
 @dataclass(frozen=True)
@@ -23,19 +23,13 @@ class DeleteReport:
     """(key, error) of each key that could not be deleted."""
 
 
-def open_cache_store(url: str, credentials: Mapping[str, str]) -> Store:
-    """The store of one CompileCache, opened with the credentials from its Secret."""
-    return open_store(url, credentials=credentials)
-
-
 def delete_keys(store: Store, keys: Iterable[str]) -> DeleteReport:
     """Delete each key and its signature; a key already gone counts as deleted. Store errors are collected per key."""
     deleted: list[str] = []
     failed: list[tuple[str, str]] = []
     for key in keys:
         try:
-            store.delete(key)
-            store.delete(signature_key(key))
+            delete_signed(store, key)
         except StoreError as exc:
             failed.append((key, str(exc)))
         else:

@@ -29,7 +29,8 @@ from typing import Any
 
 from compilecache_operator.names import CACHE_MOUNT, CACHE_VOLUME, HANDOFF_VOLUME
 
-CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+from cachelib.podcontract import CACHE_DIR_ENV as CACHE_DIR_ENV
+
 CACHE_DIR_VALUE_FROM = "cache-dir-value-from"
 CACHE_DIR_NOT_ABSOLUTE = "cache-dir-not-absolute"
 VOLUME_AT_CACHE_DIR = "volume-at-cache-dir"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cachelib import harness
-from tests.servers import redis_server, s3_server, store_url
+from testsupport.servers import redis_server, s3_server, store_url
 
 __all__ = ["open_dir", "redis_server", "s3_server", "store_url", "warmed"]
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cachelib.keys import CacheKey
+from cachelib.keyformat import CacheKey
 
 ROOT = Path(__file__).resolve().parents[2]
 

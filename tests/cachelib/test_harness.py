@@ -1,4 +1,4 @@
-"""The warm-up harness: identity functions agree with cachelib.keys, options enter the digest,
+"""The warm-up harness: identity functions agree with cachelib.keyformat, options enter the digest,
 bad targets fail with clear messages, and a real CPU warm-up writes a complete output directory."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cachelib import compilekey, harness, keys
+from cachelib import compilekey, harness, keyformat, podcontract, triton_modules
 from cachelib.compilekey import CompileOptions, UsageError
 from cachelib.harness import HarnessError
 from tests.cachelib.conftest import WARM_NAME, WARM_NAMESPACE, Warmed
@@ -28,12 +28,12 @@ PAYLOADS: list[Any] = [
 
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_digest_is_the_same_function_as_keys_digest(payload: Any) -> None:
-    assert compilekey.digest(payload) == keys.digest(payload)
+    assert compilekey.digest(payload) == keyformat.digest(payload)
 
 
 @pytest.mark.parametrize("product", ["NVIDIA H100 80GB HBM3", "NVIDIA-A100-SXM4-80GB", "AMD Instinct MI300X", ""])
 def test_gpu_slug_matches_keys(product: str) -> None:
-    assert compilekey.gpu_slug(product) == keys.gpu_slug(product)
+    assert compilekey.gpu_slug(product) == keyformat.gpu_slug(product)
 
 
 def test_key_fields_of_a_cuda_device_make_a_valid_key() -> None:
@@ -41,7 +41,7 @@ def test_key_fields_of_a_cuda_device_make_a_valid_key() -> None:
     device = {"type": "cuda", "product": "NVIDIA H100 80GB HBM3", "capability": "9.0", "count": 8}
     versions = {"torch": "2.13.0+cu128", "triton": "3.6.0", "cuda": "12.8", "python": "3.11.7"}
     fields = compilekey.key_fields("ml", "llama", "0" * 16, "1" * 16, device, versions)
-    key = keys.CacheKey.from_dict(fields)
+    key = keyformat.CacheKey.from_dict(fields)
     assert (key.gpu, key.capability, key.py) == ("nvidia-h100-80gb-hbm3", "sm90", "3.11")
     assert compilekey.key_string(fields) == str(key)
 
@@ -49,13 +49,13 @@ def test_key_fields_of_a_cuda_device_make_a_valid_key() -> None:
 def test_key_fields_of_the_cpu() -> None:
     device = {"type": "cpu", "product": "cpu", "capability": None, "count": 0}
     versions = {"torch": "2.13.0+cpu", "triton": "none", "cuda": "none", "python": "3.12.1"}
-    key = keys.CacheKey.from_dict(compilekey.key_fields("default", "x", "0" * 16, "1" * 16, device, versions))
+    key = keyformat.CacheKey.from_dict(compilekey.key_fields("default", "x", "0" * 16, "1" * 16, device, versions))
     assert (key.gpu, key.capability, key.triton, key.cuda, key.py) == ("cpu", "cpu", "none", "none", "3.12")
 
 
 def test_version_segment_makes_any_version_a_valid_segment() -> None:
     assert compilekey.version_segment("2.6.0a0+git1234 abc") == "2.6.0a0+git1234-abc"
-    keys.CacheKey.from_dict({**keys.CacheKey.parse(
+    keyformat.CacheKey.from_dict({**keyformat.CacheKey.parse(
         "cc1/a/b/0123456789abcdef/0123456789abcdef/cpu/cpu/torch-1/triton-none/cuda-none/py-3.11"
     ).to_dict(), "torch": compilekey.version_segment("2.6.0a0+git1234 abc")})  # fmt: skip
 
@@ -231,7 +231,7 @@ def test_command_runs_with_the_cache_environment(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None:
     result = warmed.result
-    key = keys.CacheKey.from_dict(result["key"])
+    key = keyformat.CacheKey.from_dict(result["key"])
     assert str(key) == result["key_string"]
     assert (key.namespace, key.name, key.gpu, key.capability) == (WARM_NAMESPACE, WARM_NAME, "cpu", "cpu")
     assert key.model == compilekey.model_digest(target="tiny_mlp")
@@ -250,16 +250,19 @@ def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None
     assert any((warmed.out / "cachedir" / "aotautograd").iterdir())
 
 
-COMPANIONS = {"cachelib.harness": {"cachelib.compilekey", "compilekey"}, "cachelib.compilekey": set(),
-              "cachelib.targets": set(), "cachelib.warmstart": set()}
+CONTRACT = {"cachelib.podcontract", "podcontract"}
+COMPANIONS = {"cachelib.harness": {"cachelib.compilekey", "compilekey"} | CONTRACT, "cachelib.compilekey": set(),
+              "cachelib.targets": set(), "cachelib.warmstart": CONTRACT, "cachelib.podcontract": set(),
+              "cachelib.triton_modules": set()}
 
 
 @pytest.mark.parametrize(
-    "module", [harness, compilekey, pytest.importorskip("cachelib.targets"), pytest.importorskip("cachelib.warmstart")]
+    "module", [harness, compilekey, podcontract, triton_modules, pytest.importorskip("cachelib.targets"),
+               pytest.importorskip("cachelib.warmstart")]
 )
 def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> None:
-    """harness.py, compilekey.py, targets.py and warmstart.py are copied into users' images: nothing else of
-    ours, nothing else at all (the harness imports compilekey from beside itself, or from cachelib)."""
+    """harness.py, compilekey.py, podcontract.py, targets.py and warmstart.py are copied into users' images:
+    nothing else of ours, nothing else at all (they import each other from beside themselves, or from cachelib)."""
     import ast
 
     tree = ast.parse(Path(module.__file__).read_text())
@@ -277,14 +280,15 @@ def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> Non
 
 @pytest.mark.slow
 def test_built_in_targets_load_from_beside_the_harness_without_cachelib(tmp_path: Path) -> None:
-    """In a user's image only harness.py, compilekey.py, targets.py and warmstart.py exist, side by side:
-    short names and --precompile still work."""
+    """In a user's image only harness.py, compilekey.py, podcontract.py, targets.py and warmstart.py exist, side by
+    side: short names and --precompile still work."""
     import shutil
 
     from cachelib import targets, warmstart
 
     shutil.copy(harness.__file__, tmp_path / "harness.py")
     shutil.copy(compilekey.__file__, tmp_path / "compilekey.py")
+    shutil.copy(podcontract.__file__, tmp_path / "podcontract.py")
     shutil.copy(targets.__file__, tmp_path / "targets.py")
     shutil.copy(warmstart.__file__, tmp_path / "warmstart.py")
     code = (

@@ -11,21 +11,19 @@ from pathlib import Path
 import pytest
 
 from cachelib.bundle import CACHEDIR_PART, PREAMBLE, read_header
-from cachelib.keys import CacheKey
+from cachelib.keyformat import CacheKey
 from cachelib.preload import (
     PreloadFailed,
     choose_gpu,
     preload,
     select_keys,
-    termination_log_path,
-    termination_message,
     version_matches,
 )
 from cachelib.publish import publish
 from cachelib.stores import open_store
 from cachelib.unpack import RUNTIME_DIRS
 from tests.cachelib.helpers import ROOT, content, last_json, make_key, make_outdir, run_cli, tree
-from tests.servers import free_port
+from testsupport.servers import free_port
 
 H100 = make_key()
 A100 = make_key(gpu="nvidia-a100-sxm4-80gb", capability="sm80")
@@ -68,19 +66,6 @@ def test_gpu_choice_order() -> None:
     assert choose_gpu("NVIDIA-H100-80GB-HBM3", {"COMPILECACHE_GPU": "x"}) == "nvidia-h100-80gb-hbm3"
     assert choose_gpu(None, {"COMPILECACHE_GPU": "NVIDIA A100"}) == "nvidia-a100"
     assert choose_gpu(None, {}) is None
-
-
-def test_termination_log_path_rules(tmp_path: Path) -> None:
-    explicit = tmp_path / "log"
-    assert termination_log_path({"COMPILECACHE_TERMINATION_LOG": str(explicit)}) == explicit
-    assert termination_log_path({"COMPILECACHE_TERMINATION_LOG": str(tmp_path / "no" / "log")}) is None
-
-
-def test_termination_message_fits_kubernetes_limit() -> None:
-    payload = {"result": "hit", "keys": [str(H100)] * 100, "hits": [str(H100)] * 100, "bytes": 1}
-    text = termination_message(payload)
-    assert len(text.encode()) <= 4096
-    assert json.loads(text) == {"result": "hit", "keys_count": 100, "hits_count": 100, "bytes": 1}
 
 
 # -- the API --------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from cachelib.publish import publish
 from cachelib.stores import ObjectInfo, Store, open_store
 from cachelib.unpack import RUNTIME_DIRS, STAGING_PREFIX
 from tests.cachelib.helpers import ROOT, content, last_json, make_key, make_outdir, run_cli
-from tests.servers import LOOPBACK, RedisServer, start_redis
+from testsupport.servers import LOOPBACK, RedisServer, start_redis
 
 KEY = make_key()
 BOMB_BYTES = 128 * 1024 * 1024

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BadMagic, BundleReader, verify_bundle_file
-from cachelib.keys import CacheKey
+from cachelib.keyformat import CacheKey
 from cachelib.publish import PackError, inspect_bundle, pack, publish
 from cachelib.stores import open_store
 from cachelib.unpack import RUNTIME_DIRS, unpack_tar_verified

@@ -1,6 +1,6 @@
 """Runtime counters: torch's compile-cache counters of this process as Prometheus metrics.
 
-A real compile's counters are checked end to end in test_warm_start (the demo's workload);
+A real compile's counters are checked end to end in test_preloaded_compile_hits (the demo's workload);
 here the collector is fed counters shaped like torch._dynamo.utils.counters."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from cachelib import runtime
-from tests.servers import free_port
+from testsupport.servers import free_port
 
 
 def fake_counters() -> defaultdict[str, Counter[str]]:

@@ -29,7 +29,7 @@ from cachelib.signing import (
 )
 from cachelib.stores import Store, open_store
 from tests.cachelib.helpers import last_json, make_key, make_outdir, run_cli
-from tests.servers import RedisServer
+from testsupport.servers import RedisServer
 
 KEY = make_key()
 OTHER = make_key(name="other")
@@ -47,7 +47,7 @@ def publish_bundle(store: str, tmp_path: Path, key: str = str(KEY), payload: byt
 
 
 def _fields(key: str) -> dict[str, str]:
-    from cachelib.keys import CacheKey
+    from cachelib.keyformat import CacheKey
 
     return {k: v for k, v in CacheKey.parse(key).to_dict().items() if k != "format"}
 

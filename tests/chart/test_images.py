@@ -146,7 +146,7 @@ def test_preloader_ships_the_harness_only_as_the_installed_package() -> None:
     (builders.COPY_HARNESS): the image carries no second copy and no variable naming one."""
     text = DOCKERFILES["preloader"].read_text()
     assert "/opt/compilecache" not in text and "COMPILECACHE_HARNESS" not in text
-    for module in ("harness", "compilekey", "targets", "warmstart"):
+    for module in ("harness", "compilekey", "podcontract", "targets", "warmstart"):
         assert (REPO_ROOT / "cachelib" / f"{module}.py").is_file()
 
 

@@ -11,7 +11,7 @@
   ``ghcr.io/compilecache/preloader:e2e`` and ``ghcr.io/compilecache/operator:e2e``; ``compilecache.test/workload``
   is the pybase image running the test virtualenv (mounted read-only) with the checkout on PYTHONPATH.
   Pods reach servers on the host at ``GATEWAY``: ``redis_server`` here binds it (test modules that import
-  ``tests.servers.redis_server`` get a loopback one, for the node agent).
+  ``testsupport.servers.redis_server`` get a loopback one, for the node agent).
 - ``node_agent`` (session): for the tests that have not moved to the real node (see docs/testing.md): the
   node ``gpu-node-1`` labelled nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3.
   ``ghcr.io/compilecache/preloader*`` runs as a real container (podman) from the preloader image that
@@ -58,7 +58,7 @@ from tests.infra.node import (
     ensure_workload_image,
 )
 from tests.infra.nodeagent import NodeAgent, Runtime
-from tests.servers import RedisServer, start_redis
+from testsupport.servers import RedisServer, start_redis
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 E2E_DIR = Path(__file__).resolve().parent

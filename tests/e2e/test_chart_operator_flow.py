@@ -40,7 +40,7 @@ from tests.infra.node import GATEWAY, RealNode
 from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, pod_terminated, wait_condition
-from tests.servers import RedisServer, start_redis
+from testsupport.servers import RedisServer, start_redis
 
 __all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "kubectl_bin", "release_namespace"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cachelib.keys import cache_prefix
+from cachelib.keyformat import cache_prefix
 from cachelib.stores import open_store
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.kube.cluster import free_port
@@ -28,7 +28,7 @@ from tests.operator.e2e_support import (
     operator,
     wait_condition,
 )
-from tests.servers import RedisServer
+from testsupport.servers import RedisServer
 
 __all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 

@@ -43,7 +43,7 @@ from tests.operator.e2e_support import (
     pod_terminated,
     wait_condition,
 )
-from tests.servers import RedisServer
+from testsupport.servers import RedisServer
 
 __all__ = ["crd", "helm_bin", "helm_binaries", "operator"]  # redis_server: the e2e conftest's
 

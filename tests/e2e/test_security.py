@@ -42,7 +42,7 @@ from tests.operator.e2e_support import (
     terminated_message,
     wait_condition,
 )
-from tests.servers import RedisServer
+from testsupport.servers import RedisServer
 
 # redis_server: the e2e conftest's, reachable from pods
 __all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "release_namespace"]
@@ -126,7 +126,7 @@ def trusted_keys_of(pod: dict[str, Any]) -> list[str]:
 
 def forged_bundle(tmp_path: Path, key: str) -> bytes:
     """Another bundle under the same key, as anyone with write access to the store can make one."""
-    from cachelib.keys import CacheKey
+    from cachelib.keyformat import CacheKey
     from cachelib.publish import pack
 
     fields = {k: v for k, v in CacheKey.parse(key).to_dict().items() if k != "format"}

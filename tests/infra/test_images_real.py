@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from cachelib.keys import CacheKey
+from cachelib.keyformat import CacheKey
 from tests.cachelib.helpers import make_key, make_outdir, tree
 from tests.infra import containers, images
 from tests.infra.containers import ContainerConfigError, VolumeMount
-from tests.servers import fresh_store_url, missing, redis_server, s3_server  # noqa: F401  (fixtures)
+from testsupport.servers import fresh_store_url, missing, redis_server, s3_server  # noqa: F401  (fixtures)
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="changes file ownership: needs root")
 PRELOADER_USER = "65532:65532"

@@ -211,3 +211,33 @@ def test_the_job_fields_map_to_the_spec_fields_they_come_from() -> None:
     assert failures.cache_field("spec.template.spec.containers[1].resources.limits[x]") == "spec.warmup.resources"
     assert failures.cache_field("spec.activeDeadlineSeconds") == "spec.warmup.activeDeadlineSeconds"
     assert failures.cache_field("metadata.labels") is None
+
+
+@pytest.mark.parametrize("spec", [{}, {"image": ""}], ids=["valid", "invalid"])
+def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, Any],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spec is parsed and checked once per reconcile (the fingerprint, the snapshot and the decisions
+    share it), and the store URL once within that parse (the allow-list check reads the parsed one)."""
+    from compilecache_operator import confinement
+    from compilecache_operator import spec as spec_module
+    from compilecache_operator.confinement import Confinement
+
+    counts = {"spec": 0, "url": 0}
+
+    def counted(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(controller, "parse_spec", counted("spec", controller.parse_spec))
+    monkeypatch.setattr(spec_module, "parse_store_url", counted("url", spec_module.parse_store_url))
+    monkeypatch.setattr(confinement, "parse_store_url", counted("url", confinement.parse_store_url))
+    settings = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=30,
+                        confinement=Confinement(store_hosts=("redis.cache:6379",)))
+    api = ScriptedAPI()
+    state = State(settings=settings, metrics=Metrics(), api=cast(KubeAPI, api))
+    state.indexes = Indexes(caches={KEY: [cache(**spec)]}, jobs={})
+    asyncio.run(controller.reconcile(state, *KEY))
+    assert "patch_cache_status" in api.calls, "the reconcile ran to its status"
+    assert counts == {"spec": 1, "url": 1}, counts

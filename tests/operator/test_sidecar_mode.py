@@ -23,13 +23,7 @@ from compilecache_operator.sidecars import (
 )
 from compilecache_operator.spec import Defaults
 
-from cachelib import handoff
 from tests.infra.kube.cluster import free_port
-
-
-def test_handoff_names_agree_with_cachelib() -> None:
-    assert names.DONE_FILE_ENV == handoff.DONE_FILE_ENV
-    assert names.DONE_FILE_NAME == handoff.DONE_FILE_NAME
 
 
 # -- the API server's version ------------------------------------------------------------------------

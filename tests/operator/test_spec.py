@@ -19,7 +19,7 @@ from compilecache_operator.spec import (
 )
 
 from cachelib.compilekey import BUILTIN_TARGETS, dynamic_text
-from cachelib.keys import CacheKey
+from cachelib.keyformat import CacheKey
 from cachelib.stores.base import MAX_SEGMENT_LENGTH, InvalidObjectKey, check_key
 from tests.operator.samples import parsed, raw_spec
 

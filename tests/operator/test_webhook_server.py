@@ -15,7 +15,7 @@ from compilecache_operator import handlers
 from compilecache_operator.webhook import PodWebhookServer
 
 from tests.operator.test_reconcile import cache, state_with
-from tests.servers import free_port
+from testsupport.servers import free_port
 
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
           "request": {"uid": "u-1", "operation": "CREATE", "object": {"metadata": {}}}}  # fmt: skip

@@ -1,5 +1,5 @@
 """The server fixtures, for running this folder on its own."""
 
-from tests.servers import redis_cluster, redis_server, s3_server, store_url
+from testsupport.servers import redis_cluster, redis_server, s3_server, store_url
 
 __all__ = ["redis_cluster", "redis_server", "s3_server", "store_url"]

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cachelib.keys import CacheKey
+from cachelib.keyformat import CacheKey
 from cachelib.progress import stderr_bar
 from cachelib.stores import (
     InvalidObjectKey,
@@ -26,7 +26,7 @@ from cachelib.stores import (
     Store,
     open_store,
 )
-from tests.servers import STORE_KINDS, fresh_store_url, store_params
+from testsupport.servers import STORE_KINDS, fresh_store_url, store_params
 
 SMALL_PIECES = {
     "file": {},

@@ -17,7 +17,7 @@ import redis
 
 from cachelib.stores import StoreUnavailable, open_store
 from cachelib.stores.filestore import SHA256_XATTR
-from tests.servers import RedisServer, S3Server, start_redis
+from testsupport.servers import RedisServer, S3Server, start_redis
 
 BIG = 11 * 1024 * 1024 + 5  # three 5 MiB S3 parts
 

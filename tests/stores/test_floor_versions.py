@@ -27,7 +27,7 @@ import pytest
 from packaging.version import Version
 
 from tests.cachelib.helpers import ROOT, last_json, make_key, make_outdir
-from tests.servers import RedisCluster, RedisServer, S3Server, free_port, missing, start_redis
+from testsupport.servers import RedisCluster, RedisServer, S3Server, free_port, missing, start_redis
 
 pytestmark = pytest.mark.slow
 

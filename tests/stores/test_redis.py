@@ -12,7 +12,7 @@ import redis
 
 from cachelib.stores import ObjectChanged, StoreUnavailable, open_store
 from cachelib.stores.redisstore import PENDING_SECONDS, RedisStore
-from tests.servers import RedisServer, start_redis
+from testsupport.servers import RedisServer, start_redis
 
 pytestmark = pytest.mark.slow  # starts a server
 

@@ -20,7 +20,7 @@ from cachelib.cli import main
 from cachelib.stores import StoreError, StoreUnavailable, open_store
 from cachelib.stores.redisstore import RedisStore
 from tests.cachelib.helpers import last_json, make_key, make_outdir, run_cli
-from tests.servers import RedisCluster, RedisServer, free_port, start_redis_cluster
+from testsupport.servers import RedisCluster, RedisServer, free_port, start_redis_cluster
 
 pytestmark = pytest.mark.slow  # starts servers
 

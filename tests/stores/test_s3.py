@@ -13,7 +13,7 @@ import pytest
 from cachelib.stores import StoreUnavailable, open_store
 from cachelib.stores.s3store import S3Store, plan_part_size
 from cachelib.units import MiB
-from tests.servers import S3Server
+from testsupport.servers import S3Server
 
 pytestmark = pytest.mark.slow  # starts a server
 

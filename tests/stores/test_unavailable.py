@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from cachelib.stores import Store, StoreUnavailable, open_store
-from tests.servers import free_port
+from testsupport.servers import free_port
 
 OPERATIONS: dict[str, Callable[[Store], object]] = {
     "put": lambda store: store.put("k/v", io.BytesIO(b"data"), 4),

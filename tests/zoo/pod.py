@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from cachelib import compilekey, harness, precheck, warmstart
-from tests.zoo import models
+from testsupport import models
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ import pytest
 
 from cachelib import harness, warmstart
 from tests.cachelib.helpers import ROOT, last_json, run_cli
-from tests.servers import missing
+from testsupport.servers import missing
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +101,7 @@ def environment(**extra: str) -> dict[str, str]:
 def warm_up(python: str, case: Case, work: Path) -> dict[str, Any]:
     out = work / "out"
     proc = subprocess.run(
-        [python, harness.__file__, "--target", f"tests.zoo.models:{case.target}", "--out", str(out),
+        [python, harness.__file__, "--target", f"testsupport.models:{case.target}", "--out", str(out),
          "--namespace", "zoo", "--name", case.target.replace("_", "-"), "--precompile", "auto",
          *case.harness_flags()],
         capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=1200, check=False,

@@ -1,6 +1,6 @@
 """Real servers for tests, on free loopback ports: redis-server and an S3 endpoint (moto).
 
-Fixtures (register with ``pytest_plugins = ["tests.servers"]`` or import them into a conftest):
+Fixtures (register with ``pytest_plugins = ["testsupport.servers"]`` or import them into a conftest):
 
 - ``redis_server`` (session): Debian's ``redis-server`` binary, no persistence, in a temp dir.
 - ``redis_cluster`` (session): three ``redis-server`` primaries in cluster mode (no replicas),

@@ -1,4 +1,4 @@
-"""Cache keys: which compiled artifacts may be reused where.
+"""The cache key's format: its fields, its one string form, its prefixes (which compiled artifacts may be reused where).
 
 Inductor artifacts hit only with the same torch and triton versions, the same GPU and the
 same compile options, so every one of those is part of the key. A key has one string
@@ -103,10 +103,6 @@ class CacheKey:
     def variant(self) -> str:
         """A short readable label of the runtime part: ``<gpu>/<capability>/torch-.../py-...``."""
         return "/".join(str(self).split("/")[5:])
-
-    def matches(self, **wanted: str | None) -> bool:
-        """True when every given (non-None) field equals this key's field."""
-        return all(value is None or getattr(self, name) == value for name, value in wanted.items())
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)

@@ -1,6 +1,6 @@
 """Warm-up targets of the model zoo: tiny random-weight models built by the libraries users run.
 
-Each function is a harness target (``tests.zoo.models:NAME``): it returns
+Each function is a harness target (``testsupport.models:NAME``): it returns
 ``[(model, example_args)]``. The configurations are small enough to compile on two CPU cores in
 seconds, but the code is each library's own (attention implementations, config handling,
 output dataclasses, closures): what a pod runs. Nothing is downloaded: weights are random,

@@ -1,0 +1,1 @@
+"""Support the tests and the benchmarks share: real servers on loopback and the model zoo (not shipped)."""
