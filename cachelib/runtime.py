@@ -20,6 +20,12 @@ Metrics:
 - ``compilecache_runtime_warm_start_fallbacks_total{reason}`` -- precompiled entries refused and
   compiled afresh instead (``unreadable``, ``source_changed``, ``load_failed``, ``install_failed``):
   :func:`warm_start` guards torch's loader, so a bad entry costs a compile, never the process.
+- ``compilecache_runtime_graphs_total{result, cause}`` -- graphs this process compiled, by whether
+  torch's caches had them (``hit``, ``miss``) and, for a miss, the factor that differed from the
+  warm-up's (a bounded ``cause``: :data:`cachelib.factors.CAUSES`; ``none`` for a hit). Recorded
+  from :func:`warm_start` on; without it, or where this torch's internals cannot be read, FX-graph
+  misses count as ``unknown``. The names and both values are in :func:`why` and in
+  ``compilecache-why.json`` of the cache directory (:mod:`cachelib.factors`).
 - ``compilecache_runtime_preload_wait_seconds{result}`` -- how long
   :func:`cachelib.handoff.wait_for_preload` waited for a preload running beside the workload,
   labelled with the preload's result (hit, miss, error, timeout); absent until it was called.
@@ -27,6 +33,7 @@ Metrics:
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -36,8 +43,10 @@ from prometheus_client import start_http_server as _start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cachelib import warmstart
+from cachelib import factors, warmstart
 from cachelib.handoff import wait_for_preload
+
+log = logging.getLogger(__name__)
 
 CACHE_EVENTS: dict[tuple[str, str], tuple[str, str]] = {
     ("inductor", "fxgraph_cache_hit"): ("fxgraph", "hit"),
@@ -68,6 +77,24 @@ def torch_counters() -> Counters:
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     return counters if counters is not None else {}
+
+
+def graph_counts(counters: Counters) -> dict[tuple[str, str], int]:
+    """(result, cause) -> graphs compiled in this process; every series present (as 0 until seen)."""
+    counts = {("hit", "none"): 0} | {("miss", cause): 0 for cause in factors.CAUSES if cause != "none"}
+    if factors.recorder.installed:
+        for labels, value in factors.diagnose().causes().items():
+            counts[labels] = counts.get(labels, 0) + value
+    else:
+        inductor = counters.get("inductor", {})
+        counts["hit", "none"] = int(inductor.get("fxgraph_cache_hit", 0))
+        counts["miss", "unknown"] = int(inductor.get("fxgraph_cache_miss", 0))
+    return counts
+
+
+def why() -> factors.Diagnosis:
+    """Which factor made this process compile afresh, per graph (see :mod:`cachelib.factors`)."""
+    return factors.diagnose()
 
 
 def last_preload_wait() -> Any:
@@ -115,6 +142,15 @@ class TorchCompileCacheCollector(Collector):
             "Graph breaks torch.compile (Dynamo) met in this process.",
             value=sum(int(v) for v in breaks.values()),
         )
+        graphs = CounterMetricFamily(
+            "compilecache_runtime_graphs",
+            "Graphs torch.compile compiled in this process, by cache result and the factor that differed "
+            "from the warm-up.",
+            labels=["result", "cause"],
+        )
+        for (result, cause), value in sorted(graph_counts(counters).items()):
+            graphs.add_metric([result, cause], value)
+        yield graphs
         fallbacks = CounterMetricFamily(
             "compilecache_runtime_warm_start_fallbacks",
             "Precompiled entries this process refused and compiled afresh instead, by reason.",
@@ -156,10 +192,19 @@ def warm_start(cache_dir: str | None = None, *, wait: bool = True) -> warmstart.
 
     Dynamo looks its precompiled entry up when ``torch.compile`` is called, so a preload running
     beside the workload (Sidecar mode) must be done by then: with ``wait`` (the default) this
-    first waits for it (:func:`cachelib.handoff.wait_for_preload`, at once where none runs)."""
+    first waits for it (:func:`cachelib.handoff.wait_for_preload`, at once where none runs).
+
+    From here on, every graph compiled is compared with the warm-up's record of the same graph
+    (:mod:`cachelib.factors`): :func:`why` and the ``compilecache_runtime_graphs_total`` metric say
+    which factor made a graph compile afresh."""
     if wait:
         wait_for_preload()
-    return warmstart.prepare(cache_dir)
+    prepared = warmstart.prepare(cache_dir)
+    try:
+        factors.start_watching(prepared.cache_dir)
+    except Exception:  # the diagnosis is optional; the workload is not
+        log.warning("compilecache: the compile factors will not be recorded", exc_info=True)
+    return prepared
 
 
 _registered: dict[int, TorchCompileCacheCollector] = {}

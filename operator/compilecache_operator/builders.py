@@ -82,7 +82,7 @@ COPY_HARNESS = (
     "import importlib.util, os, shutil, sys; "
     "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
     "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) "
-    "for m in ('harness', 'compilekey', 'targets', 'warmstart', 'precheck', 'bytecode')]"
+    "for m in ('harness', 'compilekey', 'targets', 'warmstart', 'precheck', 'bytecode', 'factors', 'masking')]"
 )
 PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 """Set on app containers of a cache with spec.model.precompile Auto (torch reads it at import)."""

@@ -477,11 +477,12 @@ def test_status_never_carries_empty_strings() -> None:
 
 def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
     """The copy command of the ``harness`` init container, run for real: harness.py, targets.py,
-    warmstart.py and precheck.py land side by side, so that short target names and --precompile
+    warmstart.py, precheck.py, factors.py and masking.py land side by side, so that short target names and --precompile
     (with its check) work in an image without cachelib."""
     subprocess.run([sys.executable, "-c", builders.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "bytecode.py", "compilekey.py", "harness.py", "precheck.py", "targets.py", "warmstart.py"
+        "bytecode.py", "compilekey.py", "factors.py", "harness.py", "masking.py", "precheck.py", "targets.py",
+        "warmstart.py",
     ]  # fmt: skip
     assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()
 
