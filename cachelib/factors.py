@@ -19,7 +19,7 @@ the pod, names the one that differed, with both values.
   compiled with the warm-up's record of the same frame (:func:`compare`): a hit has no cause; a
   miss gets a bounded ``cause`` (:data:`CAUSES`) and the differing factors, each with both values
   (``inductor config max_autotune: False → True``). After each graph it writes :data:`WHY_NAME`
-  (one line of reason) into its cache directory.
+  into its cache directory and the verdict's one line into its termination-message file.
 
 Factors are a flat ``{"<cause>:<name>": value}`` mapping; values are short strings. Environment
 variables whose name says secret are recorded as a digest, never as their value.
@@ -55,6 +55,10 @@ FACTORS_NAME = "compilecache-factors.json"
 WHY_NAME = "compilecache-why.json"
 """The pod's verdict, written beside the cache it read."""
 FORMAT = 1
+WHY_KEY = "compilecache_why"
+"""The verdict's key in the workload's termination message (read by the operator)."""
+TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PROVEN_TORCH = ((2, 11), (2, 15))
 """torch releases (major, minor), both ends included, whose Dynamo and Inductor internals used here
@@ -739,10 +743,17 @@ def start_watching(cache_dir: str | Path | None) -> str | None:
     return problem
 
 
-def write_verdict(_: Recorder | None = None) -> None:
-    """The verdict so far as one JSON object in :data:`WHY_NAME` of the cache directory."""
-    if watch.cache_dir is None:
-        return
+def write_verdict(_: Recorder | None = None, environ: Mapping[str, str] | None = None) -> None:
+    """The verdict so far: as one JSON object in :data:`WHY_NAME` of the cache directory, and as one
+    line ``{"compilecache_why": {result, cause, reason}}`` in the container's termination-message
+    file (``$COMPILECACHE_TERMINATION_LOG``, else ``/dev/termination-log`` where the kubelet made
+    it), which the operator reads from the pod's status once the container ends."""
     diagnosis = diagnose()
     with contextlib.suppress(OSError):
-        write_json(watch.cache_dir / WHY_NAME, {**diagnosis.to_dict(), "at": round(time.time(), 3)})
+        if watch.cache_dir is not None:
+            write_json(watch.cache_dir / WHY_NAME, {**diagnosis.to_dict(), "at": round(time.time(), 3)})
+        named = (os.environ if environ is None else environ).get(TERMINATION_LOG_ENV)
+        path = Path(named or DEFAULT_TERMINATION_LOG)
+        if path.is_file() or (named and path.parent.is_dir()):
+            line = {WHY_KEY: {"result": diagnosis.result, "cause": diagnosis.cause, "reason": diagnosis.reason[:1000]}}
+            path.write_text(json.dumps(line, sort_keys=True) + "\n")

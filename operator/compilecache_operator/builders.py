@@ -829,6 +829,8 @@ def build_status(
         status["storage"] = mask_url(storage_url)
     elif "storage" in current:
         status["storage"] = current["storage"]
+    if "coldStarts" in current:  # tallied from pods (compilecache_operator.coldstarts), not reconciled
+        status["coldStarts"] = current["coldStarts"]
     compact: dict[str, Any] = without_empty_strings(status)
     return compact
 

@@ -159,14 +159,31 @@ def workload(warm: Warm, tmp_path: Path, change: Change | None) -> dict[str, Any
         model_dir = tmp_path / "model"
         model_dir.mkdir()
         (model_dir / "whymodel.py").write_text(MODEL.replace(*change.source))
-    env = _env(model_dir, {"TORCHINDUCTOR_CACHE_DIR": str(cache)} | (change.env if change else {}))
+    ours = {"TORCHINDUCTOR_CACHE_DIR": str(cache), factors.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
+    env = _env(model_dir, ours | (change.env if change else {}))
     config = json.dumps(change.config if change else {})
     run = subprocess.run([warm.python, str(warm.out.parent / "workload.py"), config, str(cache)],
                          env=env, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     report: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
     report["cache"] = cache
+    report["termination"] = (tmp_path / "termination-log").read_text()
     return report
+
+
+def fleet(termination: str, pods: int = 3) -> dict[str, Any]:
+    """What the operator makes of ``pods`` pods that ended with this termination message: the
+    verdict it reads, and status.coldStarts with the ColdStarts condition."""
+    from compilecache_operator import coldstarts
+
+    verdict = coldstarts.parse_verdict(termination, "app")
+    assert verdict is not None
+    cold: dict[str, Any] | None = None
+    for _ in range(pods):
+        cold = coldstarts.tally(cold, verdict)
+    condition = coldstarts.condition(cold)
+    assert condition is not None
+    return {"verdict": verdict, "cold": cold, "condition": condition}
 
 
 def graphs_metric(metrics: str) -> dict[tuple[str, str], float]:
@@ -184,6 +201,8 @@ def test_an_unchanged_workload_hits_and_names_no_cause(warm: Warm, tmp_path: Pat
     assert why["result"] == "hit" and why["cause"] == "none", why
     assert why["graphs"] and all(g["result"] == "hit" and not g["differences"] for g in why["graphs"])
     assert report["file"]["cause"] == "none"
+    seen = fleet(report["termination"])
+    assert seen["cold"]["cold"] == 0 and not seen["cold"]["causes"] and not seen["condition"].status
     metric = graphs_metric(report["metrics"])
     assert metric[("hit", "none")] == len(why["graphs"])
     assert all(v == 0 for k, v in metric.items() if k[0] == "miss")
@@ -202,6 +221,9 @@ def test_one_changed_factor_is_named_with_both_values(warm: Warm, tmp_path: Path
         assert all(text in graph["differences"][0] for text in change.says), graph
     assert all(text in why["reason"] for text in change.says)
     assert report["file"]["reason"] == why["reason"]
+    seen = fleet(report["termination"])
+    assert seen["cold"]["causes"][0]["cause"] == change.cause and seen["condition"].status
+    assert all(text in seen["condition"].message for text in change.says)
     metric = graphs_metric(report["metrics"])
     assert metric[("miss", change.cause)] == len(missed)
     assert sum(v for (result, _), v in metric.items() if result == "miss") == len(missed)
