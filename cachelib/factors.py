@@ -675,7 +675,9 @@ def explain_lines(report: Mapping[str, Any]) -> list[str]:
     if warmup is None:
         lines.append(f"the warm-up recorded no factors here (no {FACTORS_NAME})")
     else:
-        lines.append(f"warm-up: {len(warmup['graphs'])} graphs, torch {warmup['torch']}, device {warmup['device']}")
+        count = len(warmup["graphs"])
+        graphs = f"{count} graph{'' if count == 1 else 's'}"
+        lines.append(f"warm-up: {graphs}, torch {warmup['torch']}, device {warmup['device']}")
         if not warmup["recorded"]:
             lines.append(f"  its graphs were not recorded: {warmup['problem']}")
         for name in warmup["graphs"]:
