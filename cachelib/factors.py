@@ -31,6 +31,7 @@ at import time.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -586,9 +587,8 @@ def compare(warmup: Mapping[str, Any] | None, pod: Mapping[str, Any]) -> Diagnos
         else:
             cause = min((d.cause for d in found), key=CAUSES.index)
             verdicts.append(GraphVerdict(name, "miss", cause, tuple(grouped(found))))
-    return summarise(
-        tuple(verdicts), new_breaks=sorted(set(pod.get("graph_breaks", [])) - set(warmup.get("graph_breaks", [])))
-    )
+    new_breaks = sorted(set(pod.get("graph_breaks", [])) - set(warmup.get("graph_breaks", [])))
+    return summarise(tuple(verdicts), new_breaks, int(pod.get("precompiled") or 0))
 
 
 def _unrecorded(pod: Mapping[str, Any], why: str) -> Diagnosis:
@@ -597,19 +597,26 @@ def _unrecorded(pod: Mapping[str, Any], why: str) -> Diagnosis:
         else GraphVerdict(graph_name(g), "miss", "unknown", (why,))
         for g in pod.get("graphs", [])
     )  # fmt: skip
-    diagnosis = summarise(verdicts)
-    if not verdicts:
+    precompiled = int(pod.get("precompiled") or 0)
+    if not verdicts and not precompiled:
         return Diagnosis((), "unknown", "unknown", why)
-    return diagnosis
+    return summarise(verdicts, (), precompiled)
 
 
-def summarise(verdicts: tuple[GraphVerdict, ...], new_breaks: Sequence[str] = ()) -> Diagnosis:
-    """The pod's result, cause and one-line reason out of its graphs' verdicts (pure)."""
+def summarise(verdicts: tuple[GraphVerdict, ...], new_breaks: Sequence[str] = (), precompiled: int = 0) -> Diagnosis:
+    """The pod's result, cause and one-line reason out of its graphs' verdicts and the number of
+    Dynamo's precompiled entries it loaded (frames neither traced nor compiled: hits) (pure)."""
     missed = [v for v in verdicts if v.result == "miss"]
+    loaded = f"{precompiled} precompiled Dynamo entries loaded" if precompiled else ""
     if not verdicts:
-        return Diagnosis((), "none", "none", "no graph compiled yet")
+        return (
+            Diagnosis((), "hit", "none", loaded)
+            if precompiled
+            else Diagnosis((), "none", "none", "no graph compiled yet")
+        )
     if not missed:
-        return Diagnosis(verdicts, "hit", "none", f"all {len(verdicts)} graphs hit the warm-up's cache")
+        hits = f"all {len(verdicts)} graphs hit the warm-up's cache"
+        return Diagnosis(verdicts, "hit", "none", f"{hits}; {loaded}" if loaded else hits)
     counts = Counter(v.cause for v in missed)
     cause = min(counts, key=lambda c: (-counts[c], CAUSES.index(c)))
     first = next(v for v in missed if v.cause == cause)
@@ -720,7 +727,15 @@ def pod_document() -> dict[str, Any]:
         "process": watch.process,
         "graphs": list(recorder.graphs),
         "graph_breaks": graph_break_reasons(),
+        "precompiled": precompiled_hits(),
     }
+
+
+def precompiled_hits() -> int:
+    """Dynamo's precompiled entries this process loaded (``caching_precompile``)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    return 0 if counters is None else int(counters["dynamo_cache"]["dynamo_cache_hit"])
 
 
 def diagnose() -> Diagnosis:
@@ -742,6 +757,7 @@ def start_watching(cache_dir: str | Path | None) -> str | None:
             watch.error = str(exc)
     if write_verdict not in recorder.on_graph:
         recorder.on_graph.append(write_verdict)
+        atexit.register(_guarded, write_verdict)  # a workload whose frames all loaded precompiled compiles none
     return problem
 
 

@@ -85,6 +85,7 @@ def graph_counts(counters: Counters) -> dict[tuple[str, str], int]:
     if factors.recorder.installed:
         for labels, value in factors.diagnose().causes().items():
             counts[labels] = counts.get(labels, 0) + value
+        counts["hit", "none"] += int(counters.get("dynamo_cache", {}).get("dynamo_cache_hit", 0))  # loaded precompiled
     else:
         inductor = counters.get("inductor", {})
         counts["hit", "none"] = int(inductor.get("fxgraph_cache_hit", 0))

@@ -347,3 +347,10 @@ def test_the_harness_copied_into_an_image_without_cachelib_records_the_factors(t
     assert graph["result"] == "miss" and graph["factors"]["inductor_config:nan_asserts"] == "True"
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     assert result["factors"] == {"file": factors.FACTORS_NAME, "graphs": len(recorded["graphs"]), "problem": None}
+
+
+def test_precompiled_entries_loaded_are_hits() -> None:
+    """With caching precompile, a frame loaded from Dynamo's entry is neither traced nor compiled."""
+    loaded = factors.compare(_doc(_graph("M.forward", "miss")), _doc() | {"precompiled": 2})
+    assert loaded.result == "hit" and loaded.cause == "none" and "2 precompiled" in loaded.reason
+    assert factors.compare(None, _doc() | {"precompiled": 1}).result == "hit"
