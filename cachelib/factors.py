@@ -60,7 +60,6 @@ WHY_KEY = "compilecache_why"
 """The verdict's key in the workload's termination message (read by the operator)."""
 TERMINATION_LOG_ENV = "COMPILECACHE_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
-CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 PROVEN_TORCH = ((2, 11), (2, 15))
 """torch releases (major, minor), both ends included, whose Dynamo and Inductor internals used here
 were checked (tests/cachelib/test_factors.py on 2.13 and 2.15)."""
@@ -77,7 +76,7 @@ LABELS = {
     "functorch_config": "functorch config", "torch_setting": "torch setting", "env": "env",
     "dtype": "dtype of", "shape": "shape of", "graph_break": "graph breaks in", "source": "source",
 }  # fmt: skip
-DERIVED = frozenset({"source:graph code", "torch_version:torch key", "device:system info"})
+DERIVED = frozenset({"source:graph code", "torch_version:source hash", "device:system info"})
 """Factors that follow from others (the traced code from the source and the inputs, torch's key
 from its installed files, the system info from device and versions): reported only when no
 other factor differs."""
@@ -170,19 +169,19 @@ def process_factors(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Versions, installation digests, device and environment of this process (needs torch)."""
     import torch
 
-    out: dict[str, str] = {"python_version:python": platform.python_version(), "device:platform": sys.platform}
-    out["torch_version:torch"] = str(torch.__version__)
+    out: dict[str, str] = {"python_version:version": platform.python_version(), "device:platform": sys.platform}
+    out["torch_version:version"] = str(torch.__version__)
     try:
         import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
-        out["triton_version:triton"] = str(triton.__version__)
+        out["triton_version:version"] = str(triton.__version__)
     except ImportError:
-        out["triton_version:triton"] = "none"
+        out["triton_version:version"] = "none"
     warmstart = _sibling("warmstart")
     if warmstart is not None:
         for package, digest in warmstart.installation().items():
             cause = "torch_version" if package == "torch" else "triton_version"
-            out[f"{cause}:installed {package} files"] = digest[:16]
+            out[f"{cause}:installed files"] = digest[:16]
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
         out["device:device"] = torch.cuda.get_device_name(index)
@@ -358,7 +357,7 @@ def add_key_details(graph: dict[str, Any], details: Any) -> None:
         factors.update(flat_config("inductor_config", config))
     key = getattr(details, "torch_version", None)
     if isinstance(key, bytes):
-        factors["torch_version:torch key"] = hashlib.sha256(key).hexdigest()[:16]
+        factors["torch_version:source hash"] = hashlib.sha256(key).hexdigest()[:16]
     system = getattr(details, "system_info", None)
     if system is not None:
         factors["device:system info"] = hashlib.sha256(repr(system).encode()).hexdigest()[:16]
@@ -664,7 +663,7 @@ def explain(
         process = warmup.get("process", {})
         report["warmup"] = {
             "graphs": [graph_name(g) for g in warmup.get("graphs", [])],
-            "torch": process.get("torch_version:torch"),
+            "torch": process.get("torch_version:version"),
             "device": process.get("device:device"),
             "recorded": warmup.get("recorded", True),
             "problem": warmup.get("problem"),

@@ -262,16 +262,16 @@ def test_compare_names_exactly_the_one_changed_factor(base: dict[tuple[str, str]
 def test_compare_prefers_primary_factors_over_derived_ones() -> None:
     warm = _doc(
         _graph("M.forward", "miss", **{"source:graph code": "a", "shape:l_x_": "[4]"}),
-        **{"torch_version:torch": "2.13.0"},
+        **{"torch_version:version": "2.13.0"},
     )
     pod = _doc(
         _graph("M.forward", "miss", **{"source:graph code": "b", "shape:l_x_": "[4]"}),
-        **{"torch_version:torch": "2.13.1"},
+        **{"torch_version:version": "2.13.1"},
     )
-    assert factors.compare(warm, pod).graphs[0].differences == ("torch torch: 2.13.0 → 2.13.1",)
+    assert factors.compare(warm, pod).graphs[0].differences == ("torch version: 2.13.0 → 2.13.1",)
     alone = _doc(
         _graph("M.forward", "miss", **{"source:graph code": "b", "shape:l_x_": "[4]"}),
-        **{"torch_version:torch": "2.13.0"},
+        **{"torch_version:version": "2.13.0"},
     )
     verdict = factors.compare(warm, alone)
     assert verdict.cause == "source" and verdict.graphs[0].differences == ("source graph code: a → b",)
@@ -342,7 +342,7 @@ def test_the_harness_copied_into_an_image_without_cachelib_records_the_factors(t
     recorded = factors.read_document(tmp_path / "out" / "cachedir" / factors.FACTORS_NAME)
     assert recorded is not None and recorded["recorded"] and recorded["graphs"]
     assert recorded["process"]["env:TORCHINDUCTOR_NAN_ASSERTS"] == "1"  # masking.py came along
-    assert recorded["process"]["torch_version:installed torch files"] != "none"  # and warmstart.py
+    assert recorded["process"]["torch_version:installed files"] != "none"  # and warmstart.py
     graph = recorded["graphs"][0]
     assert graph["result"] == "miss" and graph["factors"]["inductor_config:nan_asserts"] == "True"
     result = json.loads((tmp_path / "out" / "result.json").read_text())
