@@ -321,7 +321,7 @@ def graph_record(output: Any, gm: Any) -> dict[str, Any]:
         lines.update(stack_lines(node.meta.get("stack_trace")))
     for where, text in sorted(lines.items())[:_MAX_LINES]:
         factors[f"source:{where}"] = text
-    factors["source:graph code"] = hashlib.sha256(gm.code.encode()).hexdigest()[:16]
+    factors["source:graph code"] = graph_digest(gm.graph)
     dynamo = {k: v for k, v in dynamo_config.save_config_portable().items() if not _is_path(v)}
     factors.update(flat_config("dynamo_config", dynamo))
     factors.update(flat_config("functorch_config", functorch_config.save_config_portable()))
@@ -333,6 +333,14 @@ def graph_record(output: Any, gm: Any) -> dict[str, Any]:
     }
 
 
+def graph_digest(graph: Any) -> str:
+    """A digest of the traced graph's nodes. Not of ``gm.code``: reading it makes a lazily compiled
+    GraphModule generate its code before AOTAutograd hashes it, and AOTAutograd's key then differs from
+    that of a process that did not read it (seen on torch 2.13: a pod without the recorder missed)."""
+    return hashlib.sha256(_ADDRESS.sub("0x", str(graph)).encode()).hexdigest()[:16]
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in .*$')
 
 

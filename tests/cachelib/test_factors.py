@@ -354,3 +354,29 @@ def test_precompiled_entries_loaded_are_hits() -> None:
     loaded = factors.compare(_doc(_graph("M.forward", "miss")), _doc() | {"precompiled": 2})
     assert loaded.result == "hit" and loaded.cause == "none" and "2 precompiled" in loaded.reason
     assert factors.compare(None, _doc() | {"precompiled": 1}).result == "hit"
+
+
+PLAIN = """import json, torch
+import whymodel
+from torch._dynamo.utils import counters
+for fn, args in whymodel.warmup():
+    with torch.no_grad():
+        torch.compile(fn)(*args)
+print(json.dumps({g: dict(counters[g]) for g in ("inductor", "aot_autograd")}))
+"""
+
+
+def test_recording_in_the_warm_up_leaves_torch_s_keys_alone(warm: Warm, tmp_path: Path) -> None:
+    """A workload that records nothing (no warm_start) hits the recorded warm-up's FX-graph and
+    AOTAutograd caches alike: the recorder reads the graph without making torch's keys differ."""
+    cache = tmp_path / "cache"
+    shutil.copytree(warm.out / "cachedir", cache)
+    (tmp_path / "plain.py").write_text(PLAIN)
+    env = _env(warm.out.parent / "model", {"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    run = subprocess.run([warm.python, str(tmp_path / "plain.py")], env=env, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    counters = json.loads(run.stdout.strip().splitlines()[-1])
+    aot, inductor = counters["aot_autograd"], counters["inductor"]
+    assert aot.get("autograd_cache_hit") and not aot.get("autograd_cache_miss"), counters
+    assert inductor.get("fxgraph_cache_hit") and not inductor.get("fxgraph_cache_miss"), counters
