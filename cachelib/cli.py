@@ -371,6 +371,35 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_why(args: argparse.Namespace) -> int:
+    from cachelib import factors
+
+    path = Path(args.path)
+    verdict = None
+    try:
+        if path.is_dir():
+            warmup = factors.read_document(path / factors.FACTORS_NAME)
+            pod = path / factors.WHY_NAME
+            verdict = json.loads(pod.read_text()) if pod.is_file() else None
+        elif path.is_file():
+            warmup = factors.read_bundle_document(path)
+        else:
+            raise CommandError(f"{path}: neither a cache directory nor a bundle file")
+    except (factors.FactorsError, ValueError) as exc:
+        raise CommandError(str(exc)) from exc
+    try:
+        here = factors.process_factors()
+    except ImportError as exc:
+        raise CommandError(f"this process cannot import torch to compare with: {exc}") from exc
+    report = factors.explain(warmup, here, verdict)
+    if args.output == "json":
+        print_json(report)
+    else:
+        for line in factors.explain_lines(report):
+            print(mask_text(line))
+    return 0
+
+
 def _signature_file(path: Path, key: str) -> Signature:
     from cachelib.signing import SIGNATURE_SUFFIX, Signature, SignatureError
 
@@ -774,6 +803,21 @@ def build_parser() -> argparse.ArgumentParser:
         "against --trusted-key when given, exit 1 when it does not verify)",
     )
     _trusted_key_arg(p)
+
+    p = _add(
+        sub,
+        "why",
+        cmd_why,
+        "say which factor of torch's cache keys differs from the warm-up",
+        "Compare what the warm-up recorded (compilecache-factors.json in a cache directory or a bundle's\n"
+        "cachedir part: versions, installation, device, environment, and per graph the configs, inputs and\n"
+        "source lines) with this process's versions, installation, device and environment; for a cache\n"
+        "directory a pod used, also print the pod's verdict per graph (compilecache-why.json): hit, or the\n"
+        "factor that differed with both values.",
+        "  compilecache why $TORCHINDUCTOR_CACHE_DIR\n  compilecache why /tmp/demo.ccb -o json",
+    )
+    p.add_argument("path", help="a cache directory, or a bundle file")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
 
     p = _add(
         sub,

@@ -187,6 +187,7 @@ def _import(module_name: str) -> Any:
         "cachelib.precheck": "precheck",
         "cachelib.bytecode": "bytecode",
         "cachelib.triton_modules": "triton_modules",
+        "cachelib.factors": "factors",
     }
     try:
         return importlib.import_module(module_name)
@@ -430,6 +431,8 @@ def warm_up(request: Request) -> dict[str, Any]:
     versions = detect_versions()
     device = detect_device()
     fields = compilekey.key_fields(request.namespace, request.name, model, options_digest, device, versions)
+    factors = _import("cachelib.factors")
+    factors.install()  # what decides torch's cache keys, per graph (cachelib.factors)
 
     started = time.perf_counter()
     if request.command is not None:
@@ -440,6 +443,7 @@ def warm_up(request: Request) -> dict[str, Any]:
         timings, precompile_failure = run_target_with_fallback(request, function)
         counters = counters_snapshot()
     total = time.perf_counter() - started
+    recorded = write_factors(request.cache_path, factors)
     megacache = save_megacache(request.out)  # with caching precompile, also writes Dynamo's entries
     bytecode = write_bytecode(request)
     triton_modules = _import("cachelib.triton_modules").collect(request.cache_path).to_dict()
@@ -471,9 +475,21 @@ def warm_up(request: Request) -> dict[str, Any]:
         "precompile": precompile,
         "bytecode": bytecode,
         "triton_modules": triton_modules,
+        "factors": recorded,
     }
     _write_atomic(request.out / RESULT_FILE, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode())
     return result
+
+
+def write_factors(cache_path: Path, factors: Any) -> dict[str, Any]:
+    """The factors of torch's cache keys this warm-up saw (:mod:`cachelib.factors`), into the cache
+    directory; how many graphs it holds, or why none were recorded."""
+    document = factors.document()
+    try:
+        factors.write_json(cache_path / factors.FACTORS_NAME, document)
+    except OSError as exc:
+        raise HarnessError(f"cannot write {factors.FACTORS_NAME}: {exc.strerror or exc}", EXIT_OUTPUT) from exc
+    return {"file": factors.FACTORS_NAME, "graphs": len(document["graphs"]), "problem": document["problem"]}
 
 
 def run_target_with_fallback(

@@ -21,6 +21,12 @@ Metrics:
 - ``compilecache_runtime_warm_start_fallbacks_total{reason}`` -- precompiled entries refused and
   compiled afresh instead (``unreadable``, ``source_changed``, ``load_failed``, ``install_failed``):
   :func:`warm_start` guards torch's loader, so a bad entry costs a compile, never the process.
+- ``compilecache_runtime_graphs_total{result, cause}`` -- graphs this process compiled, by whether
+  torch's caches had them (``hit``, ``miss``) and, for a miss, the factor that differed from the
+  warm-up's (a bounded ``cause``: :data:`cachelib.factors.CAUSES`; ``none`` for a hit). Recorded
+  from :func:`warm_start` on; without it, or where this torch's internals cannot be read, FX-graph
+  misses count as ``unknown``. The names and both values are in :func:`why` and in
+  ``compilecache-why.json`` of the cache directory (:mod:`cachelib.factors`).
 - ``compilecache_runtime_preload_wait_seconds{result}`` -- how long
   :func:`cachelib.handoff.wait_for_preload` waited for a preload running beside the workload,
   labelled with the preload's result (hit, miss, error, timeout); absent until it was called.
@@ -28,6 +34,7 @@ Metrics:
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -38,8 +45,10 @@ from prometheus_client import start_http_server as _start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cachelib import triton_modules, warmstart
+from cachelib import factors, triton_modules, warmstart
 from cachelib.handoff import wait_for_preload
+
+log = logging.getLogger(__name__)
 
 CACHE_EVENTS: dict[tuple[str, str], tuple[str, str]] = {
     ("inductor", "fxgraph_cache_hit"): ("fxgraph", "hit"),
@@ -70,6 +79,25 @@ def torch_counters() -> Counters:
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     return counters if counters is not None else {}
+
+
+def graph_counts(counters: Counters) -> dict[tuple[str, str], int]:
+    """(result, cause) -> graphs compiled in this process; every series present (as 0 until seen)."""
+    counts = {("hit", "none"): 0} | {("miss", cause): 0 for cause in factors.CAUSES if cause != "none"}
+    if factors.recorder.installed:
+        for labels, value in factors.diagnose().causes().items():
+            counts[labels] = counts.get(labels, 0) + value
+        counts["hit", "none"] += int(counters.get("dynamo_cache", {}).get("dynamo_cache_hit", 0))  # loaded precompiled
+    else:
+        inductor = counters.get("inductor", {})
+        counts["hit", "none"] = int(inductor.get("fxgraph_cache_hit", 0))
+        counts["miss", "unknown"] = int(inductor.get("fxgraph_cache_miss", 0))
+    return counts
+
+
+def why() -> factors.Diagnosis:
+    """Which factor made this process compile afresh, per graph (see :mod:`cachelib.factors`)."""
+    return factors.diagnose()
 
 
 def last_preload_wait() -> Any:
@@ -117,6 +145,15 @@ class TorchCompileCacheCollector(Collector):
             "Graph breaks torch.compile (Dynamo) met in this process.",
             value=sum(int(v) for v in breaks.values()),
         )
+        graphs = CounterMetricFamily(
+            "compilecache_runtime_graphs",
+            "Graphs torch.compile compiled in this process, by cache result and the factor that differed "
+            "from the warm-up.",
+            labels=["result", "cause"],
+        )
+        for (result, cause), value in sorted(graph_counts(counters).items()):
+            graphs.add_metric([result, cause], value)
+        yield graphs
         fallbacks = CounterMetricFamily(
             "compilecache_runtime_warm_start_fallbacks",
             "Precompiled entries this process refused and compiled afresh instead, by reason.",
@@ -161,13 +198,21 @@ def warm_start(cache_dir: str | None = None, *, wait: bool = True) -> warmstart.
     first waits for it (:func:`cachelib.handoff.wait_for_preload`, at once where none runs).
 
     Triton's compiled C modules that the bundle carries (:mod:`cachelib.triton_modules`) are put where
-    this process's Triton looks for them, so that it neither runs nor needs a C compiler."""
+    this process's Triton looks for them, so that it neither runs nor needs a C compiler.
+
+    From here on, every graph compiled is compared with the warm-up's record of the same graph
+    (:mod:`cachelib.factors`): :func:`why` and the ``compilecache_runtime_graphs_total`` metric say
+    which factor made a graph compile afresh."""
     if wait:
         wait_for_preload()
-    done = warmstart.prepare(cache_dir)
-    if done.cache_dir:
-        install_triton_modules(Path(done.cache_dir), done)
-    return done
+    prepared = warmstart.prepare(cache_dir)
+    if prepared.cache_dir:
+        install_triton_modules(Path(prepared.cache_dir), prepared)
+    try:
+        factors.start_watching(prepared.cache_dir)
+    except Exception:  # the diagnosis is optional; the workload is not
+        log.warning("compilecache: the compile factors will not be recorded", exc_info=True)
+    return prepared
 
 
 def install_triton_modules(cache_dir: Path, done: warmstart.Prepared) -> None:

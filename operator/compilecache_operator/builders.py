@@ -84,7 +84,7 @@ COPY_HARNESS = (
     "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
     "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) "
     "for m in ('harness', 'compilekey', 'podcontract', 'targets', 'warmstart', 'precheck', 'bytecode', "
-    "'triton_modules')]"
+    "'triton_modules', 'factors', 'masking')]"
 )
 DEFAULT_PRELOAD_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 
@@ -829,6 +829,8 @@ def build_status(
         status["storage"] = mask_url(storage_url)
     elif "storage" in current:
         status["storage"] = current["storage"]
+    if "coldStarts" in current:  # tallied from pods (compilecache_operator.coldstarts), not reconciled
+        status["coldStarts"] = current["coldStarts"]
     compact: dict[str, Any] = without_empty_strings(status)
     return compact
 

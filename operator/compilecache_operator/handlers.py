@@ -17,7 +17,9 @@ start-up into the memo (``memo["state"]``, ``memo["intervals"]``):
   for something; an unchanged cache costs nothing;
 - warm-up Job events: reconcile the owner as soon as a Job finishes;
 - opted-in pod events: count each pod's preload result once (a sidecar's when the pod ends, at
-  the latest from the DELETED event);
+  the latest from the DELETED event); and, once a workload container has ended with the verdict of
+  ``cachelib.runtime`` in its termination message, tally why it started cold into its cache's
+  ``status.coldStarts`` (:mod:`compilecache_operator.coldstarts`), once per pod;
 - with leader election, only the replica holding the Lease acts (events, Jobs, pods, resync);
   every replica keeps its indexes and serves the webhook;
 - the pod mutating webhook (:mod:`compilecache_operator.webhook`), registered by
@@ -44,6 +46,7 @@ import kopf
 from compilecache_operator import (
     builders,
     certs,
+    coldstarts,
     controller,
     kubeconfig,
     leader,
@@ -52,10 +55,12 @@ from compilecache_operator import (
     signingkey,
     tlsreload,
 )
+from compilecache_operator.conditions import find, merge_conditions, now_rfc3339
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import WEBHOOK_HANDLER, instrumented
 from compilecache_operator.names import (
     CACHE_LABEL,
+    COLD_COUNTED_ANNOTATION,
     COUNTED_ANNOTATION,
     GPU_ANNOTATION,
     GROUP,
@@ -440,14 +445,58 @@ async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: kop
     "v1", "pods",
     id="count-preloads",
     labels={CACHE_LABEL: kopf.PRESENT},
-    annotations={COUNTED_ANNOTATION: kopf.ABSENT},
     when=lambda memo, **_: _state(memo).leading,
 )
 @instrumented("count-preloads")
 async def pod_event(
     type: str, body: kopf.Body, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
 ) -> None:
-    await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
+    """An opted-in pod changed: count its preload's result, then its workload's verdict, each once
+    (the annotations say what was counted; Kopf filters on them on its side, so one handler)."""
+    annotations = body.metadata.annotations
+    if COUNTED_ANNOTATION not in annotations:
+        await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
+    if COLD_COUNTED_ANNOTATION not in annotations:
+        counted = memo.setdefault("cold_counted", CountedPods())
+        await count_cold_start(_state(memo), counted, type, body, namespace or "", name, uid)
+
+
+async def count_cold_start(
+    state: controller.State,
+    counted: CountedPods,
+    event_type: str,
+    body: Mapping[str, Any],
+    namespace: str,
+    name: str,
+    uid: str,
+) -> None:
+    """Tally one pod's verdict (hit, or the factor that made it compile afresh) into its cache's
+    ``status.coldStarts`` once; when most pods started cold for one cause, the ``ColdStarts``
+    condition turns True and a Warning event names the cause."""
+    verdict = coldstarts.pod_verdict(body)
+    if verdict is None or state.api is None or not counted.add(uid):
+        return
+    cache = str(((body.get("metadata") or {}).get("labels") or {}).get(CACHE_LABEL, ""))
+    try:
+        current = await state.api.get_cache(namespace, cache)
+        if current is None:
+            return
+        status = current.get("status") or {}
+        cold = coldstarts.tally(status.get("coldStarts"), verdict)
+        patch: dict[str, Any] = {"coldStarts": cold}
+        wanted = coldstarts.condition(cold)
+        if wanted is not None:
+            generation = int(status.get("observedGeneration") or current.get("metadata", {}).get("generation") or 0)
+            conditions = status.get("conditions")
+            patch["conditions"] = merge_conditions(conditions, [wanted], generation=generation, now=now_rfc3339())
+            before = find(conditions, coldstarts.CONDITION)
+            if wanted.status and (before is None or before.get("status") != "True"):
+                _emit(current, "Warning", wanted.reason, wanted.message)
+        await state.api.patch_cache_status(namespace, cache, patch)
+        if event_type != "DELETED":
+            await state.api.annotate_pod(namespace, name, {COLD_COUNTED_ANNOTATION: verdict.cause})
+    except Exception as exc:  # counted in memory; a restart before the retry could count it again
+        logger.warning("could not tally the cold start of pod %s/%s: %s", namespace, name, exc)
 
 
 def register_webhook(registry: kopf.OperatorRegistry | None = None) -> None:

@@ -279,6 +279,10 @@ class KubeAPI:
             items += await self.list_all(self.cache_path(namespace))
         return items
 
+    async def get_cache(self, namespace: str, name: str) -> JSON | None:
+        """The CompileCache, or None when it is gone."""
+        return await self.get(self.cache_path(namespace, name))
+
     async def patch_cache_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> JSON:
         """Merge-patch the status subresource; lists in ``status`` replace the stored ones whole."""
         return await self.request(

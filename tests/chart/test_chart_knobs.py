@@ -13,7 +13,7 @@ from prometheus_client import start_http_server
 from tests.chart.chart import CHART_DIR, NAMESPACE, RELEASE, Manifest, helm, one, operator_container, template
 from tests.infra.prometheus import PrometheusServer, operator_job
 from tests.infra.wait import wait_for
-from tests.servers import free_port
+from testsupport.servers import free_port
 
 pytestmark = pytest.mark.helm
 

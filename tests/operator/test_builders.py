@@ -477,12 +477,13 @@ def test_status_never_carries_empty_strings() -> None:
 
 def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
     """The copy command of the ``harness`` init container, run for real: harness.py, targets.py,
-    warmstart.py, precheck.py, the byte-code and Triton-module parts and the pod contract land side by side,
-    so that short target names and --precompile (with its check) work in an image without cachelib."""
+    warmstart.py, precheck.py, factors.py, masking.py, the byte-code and Triton-module parts and the pod contract
+    land side by side, so that short target names and --precompile (with its check) work in an image without
+    cachelib."""
     subprocess.run([sys.executable, "-c", builders.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "bytecode.py", "compilekey.py", "harness.py", "podcontract.py", "precheck.py", "targets.py",
-        "triton_modules.py", "warmstart.py",
+        "bytecode.py", "compilekey.py", "factors.py", "harness.py", "masking.py", "podcontract.py", "precheck.py",
+        "targets.py", "triton_modules.py", "warmstart.py",
     ]  # fmt: skip
     assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()
 

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachelib.signing import Signer
-from tests.servers import free_port
+from testsupport.servers import free_port
 
 HOSTS = ("compilecache-webhook.ops.svc", "localhost", "127.0.0.1")
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -1,0 +1,106 @@
+"""Why a CompileCache's pods started cold: their verdicts, tallied into status (pure functions).
+
+A workload that calls ``cachelib.runtime.warm_start()`` decides, after each graph it compiles,
+whether torch's caches had it and, when not, which factor differed from the warm-up
+(:mod:`cachelib.factors`). It writes that verdict as one JSON line,
+``{"compilecache_why": {"result", "cause", "reason"}}``, into its container's termination-message
+file, which the kubelet copies into the pod's status when the container ends. The operator already
+reads pod statuses, so this needs no permission in the user's namespace beyond what it has.
+
+The tally lives in ``status.coldStarts``: pods with a verdict, pods that compiled afresh, and the
+causes by pods, each with one reason as an example. When most pods with a verdict started cold for
+one cause, the ``ColdStarts`` condition is True and names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compilecache_operator.conditions import Condition
+from compilecache_operator.results import ResultError, parse_json_message
+
+from cachelib.factors import CAUSES, WHY_KEY
+from cachelib.masking import mask_text
+
+CONDITION = "ColdStarts"
+TOP = 5
+"""Causes kept in status (the most frequent)."""
+MIN_PODS = 2
+"""Pods with a verdict before the condition says a cause is the fleet's."""
+MAX_REASON = 300
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One pod's verdict as its workload reported it."""
+
+    container: str
+    result: str
+    cause: str
+    reason: str
+
+
+def parse_verdict(message: str | None, container: str = "") -> Verdict | None:
+    """The verdict in a termination message, None when it carries none. An unknown cause is
+    counted as ``unknown`` (the label stays bounded); the reason is masked and clipped."""
+    try:
+        found = parse_json_message(message).get(WHY_KEY)
+    except ResultError:  # no JSON line at all: the app's own message
+        return None
+    if not isinstance(found, Mapping):
+        return None
+    result = str(found.get("result") or "")
+    if result not in ("hit", "miss"):
+        return None
+    cause = str(found.get("cause") or "unknown")
+    cause = "none" if result == "hit" else cause if cause in CAUSES and cause != "none" else "unknown"
+    reason = mask_text(" ".join(str(found.get("reason") or "").split()))[:MAX_REASON]
+    return Verdict(container, result, cause, reason)
+
+
+def pod_verdict(pod: Mapping[str, Any]) -> Verdict | None:
+    """The verdict of the first app container of ``pod`` that ended with one (its latest run first)."""
+    for entry in (pod.get("status") or {}).get("containerStatuses") or []:
+        for state_key in ("state", "lastState"):
+            terminated = (entry.get(state_key) or {}).get("terminated") or {}
+            verdict = parse_verdict(terminated.get("message"), str(entry.get("name") or ""))
+            if verdict is not None:
+                return verdict
+    return None
+
+
+def tally(current: Mapping[str, Any] | None, verdict: Verdict) -> dict[str, Any]:
+    """``status.coldStarts`` with one more pod's verdict counted."""
+    current = current or {}
+    causes = {str(c.get("cause")): dict(c) for c in current.get("causes") or [] if isinstance(c, Mapping)}
+    out: dict[str, Any] = {
+        "pods": int(current.get("pods") or 0) + 1,
+        "cold": int(current.get("cold") or 0) + (verdict.result == "miss"),
+    }
+    if verdict.result == "miss":
+        entry = causes.setdefault(verdict.cause, {"cause": verdict.cause, "pods": 0})
+        entry["pods"] = int(entry.get("pods") or 0) + 1
+        entry["example"] = verdict.reason or entry.get("example", "")
+    ranked = sorted(causes.values(), key=lambda c: (-int(c["pods"]), CAUSES.index(c["cause"])
+                                                    if c["cause"] in CAUSES else len(CAUSES)))  # fmt: skip
+    out["causes"] = ranked[:TOP]
+    return out
+
+
+def condition(cold: Mapping[str, Any] | None) -> Condition | None:
+    """``ColdStarts``: True when most pods with a verdict started cold for one cause; None before
+    :data:`MIN_PODS` pods reported."""
+    cold = cold or {}
+    pods = int(cold.get("pods") or 0)
+    if pods < MIN_PODS:
+        return None
+    causes: Sequence[Mapping[str, Any]] = cold.get("causes") or []
+    top = causes[0] if causes else None
+    if top is not None and int(top["pods"]) * 2 > pods:
+        return Condition(
+            CONDITION, True, "MostPodsCold",
+            f"{top['pods']} of {pods} pods compiled afresh for one cause, {top['cause']}: {top.get('example', '')}",
+        )  # fmt: skip
+    return Condition(CONDITION, False, "NoCommonCause", f"{int(cold.get('cold') or 0)} of {pods} pods compiled afresh")
