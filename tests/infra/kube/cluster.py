@@ -5,7 +5,7 @@
 has its pods judged by the API server itself), waits until the API server is ready and the ``default``
 ServiceAccount exists, and writes an admin kubeconfig. Nothing runs pods: pair it with a real node
 (``tests.infra.node.RealNode``: start the cluster with ``kubelet_client=True`` so that the API server can
-reach the kubelet for ``kubectl logs``/``exec``) or with ``tests.infra.nodeagent.NodeAgent``.
+reach the kubelet for ``kubectl logs``/``exec``).
 
 Binaries come from the environment (KUBE_APISERVER_BIN, KUBE_CONTROLLER_MANAGER_BIN, ETCD_BIN), else from
 the cache directory filled by ``tests/infra/kube/build.sh`` at the versions of ``versions.env``
