@@ -43,7 +43,7 @@ from typing import Any, cast
 import kopf
 from compilecache_operator import builders, controller, kubeconfig, leader, probes
 from compilecache_operator.kube import KubeAPI, KubeError
-from compilecache_operator.metrics import WEBHOOK_HANDLER, instrumented
+from compilecache_operator.metrics import WEBHOOK_HANDLER, cache_gpus, instrumented
 from compilecache_operator.names import (
     CACHE_LABEL,
     COUNTED_ANNOTATION,
@@ -342,6 +342,8 @@ async def cache_event(
         state.forget(key)
         return
     state.metrics.observe_cache(*key, body.get("status"))  # the Ready gauge, on every replica
+    node_gpus = state.indexes.nodes.get(state.settings.defaults.gpu_label_key, ())
+    state.metrics.know_cache(*key, cache_gpus(body.get("status"), node_gpus))  # its counters at 0, before events
     if state.leading:
         await controller.handle(state, key, _emit)
 
