@@ -136,10 +136,13 @@ def plain(body: kopf.Body) -> dict[str, Any]:
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """The pod's service account in a cluster, else the kubeconfig (``KUBECONFIG``), running its
-    ``exec`` credential plugin where the user has one."""
+    """The pod's service account in a cluster (at KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT, as
+    client-go), else the kubeconfig (``KUBECONFIG``), running its ``exec`` credential plugin where the user
+    has one."""
     if os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"):
-        return kopf.login_with_service_account(**kwargs)
+        in_pod = kopf.login_with_service_account(**kwargs)
+        server = kubeconfig.in_cluster_server(os.environ)
+        return dataclasses.replace(in_pod, server=server) if in_pod is not None and server else in_pod
     info = kopf.login_with_kubeconfig(**kwargs)
     if info is None:
         return None

@@ -11,6 +11,8 @@
   ``ghcr.io/compilecache/preloader:e2e`` and ``ghcr.io/compilecache/operator:e2e``; ``compilecache.test/workload``
   is the pybase image running the test virtualenv (mounted read-only) with the checkout on PYTHONPATH.
   Pods reach servers on the host at ``GATEWAY``: ``redis_server`` here binds it.
+- ``api_for_pods`` (session): where pods reach the API server (a relay on ``GATEWAY``), for the operator
+  run as the chart's pod.
 - ``kube_namespace`` (function): a fresh namespace enforcing the "restricted" Pod Security Standard,
   deleted afterwards; ``baseline_namespace`` enforces "baseline" only; ``namespace_factory(level)`` makes
   more, at any level (hostPath volumes need "privileged").
@@ -42,6 +44,7 @@ from tests.infra.node import (
     Workload,
     ensure_workload_image,
 )
+from tests.infra.relay import TcpRelay
 from tests.servers import RedisServer, start_redis
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +94,8 @@ def kube_cluster() -> Iterator[LocalCluster]:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {missing}")
         pytest.skip(str(missing))
-    with LocalCluster(binaries, keep_workdir=KEEP, kubelet_client=True) as cluster:
+    # GATEWAY in the serving certificate: pods reach the API server there, through ``api_for_pods``.
+    with LocalCluster(binaries, keep_workdir=KEEP, kubelet_client=True, server_names=(GATEWAY,)) as cluster:
         print(f"\nlocal control plane at {cluster.server} ready in {cluster.startup_seconds:.1f}s ({cluster.workdir})")
         yield cluster
 
@@ -134,6 +138,16 @@ def real_node(kube_cluster: LocalCluster) -> Iterator[RealNode]:
         print(f"\nreal node {node.name} Ready in {node.times.ready:.1f}s (containerd {node.times.containerd:.1f}s, "
               f"images {node.times.images:.1f}s; {node.workdir})")
         yield node
+
+
+@pytest.fixture(scope="session")
+def api_for_pods(kube_cluster: LocalCluster, real_node: RealNode) -> Iterator[tuple[str, int]]:
+    """(host, port) where pods reach the API server: a relay on the bridge's gateway to its loopback port (no
+    kube-proxy routes the ``kubernetes`` Service's ClusterIP). A pod is told it by KUBERNETES_SERVICE_HOST and
+    KUBERNETES_SERVICE_PORT, the variables in-cluster clients read."""
+    port = int(kube_cluster.server.rsplit(":", 1)[1])
+    with TcpRelay((GATEWAY, 0), ("127.0.0.1", port)) as relay:
+        yield relay.host, relay.port
 
 
 @pytest.fixture(scope="session")

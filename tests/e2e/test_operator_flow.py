@@ -99,7 +99,7 @@ def test_warm_up_publish_inject_preload_hit_and_count(
     assert app_env["TORCH_COMPILE_JOB_ID"] == bundle["jobId"]
     assert created["metadata"]["annotations"]["compilecache.io/injected"] == "mlp"
 
-    # the agent runs the preload, then the app: its first compile hits the FX graph cache
+    # the kubelet runs the preload, then the app: its first compile hits the FX graph cache
     pod = wait_for(lambda: pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT, "the app pod to finish")
     assert pod["status"]["phase"] == "Succeeded", pod["status"]
     preload = terminated_message(pod, "compilecache-preload", init=True)

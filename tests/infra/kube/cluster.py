@@ -266,6 +266,7 @@ class LocalCluster:
         keep_workdir: bool = False,
         audit: bool = False,
         kubelet_client: bool = False,
+        server_names: tuple[str, ...] = (),
     ) -> None:
         self.binaries = binaries or find_binaries()
         self._own_workdir = workdir is None
@@ -283,6 +284,9 @@ class LocalCluster:
         self.kubelet_client = kubelet_client
         """With ``kubelet_client``: the API server holds a client certificate (group system:masters) that a real
         kubelet trusts, for ``kubectl logs``/``exec``/``port-forward``."""
+        self.server_names = server_names
+        """More addresses (or DNS names) in the API server's serving certificate: where a relay makes it
+        reachable for pods (the real node's bridge gateway)."""
         self._ca: CertificateAuthority | None = None
 
     @property
@@ -337,7 +341,7 @@ class LocalCluster:
             "kube-apiserver",
             server_names=(
                 "127.0.0.1", "localhost", KUBERNETES_SERVICE_IP, "kubernetes", "kubernetes.default",
-                "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
+                "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", *self.server_names,
             ),
             client=False,
         )
