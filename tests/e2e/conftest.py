@@ -19,7 +19,7 @@
 
 When an e2e test fails, the node's events and container logs are attached to the report.
 Set COMPILECACHE_TEST_KEEP=1 to keep the control plane's directory (certificates, etcd data, process logs),
-the real node's work directory (pod directories and container logs) after the session.
+and the real node's work directory (pod directories and container logs) after the session.
 """
 
 from __future__ import annotations

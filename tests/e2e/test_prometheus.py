@@ -115,17 +115,17 @@ def test_prometheus_computes_the_hit_rate_fires_the_alerts_and_feeds_every_dashb
     ns = kube_namespace
     kube_client.post(cache_path(ns), compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()}}))
-    broken = {"image": WORKLOAD_IMAGE, "model": {"target": "no_such_module:build"},
-              "storage": {"url": redis_server.store_url()}, "warmup": {"backoffLimit": 0}}
-    kube_client.post(cache_path(ns), compile_cache("broken", broken))
     wait_condition(kube_client, ns, "mlp", "Ready", "True", TIMEOUT)
     pods = f"/api/v1/namespaces/{ns}/pods"
 
-    # the series of both caches exist at 0 before anything happened to them
+    # the cache's series exist at 0 before anything happened to them (and Prometheus scrapes the operator)
     mlp = f'namespace="{ns}", cache="mlp"'
     wait_for(lambda: values(prometheus, f'compilecache_preloads_total{{{mlp}, result="hit"}}'), 60,
              "the zero series of the preloads in Prometheus")
     assert set(values(prometheus, f'compilecache_preloads_total{{{mlp}}}')) == {0.0}
+    broken = {"image": WORKLOAD_IMAGE, "model": {"target": "no_such_module:build"},
+              "storage": {"url": redis_server.store_url()}, "warmup": {"backoffLimit": 0}}
+    kube_client.post(cache_path(ns), compile_cache("broken", broken))
 
     # one warm pod (serving its runtime metrics until Prometheus has them) and one pinned pod that misses
     kube_client.post(pods, app_pod("warm", "mlp", SERVE_RUNTIME_METRICS))
