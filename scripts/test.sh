@@ -8,7 +8,8 @@ cd "$ROOT"
 
 # redis-server: the Redis store tests; prometheus: promtool checks the chart's alert rules; binutils: strip,
 # for the image-slimming tests; podman, buildah, runc, mmdebstrap: our images built and run as real containers;
-# util-linux (setpriv): the test node agent runs each container as the uid its pod spec says.
+# util-linux (setpriv): tests that run the preload and the shared caches as other uids, the clone's access check,
+# and the control plane's processes dying with the test session (--pdeathsig).
 apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap util-linux \
     containernetworking-plugins iproute2 gcc libc6-dev \
     python3-dev  # the real node: CNI bridge, ip, the static pause binary; Python.h: Triton's C modules (tests)

@@ -57,7 +57,7 @@ from compilecache_operator import (
 )
 from compilecache_operator.conditions import find, merge_conditions, now_rfc3339
 from compilecache_operator.kube import KubeAPI, KubeError
-from compilecache_operator.metrics import WEBHOOK_HANDLER, instrumented
+from compilecache_operator.metrics import WEBHOOK_HANDLER, cache_gpus, instrumented
 from compilecache_operator.names import (
     CACHE_LABEL,
     COLD_COUNTED_ANNOTATION,
@@ -172,10 +172,13 @@ def plain(body: kopf.Body) -> dict[str, Any]:
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """The pod's service account in a cluster, else the kubeconfig (``KUBECONFIG``), running its
-    ``exec`` credential plugin where the user has one."""
+    """The pod's service account in a cluster (at KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT, as
+    client-go), else the kubeconfig (``KUBECONFIG``), running its ``exec`` credential plugin where the user
+    has one."""
     if os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"):
-        return kopf.login_with_service_account(**kwargs)
+        in_pod = kopf.login_with_service_account(**kwargs)
+        server = kubeconfig.in_cluster_server(os.environ)
+        return dataclasses.replace(in_pod, server=server) if in_pod is not None and server else in_pod
     info = kopf.login_with_kubeconfig(**kwargs)
     if info is None:
         return None
@@ -421,6 +424,8 @@ async def cache_event(
         state.forget(key)
         return
     state.metrics.observe_cache(*key, body.get("status"))  # the Ready gauge, on every replica
+    node_gpus = state.indexes.nodes.get(state.settings.defaults.gpu_label_key, ())
+    state.metrics.know_cache(*key, cache_gpus(body.get("status"), node_gpus))  # its counters at 0, before events
     if state.leading:
         await controller.handle(state, key, _emit)
 

@@ -1,4 +1,9 @@
-"""Logging in outside a cluster: the kubeconfig, with ``exec`` credential plugins.
+"""Logging in: in a pod, the API server's address as client-go takes it; outside a cluster, the kubeconfig,
+with ``exec`` credential plugins.
+
+Kopf's service-account login always names ``https://kubernetes.default.svc``, which needs the cluster's
+DNS; client-go's in-cluster configuration uses ``KUBERNETES_SERVICE_HOST`` and ``KUBERNETES_SERVICE_PORT``,
+which the kubelet sets in every pod (:func:`in_cluster_server`), so the operator does the same.
 
 Kopf's own kubeconfig login reads static credentials only; EKS, GKE and AKS kubeconfigs get a
 token from a command (``aws eks get-token``, ``gke-gcloud-auth-plugin``, ``kubelogin``). This
@@ -20,6 +25,15 @@ from typing import Any
 import yaml
 
 EXEC_TIMEOUT = 60.0
+
+
+def in_cluster_server(env: Mapping[str, str]) -> str | None:
+    """``https://HOST:PORT`` from ``KUBERNETES_SERVICE_HOST`` and ``KUBERNETES_SERVICE_PORT`` (an IPv6 host in
+    brackets), as client-go's in-cluster configuration; None unless both are set."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST", "").strip(), env.get("KUBERNETES_SERVICE_PORT", "").strip()
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 class ExecCredentialError(Exception):

@@ -11,6 +11,13 @@ duration and errors (:func:`instrumented` wraps a Kopf handler, the webhook's in
 and ``compilecache_cache_ready`` per CompileCache, read from the status the API server holds
 (:meth:`Metrics.observe_cache`), which the alerts in the chart's PrometheusRule use, and when the
 webhook's serving certificate expires (``compilecache_webhook_certificate_expiry_timestamp_seconds``).
+
+Counter series are made at 0 as soon as their label values are known (:meth:`Metrics.know_cache`: a
+CompileCache, the GPU types of its bundles and of the cluster's nodes), not at their first event:
+``increase()`` and ``rate()`` need an earlier sample, so a series born with the value 1 hides its first
+event from every alert and dashboard (a histogram's first observation likewise). What is made is bounded:
+per cache and GPU type, each result with the reasons it can carry (:data:`PRELOAD_OUTCOMES`); per cache,
+the preload durations of each result that runs a preload, and the two warm-up results (count and duration).
 """
 
 from __future__ import annotations
@@ -22,12 +29,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, ParamSpec, TypeVar
 
-from compilecache_operator.plan import BundleRecord
+from compilecache_operator import reasons
+from compilecache_operator.plan import BundleRecord, bundles_from_status
 from compilecache_operator.reasons import ERROR, REASONS, RESULTS, SKIPPED
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from cachelib import __version__
+from cachelib.keyformat import gpu_slug
 
 UNKNOWN_REASON = "unknown"
 PRELOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -38,6 +47,27 @@ WEBHOOK_HANDLER = "webhook"
 ERROR_KINDS = ("retry", "permanent", "unexpected")
 """How a handler failed: asked Kopf to retry (``kopf.TemporaryError``), gave up for good
 (``kopf.PermanentError``), or raised anything else."""
+
+WARMUP_RESULTS = ("succeeded", "failed")
+PRELOAD_OUTCOMES: dict[str, tuple[str, ...]] = {
+    reasons.HIT: (reasons.PRELOADED, reasons.NODE_CACHE),
+    reasons.MISS: (
+        reasons.NO_BUNDLE, reasons.IMAGE_MISMATCH, reasons.STORE_UNAVAILABLE, reasons.DEADLINE_EXCEEDED,
+        reasons.SIGNATURE_REFUSED,
+    ),
+    reasons.ERROR: (
+        reasons.PRELOAD_FAILED, reasons.STORE_UNAVAILABLE, reasons.DEADLINE_EXCEEDED, reasons.SIGNATURE_REFUSED,
+        reasons.RESULT_UNREADABLE,
+    ),
+    reasons.SKIPPED: (
+        reasons.NOT_READY, reasons.NOT_INJECTED, reasons.CACHE_DIR_VALUE_FROM, reasons.CACHE_DIR_NOT_ABSOLUTE,
+        reasons.VOLUME_AT_CACHE_DIR,
+    ),
+}
+"""Each preload result with the reasons a pod of a known CompileCache is counted under (``unknown-cache``
+names no known cache: its series is born at its first event)."""
+UNKNOWN_GPU = "unknown"
+"""The ``gpu`` of a pod counted before it ran anywhere (a skipped pod without the webhook's GPU annotation)."""
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -159,6 +189,7 @@ class Metrics:
         )
         ProcessCollector(registry=r)
         self._bundle_gpus: dict[tuple[str, str], set[str]] = {}
+        self._known_gpus: dict[tuple[str, str], set[str]] = {}
 
     def set_webhook_cert_expiry(self, cert_pem: bytes) -> None:
         self.webhook_cert_expiry.set(x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc.timestamp())
@@ -179,11 +210,33 @@ class Metrics:
             result = ERROR
         if reason not in REASONS:
             reason = UNKNOWN_REASON
-        self.preloads.labels(namespace, cache, gpu or "unknown", result, reason).inc()
+        self.preloads.labels(namespace, cache, gpu or UNKNOWN_GPU, result, reason).inc()
         if seconds is not None and result != SKIPPED:
             self.preload_duration.labels(namespace, cache, result).observe(max(0.0, seconds))
         if size > 0:
             self.preload_bytes.labels(namespace, cache).inc(size)
+
+    def know_cache(self, namespace: str, cache: str, gpus: Iterable[str]) -> None:
+        """Make the series of a CompileCache and its GPU types (slugs) at 0, those not made yet: each preload
+        result with its reasons per GPU (skipped pods also without a GPU), the preload durations per result,
+        each warm-up result's count and duration."""
+        key = (namespace, cache)
+        known = self._known_gpus.get(key)
+        if known is None:
+            known = self._known_gpus[key] = set()
+            for result in WARMUP_RESULTS:
+                self.warmup_jobs.labels(namespace, cache, result)
+                self.warmup_duration.labels(namespace, cache, result)
+            for result in PRELOAD_OUTCOMES:
+                if result != SKIPPED:  # a skipped pod ran no preload: no duration
+                    self.preload_duration.labels(namespace, cache, result)
+            for reason in PRELOAD_OUTCOMES[SKIPPED]:
+                self.preloads.labels(namespace, cache, UNKNOWN_GPU, SKIPPED, reason)
+        for gpu in sorted(set(gpus) - known):
+            for result, outcomes in PRELOAD_OUTCOMES.items():
+                for reason in outcomes:
+                    self.preloads.labels(namespace, cache, gpu, result, reason)
+            known.add(gpu)
 
     # -- warm-ups ----------------------------------------------------------------------------------
     def count_warmup(self, namespace: str, cache: str, *, result: str, seconds: float | None) -> None:
@@ -217,6 +270,7 @@ class Metrics:
 
     def forget_cache(self, namespace: str, cache: str) -> None:
         """Drop the gauges of a deleted CompileCache (counters keep their history)."""
+        self._known_gpus.pop((namespace, cache), None)
         for gpu in self._bundle_gpus.pop((namespace, cache), set()):
             self.bundle_bytes.remove(namespace, cache, gpu)
         for gauge in (self.bundles, self.cache_ready):
@@ -249,6 +303,12 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def cache_gpus(status: Mapping[str, Any] | None, node_gpus: Iterable[str]) -> set[str]:
+    """The GPU slugs a CompileCache's pods can be counted under: its bundles' and the cluster's GPU types
+    (the products the Nodes carry in the GPU label)."""
+    return {b.key_gpu_slug for b in bundles_from_status(status)} | {gpu_slug(str(p)) for p in node_gpus if p}
 
 
 def instrumented(handler: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:

@@ -1,4 +1,4 @@
-"""End-to-end fixtures: a real control plane on loopback, a real node (kubelet + containerd), and the node agent.
+"""End-to-end fixtures: a real control plane on loopback and a real node (kubelet + containerd).
 
 - ``kube_cluster`` (session): a started ``LocalCluster``; skipped when the binaries are absent, unless
   CI=true, where their absence is an error. Build them with ``tests/infra/kube/build.sh``.
@@ -10,29 +10,16 @@
   workloads compile on the CPU). Our images run from ``podman save`` | ``ctr images import``:
   ``ghcr.io/compilecache/preloader:e2e`` and ``ghcr.io/compilecache/operator:e2e``; ``compilecache.test/workload``
   is the pybase image running the test virtualenv (mounted read-only) with the checkout on PYTHONPATH.
-  Pods reach servers on the host at ``GATEWAY``: ``redis_server`` here binds it (test modules that import
-  ``testsupport.servers.redis_server`` get a loopback one, for the node agent).
-- ``node_agent`` (session): for the tests that have not moved to the real node (see docs/testing.md): the
-  node ``gpu-node-1`` labelled nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3.
-  ``ghcr.io/compilecache/preloader*`` runs as a real container (podman) from the preloader image that
-  tests/infra/images.py builds from images/preloader/Dockerfile: the preload (init container or native
-  sidecar) and the warm-up's harness copy and publish steps, with their securityContext and volumes.
-  Other images under ``ghcr.io/compilecache/`` run the project's CLI from the repository's virtualenv as
-  uid 65532; images under
-  ``compilecache.test/workload`` run the same virtualenv's Python (with torch), as root unless the pod
-  says otherwise. Every process runs as the uid its pod spec gives it.
+  Pods reach servers on the host at ``GATEWAY``: ``redis_server`` here binds it.
+- ``api_for_pods`` (session): where pods reach the API server (a relay on ``GATEWAY``), for the operator
+  run as the chart's pod.
 - ``kube_namespace`` (function): a fresh namespace enforcing the "restricted" Pod Security Standard,
   deleted afterwards; ``baseline_namespace`` enforces "baseline" only; ``namespace_factory(level)`` makes
   more, at any level (hostPath volumes need "privileged").
 
-Both nodes can serve one session: the node agent only binds pods in the namespaces of the tests that ask
-for it (its node is tainted, so the kube-scheduler never picks it), and the real node is cordoned while such
-a test runs.
-
-When an e2e test fails, the node's (or node agent's) events and container logs are attached to the report.
+When an e2e test fails, the node's events and container logs are attached to the report.
 Set COMPILECACHE_TEST_KEEP=1 to keep the control plane's directory (certificates, etcd data, process logs),
-the real node's work directory and the node agent's root (pod directories and container logs) after the
-session.
+and the real node's work directory (pod directories and container logs) after the session.
 """
 
 from __future__ import annotations
@@ -57,20 +44,14 @@ from tests.infra.node import (
     Workload,
     ensure_workload_image,
 )
-from tests.infra.nodeagent import NodeAgent, Runtime
+from tests.infra.relay import TcpRelay
 from testsupport.servers import RedisServer, start_redis
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 E2E_DIR = Path(__file__).resolve().parent
 GPU_LABEL = "nvidia.com/gpu.product"
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
-NODE_NAME = "gpu-node-1"
 REAL_NODE_NAME = "gpu-node-0"
-STARTED_NODES: list[RealNode] = []
-AGENT_TAINT = {"key": "compilecache.test/node-agent", "value": "true", "effect": "NoSchedule"}
-PROJECT_IMAGE_PREFIX = "ghcr.io/compilecache/"
-PRELOADER_IMAGE_PREFIX = "ghcr.io/compilecache/preloader"
-IMAGE_UID = 65532  # the USER of our images
 WORKLOAD_IMAGE_PREFIX = "compilecache.test/workload"
 WORKLOAD_IMAGE = f"{WORKLOAD_IMAGE_PREFIX}:cpu"
 KEEP = os.environ.get("COMPILECACHE_TEST_KEEP") == "1"
@@ -100,9 +81,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     outcome = yield
     report = outcome.get_result()
     funcargs = getattr(item, "funcargs", {})
-    agent = funcargs.get("node_agent")
-    if report.failed and isinstance(agent, NodeAgent):
-        report.sections.append(("node agent", agent.describe(funcargs.get("kube_namespace"))))
     node = funcargs.get("real_node")
     if report.failed and isinstance(node, RealNode):
         report.sections.append(("real node", node.describe(funcargs.get("kube_namespace"))))
@@ -116,7 +94,8 @@ def kube_cluster() -> Iterator[LocalCluster]:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {missing}")
         pytest.skip(str(missing))
-    with LocalCluster(binaries, keep_workdir=KEEP, kubelet_client=True) as cluster:
+    # GATEWAY in the serving certificate: pods reach the API server there, through ``api_for_pods``.
+    with LocalCluster(binaries, keep_workdir=KEEP, kubelet_client=True, server_names=(GATEWAY,)) as cluster:
         print(f"\nlocal control plane at {cluster.server} ready in {cluster.startup_seconds:.1f}s ({cluster.workdir})")
         yield cluster
 
@@ -126,22 +105,6 @@ def kube_client(kube_cluster: LocalCluster) -> Iterator[KubeClient]:
     client = kube_cluster.client()
     yield client
     client.close()
-
-
-def preloader_runtime() -> Runtime | None:
-    """The preloader image built by tests/infra/images.py, as a real container; None when it is not built
-    (then the preloader runs as a local process, like the other project images). In CI it must be built."""
-    from tests.infra.images import current_references, podman_usable
-
-    reason = podman_usable()
-    reference = None if reason else current_references().get("preloader")
-    if reference:
-        return Runtime(container_image=reference)
-    why = reason or "the preloader image is not built for this checkout (python -m tests.infra.images)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {why}")
-    print(f"\nthe preload runs as a local process, not a real container: {why}")
-    return None
 
 
 def workload() -> Workload:
@@ -172,10 +135,19 @@ def real_node(kube_cluster: LocalCluster) -> Iterator[RealNode]:
     except (NodeUnavailable, ImagesUnavailable) as reason:
         unavailable(str(reason))
     with node:
-        STARTED_NODES.append(node)
         print(f"\nreal node {node.name} Ready in {node.times.ready:.1f}s (containerd {node.times.containerd:.1f}s, "
               f"images {node.times.images:.1f}s; {node.workdir})")
         yield node
+
+
+@pytest.fixture(scope="session")
+def api_for_pods(kube_cluster: LocalCluster, real_node: RealNode) -> Iterator[tuple[str, int]]:
+    """(host, port) where pods reach the API server: a relay on the bridge's gateway to its loopback port (no
+    kube-proxy routes the ``kubernetes`` Service's ClusterIP). A pod is told it by KUBERNETES_SERVICE_HOST and
+    KUBERNETES_SERVICE_PORT, the variables in-cluster clients read."""
+    port = int(kube_cluster.server.rsplit(":", 1)[1])
+    with TcpRelay((GATEWAY, 0), ("127.0.0.1", port)) as relay:
+        yield relay.host, relay.port
 
 
 @pytest.fixture(scope="session")
@@ -188,62 +160,14 @@ def redis_server(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) 
         yield dataclasses.replace(server, host=GATEWAY)
 
 
-@pytest.fixture(scope="session")
-def _node_agent_session(kube_cluster: LocalCluster) -> Iterator[NodeAgent]:
-    bin_dir = str(python_bin_dir())
-    images = {
-        PROJECT_IMAGE_PREFIX: Runtime(path=(bin_dir,), user=(IMAGE_UID, IMAGE_UID)),
-        WORKLOAD_IMAGE_PREFIX: Runtime(path=(bin_dir,)),
-    }
-    preloader = preloader_runtime()
-    if preloader is not None:
-        images[PRELOADER_IMAGE_PREFIX] = preloader
-    agent = NodeAgent(
-        kube_cluster.kubeconfig,
-        NODE_NAME,
-        labels={GPU_LABEL: GPU_PRODUCT},
-        capacity={"nvidia.com/gpu": "8"},
-        images=images,
-        keep_root=KEEP,
-        namespaces=set(),
-    )
-    with agent:
-        client = kube_cluster.client()
-        try:
-            client.merge_patch(f"/api/v1/nodes/{NODE_NAME}", {"spec": {"taints": [AGENT_TAINT]}})
-        finally:
-            client.close()
-        yield agent
-
-
 @pytest.fixture
-def node_agent(_node_agent_session: NodeAgent, kube_client: KubeClient, request: pytest.FixtureRequest
-               ) -> Iterator[NodeAgent]:
-    """The node agent, serving the namespaces this test makes; the real node (if started) is cordoned meanwhile."""
-    node = f"/api/v1/nodes/{REAL_NODE_NAME}"
-    real = bool(STARTED_NODES)
-    if real:
-        kube_client.merge_patch(node, {"spec": {"unschedulable": True}})
-    try:
-        yield _node_agent_session
-    finally:
-        _node_agent_session.namespaces = set()
-        if real:
-            kube_client.merge_patch(node, {"spec": {"unschedulable": None}})
-
-
-@pytest.fixture
-def namespace_factory(kube_client: KubeClient, request: pytest.FixtureRequest) -> Iterator[Callable[[str | None], str]]:
+def namespace_factory(kube_client: KubeClient) -> Iterator[Callable[[str | None], str]]:
     """Makes fresh namespaces at a Pod Security level ("restricted", "baseline", "privileged", None: no label);
-    deletes them afterwards. In a test that asks for ``node_agent``, the agent serves them."""
+    deletes them afterwards."""
     made: list[str] = []
-    agent = request.getfixturevalue("node_agent") if "node_agent" in request.fixturenames else None
 
     def make(pod_security: str | None) -> str:
         made.append(create_namespace(kube_client, pod_security))
-        if agent is not None:
-            assert agent.namespaces is not None
-            agent.namespaces.add(made[-1])
         return made[-1]
 
     yield make

@@ -1,8 +1,9 @@
 """The Helm chart on the real kube-apiserver (1.20): install, upgrade, uninstall, the examples, and the
 operator's RBAC checked by acting as its ServiceAccount.
 
-The control plane runs no scheduler, so the operator's Deployment is created but its pod never starts; the
-last test runs the operator as a local process that authenticates as the chart's ServiceAccount instead.
+These tests check API objects and RBAC and ask for no node: the operator's pods are not waited for here
+(test_chart_operator_pod.py runs them on the real node; test_chart_operator_flow.py runs the operator as a
+local process that authenticates as the chart's ServiceAccount).
 """
 
 from __future__ import annotations

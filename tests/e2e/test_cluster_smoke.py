@@ -1,4 +1,5 @@
-"""The e2e infrastructure itself: real Job controller, the node agent running pods, status written back."""
+"""The proving ground itself: the real Job controller, kube-scheduler and kubelet running pods, status written back,
+webhooks reached through Service endpoints, Pod Security and RBAC as a cluster enforces them."""
 
 from __future__ import annotations
 
@@ -14,15 +15,17 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, NODE_NAME, WORKLOAD_IMAGE
+from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
 from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.pki import CertificateAuthority
 from tests.infra.kube.rest import KubeAPIError, KubeClient
-from tests.infra.nodeagent import NodeAgent
+from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
 from tests.infra.wait import wait_for
 
 pytestmark = pytest.mark.e2e
+
+TIMEOUT = 120  # a pod's Python starts in seconds; the margin is for a machine shared with other work
 
 ON_GPU_NODE = {GPU_LABEL: GPU_PRODUCT}
 
@@ -30,8 +33,7 @@ WRITE_GREETING = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('hel
 REPORT = """
 import json, os, pathlib, sys
 greeting = pathlib.Path(sys.argv[1]).read_text()
-report = {"greeting": greeting, "pod": os.environ["POD_NAME"],
-          "termination_log_env_matches": os.environ["COMPILECACHE_TERMINATION_LOG"] == sys.argv[2]}
+report = {"greeting": greeting, "pod": os.environ["POD_NAME"]}
 pathlib.Path(sys.argv[2]).write_text(json.dumps(report))
 """
 
@@ -76,7 +78,7 @@ def pod_in_phase(client: KubeClient, namespace: str, name: str, phase: str) -> d
 
 
 def test_job_with_init_container_completes_with_termination_message(
-    kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str
+    kube_client: KubeClient, real_node: RealNode, kube_namespace: str
 ) -> None:
     mount = [{"name": "work", "mountPath": "/work"}]
     spec = {
@@ -92,11 +94,11 @@ def test_job_with_init_container_completes_with_termination_message(
     }
     kube_client.post(f"/apis/batch/v1/namespaces/{kube_namespace}/jobs", job_body("greet", spec))
 
-    condition = wait_for(lambda: job_condition(kube_client, kube_namespace, "greet"), 60, "the Job to finish")
+    condition = wait_for(lambda: job_condition(kube_client, kube_namespace, "greet"), TIMEOUT, "the Job to finish")
 
     assert condition["type"] == "Complete"
     pod = job_pod(kube_client, kube_namespace, "greet")
-    assert pod["spec"]["nodeName"] == NODE_NAME
+    assert pod["spec"]["nodeName"] == real_node.name
     assert pod["status"]["phase"] == "Succeeded"
     (init,) = pod["status"]["initContainerStatuses"]
     assert init["state"]["terminated"]["exitCode"] == 0
@@ -104,15 +106,14 @@ def test_job_with_init_container_completes_with_termination_message(
     (main,) = pod["status"]["containerStatuses"]
     terminated = main["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
-    assert json.loads(terminated["message"]) == {
-        "greeting": "hello", "pod": pod["metadata"]["name"], "termination_log_env_matches": True,
-    }
+    assert json.loads(terminated["message"]) == {"greeting": "hello", "pod": pod["metadata"]["name"]}
     conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
-    assert conditions == {"PodScheduled": "True", "Initialized": "True", "Ready": "False", "ContainersReady": "False"}
+    assert {k: conditions.get(k) for k in ("PodScheduled", "Initialized", "Ready", "ContainersReady")} == {
+        "PodScheduled": "True", "Initialized": "True", "Ready": "False", "ContainersReady": "False"}, conditions
 
 
 def test_job_whose_container_fails_becomes_failed_with_log_tail(
-    kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str
+    kube_client: KubeClient, real_node: RealNode, kube_namespace: str
 ) -> None:
     crash = "import sys; print('compile exploded', flush=True); sys.exit(3)"
     spec = {
@@ -121,7 +122,7 @@ def test_job_whose_container_fails_becomes_failed_with_log_tail(
     }
     kube_client.post(f"/apis/batch/v1/namespaces/{kube_namespace}/jobs", job_body("crash", spec))
 
-    condition = wait_for(lambda: job_condition(kube_client, kube_namespace, "crash"), 60, "the Job to finish")
+    condition = wait_for(lambda: job_condition(kube_client, kube_namespace, "crash"), TIMEOUT, "the Job to finish")
 
     assert (condition["type"], condition["reason"]) == ("Failed", "BackoffLimitExceeded")
     pod = job_pod(kube_client, kube_namespace, "crash")
@@ -129,16 +130,17 @@ def test_job_whose_container_fails_becomes_failed_with_log_tail(
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (3, "Error")
     assert terminated["message"].strip() == "compile exploded"
-    assert node_agent.container_log(kube_namespace, pod["metadata"]["name"], "main") == "compile exploded\n"
+    assert real_node.container_log(kube_namespace, pod["metadata"]["name"], "main") == "compile exploded\n"
 
 
 def test_unknown_image_waits_and_unmatched_selector_stays_unscheduled(
-    kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str
+    kube_client: KubeClient, real_node: RealNode, kube_namespace: str
 ) -> None:
     pods = f"/api/v1/namespaces/{kube_namespace}/pods"
     elsewhere = {"nodeSelector": {GPU_LABEL: "NVIDIA-A100-SXM4-40GB"}, "containers": [python_container("c", "pass")]}
     kube_client.post(pods, pod_body("elsewhere", elsewhere))
-    unknown = {"nodeSelector": ON_GPU_NODE, "containers": [{"name": "c", "image": "registry.invalid/nothing:1"}]}
+    absent = {"name": "c", "image": "registry.invalid/nothing:1", "imagePullPolicy": "Never"}  # no registry here
+    unknown = {"nodeSelector": ON_GPU_NODE, "containers": [absent]}
     kube_client.post(pods, pod_body("unknown-image", unknown))
     canary = {"nodeSelector": ON_GPU_NODE, "containers": [python_container("c", "pass")]}
     kube_client.post(pods, pod_body("canary", canary))
@@ -148,29 +150,30 @@ def test_unknown_image_waits_and_unmatched_selector_stays_unscheduled(
         waiting = statuses[0]["state"].get("waiting") if statuses else None
         return waiting if waiting and waiting.get("reason") == "ErrImageNeverPull" else None
 
-    waiting = wait_for(waiting_reason, 30, "the unknown image to be reported")
+    waiting = wait_for(waiting_reason, TIMEOUT, "the unknown image to be reported")
     assert "registry.invalid/nothing:1" in waiting["message"]
     assert kube_client.get(f"{pods}/unknown-image")["status"]["phase"] == "Pending"
 
-    wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "canary", "Succeeded"), 30, "the canary pod")
+    wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "canary", "Succeeded"), TIMEOUT, "the canary pod")
     unscheduled = kube_client.get(f"{pods}/elsewhere")
     assert "nodeName" not in unscheduled["spec"]
     assert unscheduled["status"]["phase"] == "Pending"
 
 
 def test_active_deadline_fails_the_pod_and_deletion_kills_it(
-    kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str
+    kube_client: KubeClient, real_node: RealNode, kube_namespace: str
 ) -> None:
     pods = f"/api/v1/namespaces/{kube_namespace}/pods"
-    sleeper = python_container("c", "import time; time.sleep(120)")
-    kube_client.post(pods, pod_body("deadline", {"activeDeadlineSeconds": 2, "containers": [sleeper]}))
-    kube_client.post(pods, pod_body("doomed", {"containers": [sleeper]}))
+    sleeper = python_container("c", "import time; time.sleep(120)")  # PID 1 of its container: SIGTERM is ignored
+    quick = {"terminationGracePeriodSeconds": 1, "containers": [sleeper]}
+    kube_client.post(pods, pod_body("deadline", {"activeDeadlineSeconds": 2, **quick}))
+    kube_client.post(pods, pod_body("doomed", quick))
 
-    failed = wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "deadline", "Failed"), 30, "the deadline")
+    failed = wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "deadline", "Failed"), TIMEOUT, "the deadline")
     assert failed["status"]["reason"] == "DeadlineExceeded"
     assert failed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] in (137, 143)
 
-    wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "doomed", "Running"), 30, "the pod to run")
+    wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "doomed", "Running"), TIMEOUT, "the pod to run")
     kube_client.delete(f"{pods}/doomed")
 
     def gone() -> bool:
@@ -180,7 +183,7 @@ def test_active_deadline_fails_the_pod_and_deletion_kills_it(
             return error.status == 404
         return False
 
-    wait_for(gone, 30, "the deleted pod to disappear")
+    wait_for(gone, TIMEOUT, "the deleted pod to disappear")
 
 
 def test_client_certificates_carry_user_and_groups_for_rbac(kube_cluster: LocalCluster, kube_namespace: str) -> None:
@@ -214,15 +217,16 @@ if not marker.exists():
     marker.write_text("failed once")
     sys.exit(1)
 settings = pathlib.Path(sys.argv[2]).read_text()
-pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(settings + " " + os.environ["TOKEN"])
+pathlib.Path("/dev/termination-log").write_text(settings + " " + os.environ["TOKEN"])
 """
 
 
 def test_restart_on_failure_with_config_map_secret_and_host_path(
-    kube_cluster: LocalCluster, kube_client: KubeClient, node_agent: NodeAgent,
+    kube_cluster: LocalCluster, kube_client: KubeClient, real_node: RealNode,
     namespace_factory: Callable[[str | None], str],
 ) -> None:
     kube_namespace = namespace_factory("privileged")  # hostPath volumes are refused by "baseline" and stricter
+    host_dir = real_node.workdir / "hostpath" / kube_namespace  # the node's own directory, not the host's /var
     ns = f"/api/v1/namespaces/{kube_namespace}"
     kube_client.post(f"{ns}/configmaps", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
                                           "data": {"mode": "max-autotune"}})
@@ -231,7 +235,7 @@ def test_restart_on_failure_with_config_map_secret_and_host_path(
     spec = {
         "restartPolicy": "OnFailure",
         "volumes": [
-            {"name": "node-cache", "hostPath": {"path": f"/var/cache/{kube_namespace}", "type": "DirectoryOrCreate"}},
+            {"name": "node-cache", "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"}},
             {"name": "settings", "configMap": {"name": "settings"}},
         ],
         "containers": [python_container(
@@ -244,7 +248,7 @@ def test_restart_on_failure_with_config_map_secret_and_host_path(
     }
     kube_client.post(f"{ns}/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "flaky"}, "spec": spec})
 
-    wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "flaky", "Succeeded"), 30, "the restarted pod")
+    wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "flaky", "Succeeded"), TIMEOUT, "the restarted pod")
 
     with kube_cluster.api() as api:
         pod: Any = client.CoreV1Api(api).read_namespaced_pod("flaky", kube_namespace)
@@ -252,8 +256,7 @@ def test_restart_on_failure_with_config_map_secret_and_host_path(
     assert status.restart_count == 1
     assert status.last_state.terminated.exit_code == 1
     assert status.state.terminated.message == "max-autotune s3cr3t"
-    host_marker = node_agent.root / "hostpath" / "var" / "cache" / kube_namespace / "flaky"
-    assert host_marker.read_text() == "failed once"
+    assert (host_dir / "flaky").read_text() == "failed once"
 
 
 class _AnnotatingWebhook(http.server.BaseHTTPRequestHandler):
@@ -280,7 +283,7 @@ class _AnnotatingWebhook(http.server.BaseHTTPRequestHandler):
 
 
 def test_service_addressed_webhook_reaches_a_host_process_through_endpoints(
-    kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str, tmp_path: Path
+    kube_client: KubeClient, real_node: RealNode, kube_namespace: str, tmp_path: Path
 ) -> None:
     ca = CertificateAuthority(tmp_path, "webhook-ca")
     serving = ca.issue("webhook", "webhook", server_names=(f"webhook.{kube_namespace}.svc",), client=False)
@@ -295,7 +298,7 @@ def test_service_addressed_webhook_reaches_a_host_process_through_endpoints(
                                         "spec": {"ports": [{"port": 443, "targetPort": port}]}})
     kube_client.post(f"{ns}/endpoints", {
         "apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "webhook"},
-        "subsets": [{"addresses": [{"ip": node_agent.node_ip}], "ports": [{"port": port}]}],
+        "subsets": [{"addresses": [{"ip": real_node.address}], "ports": [{"port": port}]}],
     })
     webhooks = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
     kube_client.post(webhooks, {
@@ -347,36 +350,37 @@ import json, os, pathlib, sys
 result = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups())}
 for index, name in enumerate(sys.argv[1:]):
     try:
-        (pathlib.Path(name) / "probe").write_text("x")
-        result[index] = "written"
+        probe = pathlib.Path(name) / "probe"
+        probe.write_text("x")
+        result[index] = ["written", probe.stat().st_gid]
     except PermissionError as error:
         result[index] = f"PermissionError: {error.strerror}"
-pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(json.dumps(result))
+pathlib.Path("/dev/termination-log").write_text(json.dumps(result))
 """
 
 
 def test_containers_run_as_their_pod_says_and_volumes_have_kubelet_ownership(
-    kube_client: KubeClient, node_agent: NodeAgent, namespace_factory: Callable[[str | None], str]
+    kube_client: KubeClient, real_node: RealNode, namespace_factory: Callable[[str | None], str]
 ) -> None:
     ns = namespace_factory("privileged")
+    host_dir = real_node.workdir / "hostpath" / ns
     spec = restricted({
         "restartPolicy": "Never",
         "volumes": [{"name": "scratch", "emptyDir": {}},
-                    {"name": "node", "hostPath": {"path": f"/var/cache/{ns}", "type": "DirectoryOrCreate"}}],
+                    {"name": "node", "hostPath": {"path": str(host_dir), "type": "DirectoryOrCreate"}}],
         "containers": [python_container(
             "app", WHO_AM_I, "/scratch", "/node",
             volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}, {"name": "node", "mountPath": "/node"}])],
     }, uid=1234, gid=2345, fs_group=3456)
     kube_client.post(f"/api/v1/namespaces/{ns}/pods", {"apiVersion": "v1", "kind": "Pod",
                                                        "metadata": {"name": "who"}, "spec": spec})
-    done = wait_for(lambda: pod_in_phase(kube_client, ns, "who", "Succeeded"), 30, "the pod to finish")
+    done = wait_for(lambda: pod_in_phase(kube_client, ns, "who", "Succeeded"), TIMEOUT, "the pod to finish")
     (status,) = done["status"]["containerStatuses"]
     report = json.loads(status["state"]["terminated"]["message"])
     assert (report["uid"], report["gid"]) == (1234, 2345) and 3456 in report["groups"], report
-    assert report["0"] == "written"  # /scratch, an emptyDir: 0777, group fsGroup, setgid
+    assert report["0"] == ["written", 3456]  # /scratch, an emptyDir: 0777, group fsGroup, setgid: files get fsGroup
     assert report["1"].startswith("PermissionError"), report  # /node, a hostPath made by the kubelet: root 0755
-    scratch = node_agent.pod_dir(ns, "who") / "volumes" / "scratch"  # type: ignore[operator]
-    assert (scratch / "probe").stat().st_gid == 3456
+    assert host_dir.stat().st_uid == 0 and not host_dir.stat().st_mode & 0o022  # made by the kubelet for root
 
 
 SIDECAR = """
@@ -397,12 +401,12 @@ for _ in range(100):
     if ready.exists():
         break
     time.sleep(0.1)
-pathlib.Path(os.environ["COMPILECACHE_TERMINATION_LOG"]).write_text(ready.read_text())
+pathlib.Path("/dev/termination-log").write_text(ready.read_text())
 """
 
 
 def test_native_sidecar_starts_before_the_app_and_stops_after_it(
-    kube_client: KubeClient, node_agent: NodeAgent, kube_namespace: str
+    kube_client: KubeClient, real_node: RealNode, kube_namespace: str
 ) -> None:
     shared = [{"name": "shared", "mountPath": "/shared"}]
     spec = {
@@ -412,7 +416,7 @@ def test_native_sidecar_starts_before_the_app_and_stops_after_it(
     }
     created = kube_client.post(f"/api/v1/namespaces/{kube_namespace}/pods", pod_body("sidecar", spec))
     assert created["spec"]["initContainers"][0]["restartPolicy"] == "Always"  # the API server knows sidecars
-    done = wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "sidecar", "Succeeded"), 30, "the pod")
+    done = wait_for(lambda: pod_in_phase(kube_client, kube_namespace, "sidecar", "Succeeded"), TIMEOUT, "the pod")
     (app,) = done["status"]["containerStatuses"]
     assert app["state"]["terminated"]["message"] == "sidecar ran first"
     (side,) = done["status"]["initContainerStatuses"]

@@ -1,7 +1,7 @@
 """The operator's main job on a real API server: warm up, publish, inject, preload, hit, count.
 
 A CompileCache for the built-in ``tiny_mlp`` target publishes its bundle to a real redis-server through a
-warm-up Job that the real Job controller runs and the node agent executes; then a labelled pod goes through
+warm-up Job that the real Job controller runs and the real node's kubelet executes; then a labelled pod goes through
 the real admission chain to the operator's webhook, its preload init container fills the cache directory,
 and the app's first compile hits torch's FX-graph cache. The operator's /metrics counts that hit, a miss
 (a pod pinned to a GPU type that has no bundle) and a skipped pod (a cache that does not exist).
@@ -99,7 +99,7 @@ def test_warm_up_publish_inject_preload_hit_and_count(
     assert app_env["TORCH_COMPILE_JOB_ID"] == bundle["jobId"]
     assert created["metadata"]["annotations"]["compilecache.io/injected"] == "mlp"
 
-    # the agent runs the preload, then the app: its first compile hits the FX graph cache
+    # the kubelet runs the preload, then the app: its first compile hits the FX graph cache
     pod = wait_for(lambda: pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT, "the app pod to finish")
     assert pod["status"]["phase"] == "Succeeded", pod["status"]
     preload = terminated_message(pod, "compilecache-preload", init=True)

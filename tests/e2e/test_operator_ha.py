@@ -33,6 +33,7 @@ from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.podspec import restricted
+from tests.infra.relay import TcpRelay
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, crd
 
@@ -60,24 +61,22 @@ class Replica(OperatorProcess):
         wait_for(lambda: self._alive() and self.ready(), timeout, "the replica's /readyz")
 
 
-class Balancer:
+class Balancer(TcpRelay):
     """A TCP balancer on loopback over the replicas that are ready, as a Service routes to its ready endpoints:
     a replica leaves after ``FAILURE_THRESHOLD`` failed readiness probes in a row (a kubelet's default), and a
     connection, once made, stays up until one of its ends closes it, however long it is idle (kube-proxy's
     conntrack keeps an established connection for days)."""
 
     FAILURE_THRESHOLD = 3
+    connect_timeout = 2.0
 
     def __init__(self) -> None:
         self.replicas: list[Replica] = []
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=512)
-        self.port = self.listener.getsockname()[1]
         self._ready: list[int] = []
         self._failures: dict[int, int] = {}
         self._turn = itertools.count()
-        self._stop = threading.Event()
+        super().__init__(("127.0.0.1", 0))
         threading.Thread(target=self._probe, daemon=True).start()
-        threading.Thread(target=self._accept, daemon=True).start()
 
     def _probe(self) -> None:
         while not self._stop.is_set():
@@ -88,41 +87,9 @@ class Balancer:
                            if self._failures.get(r.webhook_port, self.FAILURE_THRESHOLD) < self.FAILURE_THRESHOLD]
             time.sleep(0.5)
 
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            ready = self._ready
-            if not ready:
-                client.close()
-                continue
-            port = ready[next(self._turn) % len(ready)]
-            try:
-                upstream = socket.create_connection(("127.0.0.1", port), timeout=2)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)  # the timeout was for connecting: an idle kept-alive connection stays
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, sink):
-                with contextlib.suppress(OSError):
-                    end.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._stop.set()
-        self.listener.close()
+    def pick(self) -> tuple[str, int] | None:
+        ready = self._ready
+        return ("127.0.0.1", ready[next(self._turn) % len(ready)]) if ready else None
 
 
 def webhook_configuration(name: str, namespace: str, port: int, ca: bytes) -> dict[str, Any]:

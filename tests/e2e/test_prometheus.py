@@ -7,11 +7,11 @@ configuration, as prometheus-operator would. Then real pods hit, miss and fail:
 
 - one CompileCache warms ``tiny_mlp``; its pods preload it (hit) and compile warm, serving cachelib.runtime's
   metrics on the PodMonitor's port; pods pinned to a GPU type without a bundle miss;
-- another CompileCache's warm-up fails (a target that does not exist), twice (a new generation);
+- another CompileCache's warm-up fails (a target that does not exist);
 - finally the operator stops.
 
-Counters are born at their first event: ``increase()`` cannot see that first one (Prometheus has no earlier
-sample of the series), so every outcome happens in two waves and the assertions are about the second.
+Every outcome happens once: the operator makes a CompileCache's counter series at 0 when it learns of the
+cache and its GPU types, so ``increase()`` sees the first hit, miss and failed warm-up of each.
 """
 
 from __future__ import annotations
@@ -115,29 +115,39 @@ def test_prometheus_computes_the_hit_rate_fires_the_alerts_and_feeds_every_dashb
     ns = kube_namespace
     kube_client.post(cache_path(ns), compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()}}))
-    broken = {"image": WORKLOAD_IMAGE, "model": {"target": "no_such_module:build"},
-              "storage": {"url": redis_server.store_url()}, "warmup": {"backoffLimit": 0}}
-    kube_client.post(cache_path(ns), compile_cache("broken", broken))
     wait_condition(kube_client, ns, "mlp", "Ready", "True", TIMEOUT)
     pods = f"/api/v1/namespaces/{ns}/pods"
 
-    def outcomes(wave: int) -> None:
-        """One warm pod (serving its runtime metrics until Prometheus has them) and one pinned pod that misses."""
-        kube_client.post(pods, app_pod(f"warm-{wave}", "mlp", SERVE_RUNTIME_METRICS))
-        kube_client.post(pods, app_pod(f"pinned-{wave}", "mlp", "pass", nodeSelector={GPU_LABEL: GPU_PRODUCT}))
-        wait_for(lambda: values(prometheus, f'compilecache_runtime_cache_events_total{{pod="warm-{wave}", '
-                                            f'torch_cache="fxgraph", result="hit"}}'), TIMEOUT,
-                 f"Prometheus to scrape the warm pod of wave {wave}")
-        wait_for(lambda: pod_terminated(kube_client, ns, f"pinned-{wave}"), TIMEOUT, f"pinned-{wave} to finish")
-        wait_for(lambda: values(prometheus, f'sum(compilecache_preloads_total{{namespace="{ns}", cache="mlp"}})')
-                 == [2.0 * wave], 60, f"the operator's counts of wave {wave} in Prometheus")
-        kube_client.delete(f"{pods}/warm-{wave}")
+    # the cache's series exist at 0 before anything happened to them (and Prometheus scrapes the operator)
+    mlp = f'namespace="{ns}", cache="mlp"'
+    wait_for(lambda: values(prometheus, f'compilecache_preloads_total{{{mlp}, result="hit"}}'), 60,
+             "the zero series of the preloads in Prometheus")
+    assert set(values(prometheus, f'compilecache_preloads_total{{{mlp}}}')) == {0.0}
+    broken = {"image": WORKLOAD_IMAGE, "model": {"target": "no_such_module:build"},
+              "storage": {"url": redis_server.store_url()}, "warmup": {"backoffLimit": 0}}
+    kube_client.post(cache_path(ns), compile_cache("broken", broken))
 
-    outcomes(1)
-    kube_client.merge_patch(cache_path(ns, "broken"), {"spec": {"model": {"target": "no_such_module:other"}}})
-    outcomes(2)
+    # one warm pod (serving its runtime metrics until Prometheus has them) and one pinned pod that misses
+    kube_client.post(pods, app_pod("warm", "mlp", SERVE_RUNTIME_METRICS))
+    kube_client.post(pods, app_pod("pinned", "mlp", "pass", nodeSelector={GPU_LABEL: GPU_PRODUCT}))
+    # the workload's own counters start with its first compile: two scrapes of them give rate() a value
+    wait_for(lambda: values(prometheus, 'count_over_time(compilecache_runtime_cache_events_total{pod="warm", '
+                                        'torch_cache="fxgraph", result="hit"}[10m]) >= 2'), TIMEOUT,
+             "Prometheus to scrape the warm pod twice")
+    wait_for(lambda: pod_terminated(kube_client, ns, "pinned"), TIMEOUT, "the pinned pod to finish")
+    wait_for(lambda: values(prometheus, f'sum(compilecache_preloads_total{{{mlp}}})') == [2.0], 60,
+             "the operator's counts in Prometheus")
+    kube_client.delete(f"{pods}/warm")
 
-    # the recording rules: one hit of two preloads in the second wave
+    # the first hit, the first miss and the first failed warm-up are each seen by increase()
+    for what, expr in (("hit", f'compilecache_preloads_total{{{mlp}, result="hit"}}'),
+                       ("miss", f'compilecache_preloads_total{{{mlp}, result="miss"}}'),
+                       ("failed warm-up", f'compilecache_warmup_jobs_total{{namespace="{ns}", cache="broken", '
+                                          'result="failed"}')):
+        wait_for(lambda expr=expr: sum(values(prometheus, f"increase({expr}[1h])")) > 0, TIMEOUT,
+                 f"increase() to see the first {what}")
+
+    # the recording rules: one hit of two preloads
     ratio = wait_for(lambda: values(prometheus, f'namespace_cache:compilecache_preload_hit_ratio:rate1h'
                                                 f'{{namespace="{ns}", cache="mlp"}}') or None, 60, "the hit ratio")
     assert len(ratio) == 1 and 0.2 < ratio[0] < 0.8, ratio

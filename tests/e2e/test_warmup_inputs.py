@@ -29,8 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TIMEOUT = 240
 # Exit status 7 unless the token came through valueFrom and the CA file through the volume. The file's
-# path comes in an environment variable, as a client library reads it (and as the node agent, whose
-# containers are processes, rewrites paths under a mountPath).
+# path comes in an environment variable, as a client library reads it.
 CHECK = (
     'python -c "import os, sys; '
     "ok = os.environ.get('HF_TOKEN') == 'hf_s3cret' and open(os.environ['CA_FILE']).read() == 'CA-PEM'; "

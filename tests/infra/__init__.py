@@ -1,1 +1,1 @@
-"""Test infrastructure: a local Kubernetes control plane and a node agent that runs pods as processes."""
+"""Test infrastructure: a local Kubernetes control plane, a real node, our images, Prometheus and helm."""

@@ -33,7 +33,7 @@ What the argv enforces, as a kubelet with containerd would:
   ``supplementalGroupsPolicy: Strict`` and unknown securityContext fields are refused with
   ``ContainerConfigError`` naming the field (never silently ignored).
 - ``env`` (literal values with ``$(VAR)`` expansion, in order) or, when the caller already resolved
-  ``valueFrom``/``envFrom`` (the node agent does), the complete environment passed as ``env=``;
+  ``valueFrom``/``envFrom``, the complete environment passed as ``env=``;
   ``workingDir`` → ``--workdir``; ``command`` replaces the image's ENTRYPOINT (and drops its CMD), ``args``
   replace its CMD; both get ``$(VAR)`` expansion from the container's environment.
 - Volume mounts: each ``volumeMounts`` entry of the spec must have a host directory in ``mounts``
@@ -73,7 +73,6 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from tests.infra.images import podman_env
-from tests.infra.podspec import expand
 
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 TERMINATION_MESSAGE_LIMIT = 4096
@@ -97,6 +96,21 @@ _POD_FIELDS = {"runAsUser", "runAsGroup", "runAsNonRoot", "fsGroup", "fsGroupCha
                "seLinuxChangePolicy", "sysctls"}  # fmt: skip
 _CAPABILITY = re.compile(r"[A-Z][A-Z0-9_]*")
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
+
+
+_VARIABLE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion: known variables are replaced, unknown ones kept, $$ escapes $."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env.get(name, match.group(0))
+
+    return _VARIABLE.sub(replace, value)
 
 
 class ContainerConfigError(ValueError):

@@ -1,4 +1,4 @@
-"""The node agent's reading of securityContext, volumes and sidecars: pure functions, checked without a server."""
+"""The podman runner's reading of securityContext and the tests' restricted pods: pure functions, no server."""
 
 from __future__ import annotations
 
@@ -28,11 +28,6 @@ def test_run_as_non_root_refuses_uid_zero_like_a_kubelet() -> None:
     with pytest.raises(containers.ContainerConfigError, match="container has runAsNonRoot and image will run as root"):
         containers.process_identity(pod({"runAsNonRoot": True}), {"name": "c"}, (0, 0))
     assert containers.process_identity(pod({"runAsNonRoot": True}), {"name": "c"}, (65532, 1))[0] == 65532
-
-
-def test_native_sidecar_is_an_init_container_that_restarts_always() -> None:
-    assert podspec.is_native_sidecar({"restartPolicy": "Always"})
-    assert not podspec.is_native_sidecar({})
 
 
 def test_restricted_fills_the_standard_and_keeps_what_the_pod_says() -> None:

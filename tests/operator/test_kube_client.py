@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,6 +23,8 @@ from aiohttp import web
 from compilecache_operator import kubeconfig
 from compilecache_operator.handlers import login
 from compilecache_operator.kube import KubeAPI, KubeError, backoff, retry_after
+from hypothesis import given
+from hypothesis import strategies as st
 
 Handler = Callable[[web.Request], web.Response]
 
@@ -196,3 +199,14 @@ def test_a_failing_exec_plugin_says_what_failed(tmp_path: Path, monkeypatch: pyt
         login(settings=kopf.OperatorSettings())
     with pytest.raises(kubeconfig.ExecCredentialError, match="no ExecCredential status"):
         kubeconfig.run_exec_plugin({"command": sys.executable, "args": ["-c", "print(1)"]})
+
+
+@given(host=st.one_of(st.ip_addresses().map(str), st.from_regex(r"[a-z][a-z0-9.-]{0,30}", fullmatch=True)),
+       port=st.integers(1, 65535))
+def test_in_a_pod_the_api_server_is_where_the_kubelet_says_as_client_go_takes_it(host: str, port: int) -> None:
+    server = kubeconfig.in_cluster_server({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": str(port)})
+    assert server is not None
+    parsed = urllib.parse.urlsplit(server)
+    assert (parsed.scheme, parsed.hostname, parsed.port) == ("https", host.lower(), port), server
+    assert kubeconfig.in_cluster_server({"KUBERNETES_SERVICE_HOST": host}) is None
+    assert kubeconfig.in_cluster_server({}) is None

@@ -5,7 +5,7 @@
 has its pods judged by the API server itself), waits until the API server is ready and the ``default``
 ServiceAccount exists, and writes an admin kubeconfig. Nothing runs pods: pair it with a real node
 (``tests.infra.node.RealNode``: start the cluster with ``kubelet_client=True`` so that the API server can
-reach the kubelet for ``kubectl logs``/``exec``) or with ``tests.infra.nodeagent.NodeAgent``.
+reach the kubelet for ``kubectl logs``/``exec``).
 
 Binaries come from the environment (KUBE_APISERVER_BIN, KUBE_CONTROLLER_MANAGER_BIN, ETCD_BIN), else from
 the cache directory filled by ``tests/infra/kube/build.sh`` at the versions of ``versions.env``
@@ -268,6 +268,7 @@ class LocalCluster:
         keep_workdir: bool = False,
         audit: bool = False,
         kubelet_client: bool = False,
+        server_names: tuple[str, ...] = (),
     ) -> None:
         self.binaries = binaries or find_binaries()
         self._own_workdir = workdir is None
@@ -285,6 +286,9 @@ class LocalCluster:
         self.kubelet_client = kubelet_client
         """With ``kubelet_client``: the API server holds a client certificate (group system:masters) that a real
         kubelet trusts, for ``kubectl logs``/``exec``/``port-forward``."""
+        self.server_names = server_names
+        """More addresses (or DNS names) in the API server's serving certificate: where a relay makes it
+        reachable for pods (the real node's bridge gateway)."""
         self._ca: CertificateAuthority | None = None
 
     @property
@@ -339,7 +343,7 @@ class LocalCluster:
             "kube-apiserver",
             server_names=(
                 "127.0.0.1", "localhost", KUBERNETES_SERVICE_IP, "kubernetes", "kubernetes.default",
-                "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
+                "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", *self.server_names,
             ),
             client=False,
         )

@@ -1,7 +1,7 @@
 """A minimal JSON client for the Kubernetes API: plain dicts in and out, watches as iterators.
 
-The node agent uses it instead of the generated ``kubernetes`` client so that it depends only on the
-wire format of the API server it talks to, not on the client's model classes.
+The test infrastructure uses it instead of the generated ``kubernetes`` client so that it depends only on
+the wire format of the API server it talks to, not on the client's model classes.
 """
 
 from __future__ import annotations

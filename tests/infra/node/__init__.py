@@ -18,9 +18,9 @@ runtime spec (a hostPath volume would do the same, but Pod Security "restricted"
 operator builds the warm-up pods itself).
 
 Network: pods reach the host at the bridge's address ``GATEWAY`` (10.244.0.1): servers the tests start for
-pods (redis, S3) bind it. The API server stays on loopback: no pod talks to it (there is no kube-proxy,
-so ClusterIPs do not route), and it reaches the node's kubelet on the node's address and the operator's
-webhook on loopback.
+pods (redis, S3) bind it. The API server stays on loopback (there is no kube-proxy, so ClusterIPs do not
+route; pods that need it go through a relay on the gateway, see tests/e2e/conftest.py ``api_for_pods``),
+and it reaches the node's kubelet on the node's address and webhooks on loopback or on pod addresses.
 
 Host: needs root, Debian's ``runc``, ``containernetworking-plugins`` and ``iproute2``. Everything lives in the
 node's work directory except what the kubelet hard-codes: ``/var/log/containers`` links,

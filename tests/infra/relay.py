@@ -1,0 +1,76 @@
+"""TCP relays of the test infrastructure: bytes piped both ways between an accepted connection and an upstream.
+
+``TcpRelay`` makes a server on one address reachable at another (the API server, on loopback, for the real
+node's pods at the bridge's gateway); TLS passes through untouched, so the upstream's certificate must name
+the address the clients dial. ``splice`` is the piping itself, shared with the e2e tests' own balancers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+
+def splice(client: socket.socket, upstream: socket.socket) -> None:
+    """Pipe both ways until either end closes, in two daemon threads. A connection stays up however long it
+    is idle (as kube-proxy's conntrack keeps an established connection): no timeout is left on either end."""
+    for end in (client, upstream):
+        end.settimeout(None)
+    for a, b in ((client, upstream), (upstream, client)):
+        threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+
+class TcpRelay:
+    """Accepts on ``listen`` (port 0: a free one, see ``port``) and relays each connection to ``upstream``, or
+    to what ``pick()`` (for a subclass: a balancer) names; a connection with nowhere to go is closed."""
+
+    connect_timeout = 5.0
+
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int] | None = None) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(listen, backlog=512)
+        self.host, self.port = self.listener.getsockname()[:2]
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def pick(self) -> tuple[str, int] | None:
+        return self.upstream
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            target = self.pick()
+            try:
+                if target is None:
+                    raise ConnectionRefusedError
+                upstream = socket.create_connection(target, timeout=self.connect_timeout)
+            except OSError:
+                client.close()
+                continue
+            splice(client, upstream)  # the timeout was for connecting: an idle kept-alive connection stays
+
+    def close(self) -> None:
+        self._stop.set()
+        self.listener.close()
+
+    def __enter__(self) -> TcpRelay:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -1,0 +1,78 @@
+"""Counter series made at 0 when their label values become known, so that ``increase()`` sees every first event."""
+
+from __future__ import annotations
+
+import json
+
+from cachelib.keyformat import gpu_slug
+from compilecache_operator import reasons
+from compilecache_operator.metrics import PRELOAD_OUTCOMES, UNKNOWN_GPU, WARMUP_RESULTS, Metrics, cache_gpus
+from compilecache_operator.plan import BundleRecord
+from compilecache_operator.results import parse_preload
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.cachelib.helpers import make_key
+
+
+def series(m: Metrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {tuple(sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(m.exposition().decode()) for s in family.samples
+            if s.name == name}  # fmt: skip
+
+
+def preload(namespace: str, cache: str, gpu: str, result: str, reason: str) -> tuple[tuple[str, str], ...]:
+    labels = {"namespace": namespace, "cache": cache, "gpu": gpu, "result": result, "reason": reason}
+    return tuple(sorted(labels.items()))
+
+
+def test_a_known_cache_has_every_outcome_at_zero_per_gpu_and_nothing_more() -> None:
+    m = Metrics()
+    m.know_cache("ml", "mlp", ["cpu", "nvidia-l4"])
+    made = series(m, "compilecache_preloads_total")
+    expected = {preload("ml", "mlp", gpu, result, reason)
+                for gpu in ("cpu", "nvidia-l4") for result, why in PRELOAD_OUTCOMES.items() for reason in why}
+    expected |= {preload("ml", "mlp", UNKNOWN_GPU, reasons.SKIPPED, r) for r in PRELOAD_OUTCOMES[reasons.SKIPPED]}
+    assert set(made) == expected and set(made.values()) == {0.0}
+    warmups = series(m, "compilecache_warmup_jobs_total")
+    assert {dict(labels)["result"] for labels in warmups} == set(WARMUP_RESULTS) and set(warmups.values()) == {0.0}
+    for name, results in (("compilecache_warmup_duration_seconds_count", set(WARMUP_RESULTS)),
+                          ("compilecache_preload_duration_seconds_count", set(reasons.RESULTS) - {reasons.SKIPPED})):
+        durations = series(m, name)
+        assert {dict(labels)["result"] for labels in durations} == results and set(durations.values()) == {0.0}
+
+    # a GPU type seen later adds its own series; known ones are left as they are
+    m.count_preload("ml", "mlp", gpu="cpu", result=reasons.HIT, reason=reasons.PRELOADED)
+    m.know_cache("ml", "mlp", ["cpu", "nvidia-h100"])
+    after = series(m, "compilecache_preloads_total")
+    assert after[preload("ml", "mlp", "cpu", reasons.HIT, reasons.PRELOADED)] == 1.0
+    per_gpu = sum(len(why) for why in PRELOAD_OUTCOMES.values())
+    assert len(after) == len(made) + per_gpu
+
+
+def test_the_outcomes_are_the_fixed_results_and_reasons() -> None:
+    pairs = {(result, reason) for result, why in PRELOAD_OUTCOMES.items() for reason in why}
+    assert {result for result, _ in pairs} == set(reasons.RESULTS)
+    assert {reason for _, reason in pairs} == set(reasons.REASONS) - {reasons.UNKNOWN_CACHE}
+
+
+@given(result=st.sampled_from(reasons.PRELOAD_RESULTS), text=st.text(max_size=40),
+       prefix=st.sampled_from(["", "store unavailable: ", "deadline of 30 s passed ", "SignatureError: "]),
+       source=st.sampled_from(["", "node-cache", "store"]), garbled=st.booleans())
+def test_every_preload_the_operator_reads_is_counted_on_a_series_made_in_advance(
+    result: str, text: str, prefix: str, source: str, garbled: bool
+) -> None:
+    message = json.dumps({"result": result, "reason": prefix + text, "source": source})
+    outcome = parse_preload(message[:-1] if garbled else message)
+    assert outcome.code in PRELOAD_OUTCOMES[outcome.result], outcome
+    for annotation in (*reasons.WEBHOOK_RESULTS, None, text):
+        counted, reason = reasons.not_injected(annotation)
+        assert reason == reasons.UNKNOWN_CACHE or reason in PRELOAD_OUTCOMES[counted], (annotation, counted)
+
+
+def test_the_gpus_of_a_cache_are_its_bundles_and_the_nodes_gpu_types() -> None:
+    l4 = make_key(gpu=gpu_slug("NVIDIA-L4"))
+    status = {"bundles": [BundleRecord("a", str(l4), gpu="NVIDIA-L4").to_status(), {"key": ""}]}
+    assert cache_gpus(status, ["NVIDIA-H100-80GB-HBM3", ""]) == {"nvidia-l4", "nvidia-h100-80gb-hbm3"}
+    assert cache_gpus(None, []) == set()
