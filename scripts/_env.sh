@@ -73,12 +73,13 @@ install_torch() {
 ensure_newest_torch_venv() {
     # ensure_newest_torch_venv : $NEWEST_VENV with the newest supported torch and the zoo's libraries that have a
     # release for it (transformers; torchvision, and timm with it, have none for torch 2.15 yet).
-    local stamp="$NEWEST_VENV/.compilecache-zoo.stamp"
+    local stamp="$NEWEST_VENV/.compilecache-zoo-2.stamp"  # 2: with zstandard (cachelib's own dependency)
     [ -f "$stamp" ] && return 0
     log "a venv with $NEWEST_TORCH_REQUIREMENT for the zoo's newest end: $NEWEST_VENV (once)"
     rm -rf "$NEWEST_VENV"
     "$(pick_python)" -m venv "$NEWEST_VENV"
-    from_wheelhouse "$NEWEST_VENV/bin/python" "$NEWEST_TORCH_REQUIREMENT" transformers==5.24.0 numpy prometheus-client
+    from_wheelhouse "$NEWEST_VENV/bin/python" "$NEWEST_TORCH_REQUIREMENT" transformers==5.24.0 numpy prometheus-client \
+        "zstandard>=0.22"
     touch "$stamp"
 }
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from cachelib.keyformat import gpu_slug
 from compilecache_operator import reasons
 from compilecache_operator.metrics import PRELOAD_OUTCOMES, UNKNOWN_GPU, WARMUP_RESULTS, Metrics, cache_gpus
 from compilecache_operator.plan import BundleRecord
@@ -13,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from cachelib.keyformat import gpu_slug
 from tests.cachelib.helpers import make_key
 
 
