@@ -7,6 +7,7 @@ a flag given on the command line wins over the environment.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -27,7 +28,16 @@ from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import GROUP
 from compilecache_operator.sidecars import SWITCH_VALUES
 from compilecache_operator.signing import SigningKeyError, load_signing
-from compilecache_operator.spec import DEFAULT_GPU_LABEL_KEY, Defaults
+from compilecache_operator.spec import (
+    DEFAULT_GPU_LABEL_KEY,
+    DEFAULT_HELPER_RESOURCES,
+    DEFAULT_PRELOAD_RESOURCES,
+    DEFAULT_WARMUP_RESOURCES,
+    Defaults,
+    InvalidSpec,
+    Resources,
+    parse_resources,
+)
 from compilecache_operator.webhook import PodWebhookServer
 from prometheus_client import start_http_server
 
@@ -35,6 +45,13 @@ from cachelib.masking import install_log_masking, mask_text
 from cachelib.stores import StoreURLError
 
 WEBHOOK_MODES = ("managed", "external", "off")
+RESOURCE_SETTINGS = (
+    ("warmup-resources", "the warm-up's compile container (spec.warmup.resources)", DEFAULT_WARMUP_RESOURCES),
+    ("warmup-helper-resources", "the warm-up's harness and publish containers (spec.warmup.helperResources)",
+     DEFAULT_HELPER_RESOURCES),
+    ("preload-resources", "the injected preload (spec.preload.resources)", DEFAULT_PRELOAD_RESOURCES),
+)
+"""The operator's flags for the requests and limits of the containers it creates, and their built-in defaults."""
 LOG_FORMATS = ("text", "json")
 
 
@@ -122,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the preload of caches with spec.preload.mode Sidecar as a native sidecar: auto when the "
                         "API server is 1.29 or newer; on for a 1.28 cluster with the SidecarContainers gate, or one "
                         "whose version misleads; off never (default auto)")
+    for flag, what, default in RESOURCE_SETTINGS:
+        p.add_argument(f"--{flag}", default=_env(flag.upper().replace("-", "_")), metavar="JSON",
+                       help=f"requests and limits of {what} when a CompileCache sets none, as JSON "
+                            f"(default {json.dumps(default.to_dict(), sort_keys=True)})")
     p.add_argument("--default-storage-url", default=_env("DEFAULT_STORAGE_URL"),
                    help="store URL for CompileCaches without spec.storage")
     p.add_argument("--default-storage-secret", default=_env("DEFAULT_STORAGE_SECRET"),
@@ -188,12 +209,34 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
             problem = node_path_problem(path, (path,))  # the format, and never a system directory
             if problem:
                 parser.error(f"{flag}: {path!r} {problem}")
+    for flag, _, default in RESOURCE_SETTINGS:
+        attr = flag.replace("-", "_")
+        try:
+            setattr(args, attr, resources_setting(getattr(args, attr), f"--{flag}", default))
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.webhook_config == "external" and args.webhook_cert_dir is None:
         logging.getLogger(__name__).warning(
             "--webhook-config external without --webhook-cert-dir: the self-signed certificate is not known "
             "to the API server"
         )
     return Options(namespaces=namespaces, args=args)
+
+
+def resources_setting(text: str | None, flag: str, default: Resources) -> Resources:
+    """A ``--*-resources`` flag's JSON (``{"requests": {...}, "limits": {...}}``), ``default`` when not given;
+    raises ValueError naming the flag and what is wrong."""
+    if text is None:
+        return default
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        expected = '{"requests": {...}, "limits": {...}}'
+        raise ValueError(f"{flag}: not JSON ({exc.msg}): expected {expected}") from exc
+    try:
+        return parse_resources(raw, flag)
+    except InvalidSpec as exc:
+        raise ValueError(str(exc)) from exc
 
 
 def settings_from(options: Options) -> Settings:
@@ -205,6 +248,9 @@ def settings_from(options: Options) -> Settings:
             storage_secret=a.default_storage_secret,
             node_cache_path=a.node_cache_path,
             node_cache_roots=node_cache_roots(a.allowed_node_cache_paths),
+            warmup_resources=a.warmup_resources,
+            helper_resources=a.warmup_helper_resources,
+            preload_resources=a.preload_resources,
         ),
         jobs=JobSettings(preloader_image=a.preloader_image, image_pull_secrets=tuple(_csv(a.image_pull_secrets))),
         retry_seconds=a.retry_seconds,

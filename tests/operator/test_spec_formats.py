@@ -33,6 +33,8 @@ BAD = [
     ({"warmup": {"resources": {"limits": {"gpü": "1"}}}}, "spec.warmup.resources.limits", False),
     ({"warmup": {"resources": {"requests": {"gpus": "1"}}}}, "spec.warmup.resources.requests", False),
     ({"preload": {"resources": {"limits": {"x y/z": "1"}}}}, "spec.preload.resources.limits", False),
+    ({"warmup": {"helperResources": {"limits": {"x y/z": "1"}}}}, "spec.warmup.helperResources.limits", False),
+    ({"warmup": {"helperResources": {"limits": {"memory": "1 Gi"}}}}, "spec.warmup.helperResources.limits.memory", True),
     ({"warmup": {"resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "2000m"}}}},
      "spec.warmup.resources.requests.cpu", False),
     ({"warmup": {"resources": {"requests": {"example.com/fpga": "1"}, "limits": {"example.com/fpga": 2}}}},
