@@ -15,7 +15,6 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import kopf
@@ -41,6 +40,7 @@ from compilecache_operator.spec import (
 from compilecache_operator.webhook import PodWebhookServer
 from prometheus_client import start_http_server
 
+from cachelib import __version__
 from cachelib.masking import install_log_masking, mask_text
 from cachelib.stores import StoreURLError
 
@@ -56,10 +56,8 @@ LOG_FORMATS = ("text", "json")
 
 
 def _version() -> str:
-    try:
-        return metadata.version("compilecache")
-    except metadata.PackageNotFoundError:
-        return "latest"
+    """The release's version (pyproject.toml's, checked by scripts/release.py): the images' tag."""
+    return __version__
 
 
 def _env(name: str) -> str | None:
