@@ -13,9 +13,10 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import kopf
 from compilecache_operator import certs, handlers
@@ -35,8 +36,10 @@ from compilecache_operator.spec import (
     Defaults,
     InvalidSpec,
     Resources,
+    parse_ca_setting,
     parse_resources,
 )
+from compilecache_operator.store_ca import STORE_CA_FILE
 from compilecache_operator.webhook import PodWebhookServer
 from prometheus_client import start_http_server
 
@@ -143,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
                             f"(default {json.dumps(default.to_dict(), sort_keys=True)})")
     p.add_argument("--default-storage-url", default=_env("DEFAULT_STORAGE_URL"),
                    help="store URL for CompileCaches without spec.storage")
+    p.add_argument("--default-storage-ca", default=_env("DEFAULT_STORAGE_CA"), metavar="JSON",
+                   help="the default store's private CA, as spec.storage.ca says it: {\"secretName\" or "
+                        "\"configMapName\": NAME, \"key\": KEY} of an object in each CompileCache's namespace (e.g. "
+                        "one trust-manager distributes); mounted into the warm-ups and preloads of CompileCaches on "
+                        "the default store. --default-storage-url must be rediss://…?ca=" + STORE_CA_FILE)
     p.add_argument("--default-storage-secret", default=_env("DEFAULT_STORAGE_SECRET"),
                    help="credentials Secret (in each CompileCache's namespace) used with --default-storage-url")
     p.add_argument("--operator-namespace",
@@ -213,6 +221,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
             setattr(args, attr, resources_setting(getattr(args, attr), f"--{flag}", default))
         except ValueError as exc:
             parser.error(str(exc))
+    try:
+        args.default_storage_ca = default_storage_ca(args.default_storage_ca, args.default_storage_url)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.webhook_config == "external" and args.webhook_cert_dir is None:
         logging.getLogger(__name__).warning(
             "--webhook-config external without --webhook-cert-dir: the self-signed certificate is not known "
@@ -237,6 +249,22 @@ def resources_setting(text: str | None, flag: str, default: Resources) -> Resour
         raise ValueError(str(exc)) from exc
 
 
+def default_storage_ca(text: str | None, url: str | None) -> Mapping[str, Any] | None:
+    """``--default-storage-ca`` checked as spec.storage.ca is, against ``--default-storage-url``; raises ValueError."""
+    if text is None:
+        return None
+    if not url:
+        raise ValueError("--default-storage-ca: needs --default-storage-url (the store the CA is for)")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--default-storage-ca: not JSON ({exc.msg})") from exc
+    try:
+        return parse_ca_setting(raw, url, "--default-storage-ca")
+    except InvalidSpec as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def settings_from(options: Options) -> Settings:
     a = options.args
     return Settings(
@@ -244,6 +272,7 @@ def settings_from(options: Options) -> Settings:
             gpu_label_key=a.gpu_label_key,
             storage_url=a.default_storage_url,
             storage_secret=a.default_storage_secret,
+            storage_ca=a.default_storage_ca,
             node_cache_path=a.node_cache_path,
             node_cache_roots=node_cache_roots(a.allowed_node_cache_paths),
             warmup_resources=a.warmup_resources,

@@ -286,6 +286,9 @@ class Defaults:
     node_cache_path: str | None = None
     node_cache_roots: tuple[str, ...] = DEFAULT_NODE_CACHE_ROOTS
     """Where a spec may put a node cache (``spec.preload.nodeCache.hostPath``): these directories or below."""
+    storage_ca: Mapping[str, Any] | None = None
+    """The default store's CA (``--default-storage-ca``): the volume source warm-ups and preloads of CompileCaches
+    on the default store mount, from a Secret or ConfigMap of that name in their own namespace."""
     warmup_resources: Resources = DEFAULT_WARMUP_RESOURCES
     helper_resources: Resources = DEFAULT_HELPER_RESOURCES
     preload_resources: Resources = DEFAULT_PRELOAD_RESOURCES
@@ -324,9 +327,12 @@ def parse_spec(
     gpu_types = _parse_gpu_types(spec.get("gpuTypes"), errors)
     discovery = _parse_discovery(_mapping(spec.get("gpuDiscovery"), "spec.gpuDiscovery", errors), defaults, errors)
     storage = _parse_storage(spec.get("storage"), defaults, errors)
-    if storage is not None and isinstance(spec.get("storage"), Mapping):
-        ca = store_ca.parse_store_ca(spec["storage"].get("ca"), storage.url, "spec.storage.ca", errors)
+    raw_storage: Mapping[str, Any] = spec["storage"] if isinstance(spec.get("storage"), Mapping) else {}
+    if storage is not None and raw_storage.get("ca") is not None:
+        ca = store_ca.parse_store_ca(raw_storage["ca"], storage.url, "spec.storage.ca", errors)
         storage = replace(storage, ca=ca)
+    elif storage is not None and raw_storage.get("url") is None and defaults.storage_ca is not None:
+        storage = replace(storage, ca=defaults.storage_ca)  # the default store's CA, as the operator was told
     warmup = _parse_warmup(_mapping(spec.get("warmup"), "spec.warmup", errors), defaults, errors)
     retention = _mapping(spec.get("retention"), "spec.retention", errors)
     keep = _integer(retention, "keepGenerations", "spec.retention", errors, 2, low=1, high=100)
@@ -526,6 +532,16 @@ def parse_resources(raw: Any, path: str) -> Resources:
     if errors.items:
         raise InvalidSpec(errors.items)
     return resources
+
+
+def parse_ca_setting(raw: Any, url: str, path: str) -> Mapping[str, Any] | None:
+    """A store CA as ``spec.storage.ca`` says it, for the store ``url`` (an operator setting named ``path``);
+    raises :class:`InvalidSpec`."""
+    errors = _Errors()
+    source = store_ca.parse_store_ca(raw, url, path, errors)
+    if errors.items:
+        raise InvalidSpec(errors.items)
+    return source
 
 
 def _check_requests(requests: Mapping[str, str], limits: Mapping[str, str], path: str, errors: _Errors) -> None:
