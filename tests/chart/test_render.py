@@ -231,6 +231,7 @@ EXPECTED_VERBS = {
     ("", "namespaces"): {"list", "watch"},
     ("", "secrets"): {"get"},
     ("coordination.k8s.io", "leases"): {"get", "create", "update"},
+    ("", "configmaps"): {"list"},  # the grant ConfigMaps of the release namespace only (a Role)
 }
 
 
