@@ -67,7 +67,10 @@ def image_reference(name: str, version: str) -> str:
 
 
 def run(*command: str) -> None:
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise ReleaseError(f"{command[0]} not found (--helm / --podman name the binaries)") from None
     if proc.returncode != 0:
         raise ReleaseError(f"{' '.join(command[:3])} … failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
 

@@ -74,7 +74,7 @@ def test_the_chart_package_and_crds_install_as_they_are(helm_bin: Path, tmp_path
     assert sums[package.name] == hashlib.sha256(package.read_bytes()).hexdigest()
 
 
-def test_the_image_tarballs_load_under_the_release_tags(tmp_path: Path) -> None:
+def test_the_image_tarballs_load_under_the_release_tags(helm_bin: Path, tmp_path: Path) -> None:
     unusable = images.podman_usable()
     if unusable:
         pytest.skip(f"podman: {unusable}")
@@ -83,7 +83,7 @@ def test_the_image_tarballs_load_under_the_release_tags(tmp_path: Path) -> None:
         pytest.skip("the images are not built for this checkout: python -m tests.infra.images")
     dist = tmp_path / "dist"
     given = [a for name, ref in built.items() for a in ("--image", f"{name}={ref}")]
-    proc = release("--dist", str(dist), *given)
+    proc = release("--dist", str(dist), "--helm", str(helm_bin), *given)
     assert proc.returncode == 0, proc.stderr
     try:
         for name in images.IMAGE_NAMES:
