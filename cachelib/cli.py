@@ -461,10 +461,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
     now = time.time()
     with open_listed_store(args) as store:
         found = list_bundles(store, _prefix(args))
-        described = [describe(store, e) if output in ("wide", "json") else {} for e in found]
+        described = [describe(store, e) if output in ("wide", "json", "yaml") else {} for e in found]
     if output == "json":
         for entry, description in zip(found, described, strict=True):
             print_json({**entry.to_dict(now), **description})
+        return 0
+    if output == "yaml":  # one document: the list of what -o json prints line by line
+        from cachelib import yamltext
+
+        entries = [{**e.to_dict(now), **d} for e, d in zip(found, described, strict=True)]
+        print(yamltext.dump(masked(entries)), end="", flush=True)
         return 0
     rows: list[tuple[str, ...]] = [LS_WIDE_COLUMNS if output == "wide" else LS_COLUMNS]
     for e, description in zip(found, described, strict=True):
@@ -493,6 +499,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     try:
         older_than = parse_duration(args.older_than) if args.older_than else None
+        if args.keep == 0 and older_than is None and not args.yes:
+            raise ValueError("--keep 0 without --older-than deletes every bundle: refusing without --yes")
         now = time.time()
         with open_listed_store(args) as store:
             doomed = plan_gc(list_bundles(store, _prefix(args)), now, older_than=older_than, keep=args.keep)
@@ -515,6 +523,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
         f"{verb} {len(doomed) if args.dry_run else deleted} bundle(s), {sum(e.size for e in doomed)} bytes",
         file=sys.stderr,
     )
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from cachelib.completion import script
+
+    print(script(args.shell, build_parser()), end="")
     return 0
 
 
@@ -648,6 +663,26 @@ class MaskingParser(argparse.ArgumentParser):
         super().error(mask_text(message))
 
 
+def _credential_variables() -> str:
+    from cachelib.stores import CREDENTIALS, REDIS_PASSWORD_ENV, S3_ENDPOINT_ENVS
+
+    s3 = ", ".join(c.env for c in CREDENTIALS["s3"])
+    return (f"  {REDIS_PASSWORD_ENV}  Redis password (redis://, rediss://, *-cluster://)\n"
+            f"  {s3}  S3 credentials (else boto3's chain: profile, web identity, instance role)\n"
+            f"  {', '.join(S3_ENDPOINT_ENVS)}  S3-compatible endpoint\n")
+
+
+HELP_EXIT_AND_ENV = (
+    "exit statuses:\n"
+    "  0  done (preload and load: also a miss or a bad bundle, unless --strict)\n"
+    "  1  failed: the store, the bundle or the command's work (one line on stderr says why)\n"
+    "  2  bad arguments, before anything runs\n"
+    "  130  interrupted; 141  the reader of stdout went away (as SIGPIPE)\n\n"
+    "credentials (environment only, never printed):\n" + _credential_variables() +
+    "  COMPILECACHE_STORE  default --store; COMPILECACHE_TRUSTED_KEYS  default --trusted-key"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = MaskingParser(
         prog="compilecache",
@@ -660,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  compilecache warmup --target tiny_mlp --name demo --store file:///tmp/store\n"
         "  compilecache ls --store file:///tmp/store\n"
         "  compilecache preload --store file:///tmp/store --cache default/demo --target /tmp/inductor\n"
-        "  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor python train.py",
+        "  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor python train.py\n\n" + HELP_EXIT_AND_ENV,
         formatter_class=_formatter,
         parents=[_global_flags(after_command=False)],
     )
@@ -837,9 +872,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-o",
         "--output",
-        choices=("table", "wide", "json"),
+        choices=("table", "wide", "json", "yaml"),
         default="table",
-        help="table (default), wide (adds target, mode and key from each bundle's header) or json (JSON lines)",
+        help="table (default), wide (adds target, mode and key from each bundle's header), json (JSON lines) or "
+        "yaml (one list)",
     )
     p.add_argument("--json", action="store_true", help="the same as -o json")
 
@@ -861,6 +897,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--older-than", metavar="AGE", help="e.g. 7d, 12h, 30m")
     p.add_argument("--keep", type=int, metavar="N", help="keep the N most recently published per group")
     p.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+    p.add_argument("--yes", action="store_true", help="confirm --keep 0 without --older-than (deletes every bundle)")
 
     p = _add(
         sub,
@@ -881,6 +918,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="built-in model (default: %(default)s)",
     )
     p.add_argument("--keep", action="store_true", help="keep the demo's working directory")
+
+    p = _add(
+        sub,
+        "completion",
+        cmd_completion,
+        "print the shell completion script (bash or zsh)",
+        "Print a completion script for SHELL: the commands, their flags and the values of flags with a fixed\n"
+        "set (-o, --log-format, ...).",
+        '  eval "$(compilecache completion bash)"    # in ~/.bashrc\n'
+        '  eval "$(compilecache completion zsh)"     # in ~/.zshrc',
+    )
+    from cachelib.completion import SHELLS
+
+    p.add_argument("shell", choices=SHELLS, metavar="SHELL", help=" or ".join(SHELLS))
     return parser
 
 

@@ -86,7 +86,6 @@ COPY_HARNESS = (
     "for m in ('harness', 'compilekey', 'podcontract', 'targets', 'warmstart', 'precheck', 'bytecode', "
     "'triton_modules', 'factors', 'masking')]"
 )
-DEFAULT_PRELOAD_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 
 
 # -- warm-up Job ------------------------------------------------------------------------------------
@@ -185,7 +184,7 @@ def build_job(
                 "image": settings.preloader_image,
                 "command": ["python", "-c", COPY_HARNESS, HARNESS_FILE],
                 "volumeMounts": [{"name": HARNESS_VOLUME, "mountPath": HARNESS_DIR}],
-                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                "resources": _resources_dict(spec.warmup.helper_resources),
                 "securityContext": restricted_container_context(),
             },
             _compile_container(namespace, cache_name, spec, variant, job_id),
@@ -263,7 +262,7 @@ def _publish_container(spec: CacheSpec, settings: JobSettings) -> dict[str, Any]
             *([dict(store_ca.CA_MOUNT)] if spec.storage.ca else []),
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "resources": _resources_dict(spec.warmup.helper_resources),
         "securityContext": restricted_container_context(),
     }
 
@@ -600,7 +599,7 @@ def _preload_container(
         ),
         "env": [{"name": "TMPDIR", "value": PRELOAD_TMPDIR}, *storage_env(view.spec.storage)],
         "volumeMounts": mounts,
-        "resources": _resources_dict(preload.resources) or copy.deepcopy(DEFAULT_PRELOAD_RESOURCES),
+        "resources": _resources_dict(preload.resources),
         "terminationMessagePolicy": "File",
         "securityContext": identity.security_context(),
     }

@@ -15,12 +15,19 @@ The operator therefore accepts only:
 
 A list that is not configured (None) confines nothing; an empty one allows nothing. A CompileCache
 outside the lists is ``InvalidSpec``: no Job is created and no pod is given its Secret.
+
+Per namespace, the lists grow by *grants*: ConfigMaps labelled ``compilecache.io/allow`` in the operator's own
+namespace (so only who may write there, the cluster's or that namespace's admins, can grant), each naming
+``namespaces`` and the ``storeHosts`` and ``storeSecrets`` (comma- or line-separated) their CompileCaches may use
+besides the operator's lists: a new team needs no change of the operator's flags. A Secret granted is that
+namespace's Secret of the name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from compilecache_operator.spec import CacheSpec, FieldError, InvalidSpec
@@ -29,6 +36,21 @@ from cachelib.stores import StoreURLError
 from cachelib.stores.urls import FileStoreURL, RedisStoreURL, S3StoreURL, StoreURL, parse_store_url
 
 ANY = "*"
+ALLOW_LABEL = "compilecache.io/allow"
+"""The label of the ConfigMaps (in the operator's namespace) that grant stores and Secrets to namespaces."""
+GRANT_KEYS = ("namespaces", "storeHosts", "storeSecrets")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_SECRET = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One ConfigMap's grant: what CompileCaches of ``namespaces`` may use besides the operator's lists."""
+
+    source: str
+    namespaces: tuple[str, ...]
+    store_hosts: tuple[str, ...] = ()
+    store_secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -36,6 +58,71 @@ class Confinement:
     store_hosts: tuple[str, ...] | None = None
     store_secrets: tuple[str, ...] | None = None
     warmup_service_accounts: tuple[str, ...] | None = None
+    grants: tuple[Grant, ...] = ()
+
+    def for_namespace(self, namespace: str) -> Confinement:
+        """The lists for CompileCaches of ``namespace``: the operator's, plus what grants give it (a list that
+        is not configured stays so: it confines nothing anyway)."""
+        mine = [g for g in self.grants if namespace in g.namespaces]
+        if not mine:
+            return self
+
+        def grown(base: tuple[str, ...] | None, extra: Iterable[str]) -> tuple[str, ...] | None:
+            return None if base is None else tuple(dict.fromkeys([*base, *extra]))
+
+        return replace(
+            self,
+            store_hosts=grown(self.store_hosts, (h for g in mine for h in g.store_hosts)),
+            store_secrets=grown(self.store_secrets, (f"{namespace}/{s}" for g in mine for s in g.store_secrets)),
+            grants=(),
+        )
+
+    def namespaces_granted(self) -> frozenset[str]:
+        return frozenset(ns for g in self.grants for ns in g.namespaces)
+
+
+def _items(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(i.strip() for i in re.split(r"[,\n]", text) if i.strip()))
+
+
+def grant_from_configmap(configmap: Mapping[str, object]) -> Grant:
+    """A labelled ConfigMap as a :class:`Grant`; raises ValueError naming the ConfigMap and the key at fault."""
+    raw_meta = configmap.get("metadata")
+    meta: Mapping[str, object] = raw_meta if isinstance(raw_meta, Mapping) else {}
+    name = f"ConfigMap {meta.get('namespace', '')}/{meta.get('name', '')}"
+    data = configmap.get("data") or {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{name}: data must map keys to text")
+    unknown = sorted(set(data) - set(GRANT_KEYS))
+    if unknown:
+        raise ValueError(f"{name}: unknown key(s) {', '.join(unknown)} (expected {', '.join(GRANT_KEYS)})")
+    namespaces = _items(str(data.get("namespaces", "")))
+    if not namespaces:
+        raise ValueError(f"{name}: data.namespaces names no namespace")
+    for namespace in namespaces:
+        if len(namespace) > 63 or not _NAME.fullmatch(namespace):
+            raise ValueError(f"{name}: data.namespaces: {namespace!r} is not a namespace name")
+    hosts = _items(str(data.get("storeHosts", "")))
+    if ANY in hosts:
+        raise ValueError(f"{name}: data.storeHosts: '*' cannot be granted per namespace (the operator's own list "
+                         "may allow any store)")
+    secrets = _items(str(data.get("storeSecrets", "")))
+    for secret in secrets:
+        if len(secret) > 253 or not _SECRET.fullmatch(secret):
+            raise ValueError(f"{name}: data.storeSecrets: {secret!r} is not a Secret name")
+    return Grant(source=name, namespaces=namespaces, store_hosts=hosts, store_secrets=secrets)
+
+
+def grants_from(configmaps: Iterable[Mapping[str, object]]) -> tuple[tuple[Grant, ...], list[str]]:
+    """The grants of the labelled ConfigMaps, sorted by source, and one message per ConfigMap refused (it grants
+    nothing; the others still do)."""
+    grants, refused = [], []
+    for configmap in configmaps:
+        try:
+            grants.append(grant_from_configmap(configmap))
+        except ValueError as exc:
+            refused.append(str(exc))
+    return tuple(sorted(grants, key=lambda g: g.source)), refused
 
 
 def store_destination(url: str | StoreURL) -> str:
@@ -96,6 +183,7 @@ def problems(
     service_account: str | None,
 ) -> list[FieldError]:
     """The field path and what is wrong of each choice of the CompileCache outside the allow-lists."""
+    confinement = confinement.for_namespace(namespace)
     found: list[FieldError] = []
     if confinement.store_hosts is not None:
         try:

@@ -56,6 +56,7 @@ from compilecache_operator import (
     tlsreload,
 )
 from compilecache_operator.conditions import find, merge_conditions, now_rfc3339
+from compilecache_operator.confinement import ALLOW_LABEL, Confinement, grants_from
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import WEBHOOK_HANDLER, cache_gpus, instrumented
 from compilecache_operator.names import (
@@ -252,6 +253,8 @@ async def configure(
         memo["probes_server"] = await probes.serve(where.address, where.port,
                                                    readiness(state, admission.server, admission))
     memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
+    if state.settings.operator_namespace and state.settings.confinement != Confinement():
+        memo["grants"] = asyncio.create_task(grants_loop(state, state.settings.operator_namespace))
     election: Election | None = memo.get("election")
     if election is not None:
         elector = leader.Elector(state.api, election.namespace, election.name, identity(),
@@ -332,7 +335,7 @@ def lead(state: controller.State, leading: bool) -> None:
 
 @kopf.on.cleanup(id="close")
 async def close(memo: kopf.Memo, **_: Any) -> None:
-    for task_name in ("resync", "election_task", "cert_task", "signing_task"):
+    for task_name in ("resync", "election_task", "cert_task", "signing_task", "grants"):
         task: asyncio.Task[None] | None = memo.get(task_name)
         if task is not None:
             task.cancel()
@@ -551,6 +554,46 @@ async def count_preload(
             await state.api.annotate_pod(namespace, name, {COUNTED_ANNOTATION: outcome.result})
         except Exception as exc:  # counted in memory; only a restart before the retry could recount
             logger.warning("could not mark pod %s/%s as counted: %s", namespace, name, exc)
+
+
+GRANTS_SECONDS = 5.0
+"""How often the grant ConfigMaps of the operator's namespace are read."""
+
+
+async def grants_loop(state: controller.State, namespace: str, interval: float = GRANTS_SECONDS) -> None:
+    """Keep the confinement's grants those of the ConfigMaps labelled ``compilecache.io/allow`` in the operator's
+    namespace; on a change, reconcile at once the CompileCaches of every namespace whose grants changed. A
+    ConfigMap that cannot be read as a grant grants nothing and is logged (once per content)."""
+    assert state.api is not None
+    said: set[str] = set()
+    while True:
+        try:
+            listed = await state.api.list_all(f"/api/v1/namespaces/{namespace}/configmaps",
+                                              {"labelSelector": ALLOW_LABEL})
+            grants, refused = grants_from(listed)
+            for message in refused:
+                if message not in said:
+                    logger.warning("grant refused: %s", message)
+            said = set(refused)
+            await apply_grants(state, grants)
+        except KubeError as exc:
+            logger.warning("could not read the grant ConfigMaps of %s: %s", namespace, exc)
+        await asyncio.sleep(interval)
+
+
+async def apply_grants(state: controller.State, grants: tuple[Any, ...]) -> None:
+    old = state.settings.confinement
+    if grants == old.grants:
+        return
+    new = dataclasses.replace(old, grants=grants)
+    changed = {ns for ns in old.namespaces_granted() | new.namespaces_granted()
+               if old.for_namespace(ns) != new.for_namespace(ns)}
+    state.settings = dataclasses.replace(state.settings, confinement=new)
+    logger.info("grants now: %s", ", ".join(f"{g.source} -> {','.join(g.namespaces)}" for g in grants) or "none")
+    for key in [k for k in list(state.indexes.caches) if isinstance(k, tuple) and k[0] in changed]:
+        state.settled.pop(key, None)
+        if state.leading:
+            await controller.handle(state, key, _emit)
 
 
 async def resync_loop(state: controller.State, interval: float) -> None:

@@ -7,16 +7,17 @@ a flag given on the command line wins over the environment.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import kopf
 from compilecache_operator import certs, handlers, servingcert, tlsreload
@@ -28,10 +29,22 @@ from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import GROUP
 from compilecache_operator.sidecars import SWITCH_VALUES
 from compilecache_operator.signing import SigningKeyError, load_signing
-from compilecache_operator.spec import DEFAULT_GPU_LABEL_KEY, Defaults
+from compilecache_operator.spec import (
+    DEFAULT_GPU_LABEL_KEY,
+    DEFAULT_HELPER_RESOURCES,
+    DEFAULT_PRELOAD_RESOURCES,
+    DEFAULT_WARMUP_RESOURCES,
+    Defaults,
+    InvalidSpec,
+    Resources,
+    parse_ca_setting,
+    parse_resources,
+)
+from compilecache_operator.store_ca import STORE_CA_FILE
 from compilecache_operator.webhook import PodWebhookServer
 from prometheus_client import start_http_server
 
+from cachelib import __version__
 from cachelib.masking import install_log_masking, mask_text
 from cachelib.stores import StoreURLError
 
@@ -40,14 +53,19 @@ NEVER = 10.0**9
 """Kopf's own look at the certificate files (it restarts its server on a change): seconds, i.e. never."""
 OWNED_LABELS = {"app.kubernetes.io/managed-by": "compilecache-operator"}
 """Labels of the Secrets the operator creates."""
+RESOURCE_SETTINGS = (
+    ("warmup-resources", "the warm-up's compile container (spec.warmup.resources)", DEFAULT_WARMUP_RESOURCES),
+    ("warmup-helper-resources", "the warm-up's harness and publish containers (spec.warmup.helperResources)",
+     DEFAULT_HELPER_RESOURCES),
+    ("preload-resources", "the injected preload (spec.preload.resources)", DEFAULT_PRELOAD_RESOURCES),
+)
+"""The operator's flags for the requests and limits of the containers it creates, and their built-in defaults."""
 LOG_FORMATS = ("text", "json")
 
 
 def _version() -> str:
-    try:
-        return metadata.version("compilecache")
-    except metadata.PackageNotFoundError:
-        return "latest"
+    """The release's version (pyproject.toml's, checked by scripts/release.py): the images' tag."""
+    return __version__
 
 
 def _env(name: str) -> str | None:
@@ -147,8 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the preload of caches with spec.preload.mode Sidecar as a native sidecar: auto when the "
                         "API server is 1.29 or newer; on for a 1.28 cluster with the SidecarContainers gate, or one "
                         "whose version misleads; off never (default auto)")
+    for flag, what, default in RESOURCE_SETTINGS:
+        p.add_argument(f"--{flag}", default=_env(flag.upper().replace("-", "_")), metavar="JSON",
+                       help=f"requests and limits of {what} when a CompileCache sets none, as JSON "
+                            f"(default {json.dumps(default.to_dict(), sort_keys=True)})")
     p.add_argument("--default-storage-url", default=_env("DEFAULT_STORAGE_URL"),
                    help="store URL for CompileCaches without spec.storage")
+    p.add_argument("--default-storage-ca", default=_env("DEFAULT_STORAGE_CA"), metavar="JSON",
+                   help="the default store's private CA, as spec.storage.ca says it: {\"secretName\" or "
+                        "\"configMapName\": NAME, \"key\": KEY} of an object in each CompileCache's namespace (e.g. "
+                        "one trust-manager distributes); mounted into the warm-ups and preloads of CompileCaches on "
+                        "the default store. --default-storage-url must be rediss://…?ca=" + STORE_CA_FILE)
     p.add_argument("--default-storage-secret", default=_env("DEFAULT_STORAGE_SECRET"),
                    help="credentials Secret (in each CompileCache's namespace) used with --default-storage-url")
     p.add_argument("--operator-namespace",
@@ -217,6 +244,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
             problem = node_path_problem(path, (path,))  # the format, and never a system directory
             if problem:
                 parser.error(f"{flag}: {path!r} {problem}")
+    for flag, _, default in RESOURCE_SETTINGS:
+        attr = flag.replace("-", "_")
+        try:
+            setattr(args, attr, resources_setting(getattr(args, attr), f"--{flag}", default))
+        except ValueError as exc:
+            parser.error(str(exc))
+    try:
+        args.default_storage_ca = default_storage_ca(args.default_storage_ca, args.default_storage_url)
+    except ValueError as exc:
+        parser.error(str(exc))
     if (args.webhook_cert_secret or args.signing_key_secret) and not args.operator_namespace:
         parser.error("--webhook-cert-secret and --signing-key-secret need --operator-namespace (their namespace)")
     if args.webhook_cert_secret and args.webhook_cert_dir:
@@ -233,6 +270,38 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     return Options(namespaces=namespaces, args=args)
 
 
+def resources_setting(text: str | None, flag: str, default: Resources) -> Resources:
+    """A ``--*-resources`` flag's JSON (``{"requests": {...}, "limits": {...}}``), ``default`` when not given;
+    raises ValueError naming the flag and what is wrong."""
+    if text is None:
+        return default
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        expected = '{"requests": {...}, "limits": {...}}'
+        raise ValueError(f"{flag}: not JSON ({exc.msg}): expected {expected}") from exc
+    try:
+        return parse_resources(raw, flag)
+    except InvalidSpec as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def default_storage_ca(text: str | None, url: str | None) -> Mapping[str, Any] | None:
+    """``--default-storage-ca`` checked as spec.storage.ca is, against ``--default-storage-url``; raises ValueError."""
+    if text is None:
+        return None
+    if not url:
+        raise ValueError("--default-storage-ca: needs --default-storage-url (the store the CA is for)")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--default-storage-ca: not JSON ({exc.msg})") from exc
+    try:
+        return parse_ca_setting(raw, url, "--default-storage-ca")
+    except InvalidSpec as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def settings_from(options: Options) -> Settings:
     a = options.args
     return Settings(
@@ -240,8 +309,12 @@ def settings_from(options: Options) -> Settings:
             gpu_label_key=a.gpu_label_key,
             storage_url=a.default_storage_url,
             storage_secret=a.default_storage_secret,
+            storage_ca=a.default_storage_ca,
             node_cache_path=a.node_cache_path,
             node_cache_roots=node_cache_roots(a.allowed_node_cache_paths),
+            warmup_resources=a.warmup_resources,
+            helper_resources=a.warmup_helper_resources,
+            preload_resources=a.preload_resources,
         ),
         jobs=JobSettings(preloader_image=a.preloader_image, image_pull_secrets=tuple(_csv(a.image_pull_secrets))),
         retry_seconds=a.retry_seconds,

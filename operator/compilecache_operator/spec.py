@@ -183,10 +183,26 @@ class Resources:
             out["requests"] = dict(self.requests)
         return out
 
+    def or_else(self, default: Resources) -> Resources:
+        """These requests and limits, or ``default`` when neither is set (a set section replaces the default whole)."""
+        return self if self.limits or self.requests else default
+
+
+DEFAULT_WARMUP_RESOURCES = Resources(requests={"cpu": "500m", "memory": "1Gi"}, limits={"cpu": "4", "memory": "16Gi"})
+"""The compile container's, when neither ``spec.warmup.resources`` nor the operator's setting gives any."""
+DEFAULT_HELPER_RESOURCES = Resources(requests={"cpu": "100m", "memory": "128Mi"}, limits={"cpu": "1", "memory": "1Gi"})
+"""The warm-up's harness and publish containers' (preloader image): both stream what they copy and publish."""
+DEFAULT_PRELOAD_RESOURCES = Resources(requests={"cpu": "100m", "memory": "128Mi"},
+                                      limits={"cpu": "1", "memory": "256Mi"})
+"""The injected preload's. It streams a bundle from the store into the cache directory, so its memory does not grow
+with the bundle (a 160 MiB bundle preloads under a 96Mi limit on a real kubelet: tests/e2e/test_real_node.py)."""
+
 
 @dataclass(frozen=True)
 class WarmupSpec:
     resources: Resources = field(default_factory=Resources)
+    helper_resources: Resources = DEFAULT_HELPER_RESOURCES
+    """Requests and limits of the harness and publish containers (``spec.warmup.helperResources``)."""
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     backoff_limit: int = 2
@@ -272,6 +288,13 @@ class Defaults:
     node_cache_path: str | None = None
     node_cache_roots: tuple[str, ...] = DEFAULT_NODE_CACHE_ROOTS
     """Where a spec may put a node cache (``spec.preload.nodeCache.hostPath``): these directories or below."""
+    storage_ca: Mapping[str, Any] | None = None
+    """The default store's CA (``--default-storage-ca``): the volume source warm-ups and preloads of CompileCaches
+    on the default store mount, from a Secret or ConfigMap of that name in their own namespace."""
+    warmup_resources: Resources = DEFAULT_WARMUP_RESOURCES
+    helper_resources: Resources = DEFAULT_HELPER_RESOURCES
+    preload_resources: Resources = DEFAULT_PRELOAD_RESOURCES
+    """Requests and limits of the containers the operator creates, where a spec sets none."""
 
 
 class _Errors:
@@ -306,10 +329,13 @@ def parse_spec(
     gpu_types = _parse_gpu_types(spec.get("gpuTypes"), errors)
     discovery = _parse_discovery(_mapping(spec.get("gpuDiscovery"), "spec.gpuDiscovery", errors), defaults, errors)
     storage = _parse_storage(spec.get("storage"), defaults, errors)
-    if storage is not None and isinstance(spec.get("storage"), Mapping):
-        ca = store_ca.parse_store_ca(spec["storage"].get("ca"), storage.url, "spec.storage.ca", errors)
+    raw_storage: Mapping[str, Any] = spec["storage"] if isinstance(spec.get("storage"), Mapping) else {}
+    if storage is not None and raw_storage.get("ca") is not None:
+        ca = store_ca.parse_store_ca(raw_storage["ca"], storage.url, "spec.storage.ca", errors)
         storage = replace(storage, ca=ca)
-    warmup = _parse_warmup(_mapping(spec.get("warmup"), "spec.warmup", errors), errors)
+    elif storage is not None and raw_storage.get("url") is None and defaults.storage_ca is not None:
+        storage = replace(storage, ca=defaults.storage_ca)  # the default store's CA, as the operator was told
+    warmup = _parse_warmup(_mapping(spec.get("warmup"), "spec.warmup", errors), defaults, errors)
     retention = _mapping(spec.get("retention"), "spec.retention", errors)
     keep = _integer(retention, "keepGenerations", "spec.retention", errors, 2, low=1, high=100)
     deletion = _enum(spec, "deletionPolicy", "spec", errors, DELETION_POLICIES, "Keep") or "Keep"
@@ -501,6 +527,25 @@ def _parse_resources(raw: Any, path: str, errors: _Errors) -> Resources:
     return Resources(limits=out["limits"], requests=out["requests"])
 
 
+def parse_resources(raw: Any, path: str) -> Resources:
+    """``{requests, limits}`` as in a container (an operator setting named ``path``); raises :class:`InvalidSpec`."""
+    errors = _Errors()
+    resources = _parse_resources(raw, path, errors)
+    if errors.items:
+        raise InvalidSpec(errors.items)
+    return resources
+
+
+def parse_ca_setting(raw: Any, url: str, path: str) -> Mapping[str, Any] | None:
+    """A store CA as ``spec.storage.ca`` says it, for the store ``url`` (an operator setting named ``path``);
+    raises :class:`InvalidSpec`."""
+    errors = _Errors()
+    source = store_ca.parse_store_ca(raw, url, path, errors)
+    if errors.items:
+        raise InvalidSpec(errors.items)
+    return source
+
+
 def _check_requests(requests: Mapping[str, str], limits: Mapping[str, str], path: str, errors: _Errors) -> None:
     """Kubernetes' rules between a container's requests and limits: a request at most its limit, and for
     what cannot be overcommitted (extended resources such as nvidia.com/gpu, hugepages) a limit, equal."""
@@ -522,9 +567,10 @@ def _check_requests(requests: Mapping[str, str], limits: Mapping[str, str], path
             errors.add(f"{path}.requests.{name}", f"{request} must be at most the limit {limit}")
 
 
-def _parse_warmup(raw: Mapping[str, Any], errors: _Errors) -> WarmupSpec:
+def _parse_warmup(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) -> WarmupSpec:
     path = "spec.warmup"
-    resources = _parse_resources(raw.get("resources"), f"{path}.resources", errors)
+    resources = _parse_resources(raw.get("resources"), f"{path}.resources", errors).or_else(defaults.warmup_resources)
+    helpers = _parse_resources(raw.get("helperResources"), f"{path}.helperResources", errors)
     selector = _parse_node_selector(raw.get("nodeSelector"), f"{path}.nodeSelector", errors)
     tolerations = _parse_tolerations(raw.get("tolerations"), f"{path}.tolerations", errors)
     gpu_resource = _string(raw, "gpuResourceName", path, errors, max_length=317) or DEFAULT_GPU_RESOURCE
@@ -543,6 +589,7 @@ def _parse_warmup(raw: Mapping[str, Any], errors: _Errors) -> WarmupSpec:
     volumes = warmup_inputs.parse_volumes(raw.get("volumes"), f"{path}.volumes", errors)
     return WarmupSpec(
         resources=resources,
+        helper_resources=helpers.or_else(defaults.helper_resources),
         node_selector=selector,
         tolerations=tolerations,
         backoff_limit=_integer(raw, "backoffLimit", path, errors, 2, low=0, high=10),
@@ -637,7 +684,7 @@ def _parse_preload(raw: Mapping[str, Any], defaults: Defaults, errors: _Errors) 
             f"{max_bytes} is larger than {path}.sizeLimit {size_limit} ({size_limit_bytes} bytes): a bundle that "
             f"big cannot fit the cache volume (raise {path}.sizeLimit or lower {path}.maxBytes)",
         )
-    resources = _parse_resources(raw.get("resources"), f"{path}.resources", errors)
+    resources = _parse_resources(raw.get("resources"), f"{path}.resources", errors).or_else(defaults.preload_resources)
     mode = _enum(raw, "mode", path, errors, PRELOAD_MODES, INIT_CONTAINER) or INIT_CONTAINER
     strict = _boolean(raw, "strict", path, errors, False)
     if mode == SIDECAR and strict:

@@ -138,8 +138,8 @@ def test_hit_rate_rule_and_alert_behave(renderings: dict[str, list[Manifest]], p
                     f"Only {rate} of the preloads of CompileCache ml/{cache} hit over the last 30m while pods keep "
                     "starting (threshold 0.9). The reason label of compilecache_preloads_total says why "
                     "(image-mismatch: the pods run an image no bundle was warmed with; no-bundle, store-unavailable, "
-                    "deadline-exceeded, preload-failed). Check `kubectl get cc -n ml` for a cache that is not Ready, "
-                    "and compare the pods' images and GPU with the bundles in its status."),
+                    "deadline-exceeded, preload-failed). Check `kubectl get ccache -n ml` for a cache that is not "
+                    "Ready, and compare the pods' images and GPU with the bundles in its status."),
                 "runbook_url": f"{RUNBOOKS}#compilecachehitratelow",
             },
         }

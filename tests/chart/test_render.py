@@ -234,6 +234,7 @@ EXPECTED_VERBS = {
     ("", "secrets"): {"get", "create", "update"},
     ("coordination.k8s.io", "leases"): {"get", "create", "update"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
+    ("", "configmaps"): {"list"},  # the grant ConfigMaps of the release namespace only (a Role)
 }
 
 

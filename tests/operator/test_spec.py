@@ -287,13 +287,19 @@ def test_crd_identity_and_printer_columns() -> None:
     assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
     assert crd["metadata"]["name"] == "compilecaches.compilecache.io"
     names = crd["spec"]["names"]
-    assert (names["kind"], names["plural"], names["shortNames"]) == ("CompileCache", "compilecaches", ["cc"])
+    assert (names["kind"], names["plural"], names["singular"]) == ("CompileCache", "compilecaches", "compilecache")
+    # A short name no other well-known API uses (Cluster API's ClusterClass is "cc"); categories are groups,
+    # never the resource's own name.
+    assert names["shortNames"] == ["ccache"]
+    assert names["categories"] and names["singular"] not in names["categories"]
     version = crd_version()
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Bundles"]["jsonPath"] == ".status.bundleCount"
     assert all(columns[n].get("priority") == 1 for n in ("Reason", "Storage", "GPUs"))
+    # AGE last, in the default and the wide output alike, as built-in resources show it.
+    assert version["additionalPrinterColumns"][-1]["name"] == "Age"
 
 
 def test_crd_schema_is_structural_without_preserve_unknown_fields() -> None:

@@ -94,3 +94,61 @@ def test_the_chart_mounts_the_ca_into_the_operator(helm_bin: Path) -> None:  # n
     assert {"name": "store-ca", "secret": {"secretName": "redis-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}} \
         in spec["volumes"]  # fmt: skip
     assert not [v for v in operator_pod()["volumes"] if v["name"] == "store-ca"]
+
+
+# -- the default store's CA (the chart's storeCA with a rediss:// storage.url) -----------------------------------
+def chart_operator_args(helm: Path, *values: str) -> list[str]:
+    (container,) = one(template(helm, set_values=values), "Deployment")["spec"]["template"]["spec"]["containers"]
+    return [str(a) for a in container["args"]]
+
+
+@pytest.mark.helm
+@pytest.mark.parametrize("source", ["secretName", "configMapName"])
+def test_caches_on_the_default_store_mount_its_ca_in_warm_up_and_preload(helm_bin: Path, source: str) -> None:  # noqa: F811
+    from compilecache_operator import main
+
+    args = chart_operator_args(helm_bin, f"storage.url={URL}", f"storeCA.{source}=corp-ca", "storeCA.key=ca.pem")
+    given = [a for a in args if a.startswith(("--default-storage-url=", "--default-storage-ca="))]
+    assert len(given) == 2, args
+    defaults = main.settings_from(main.parse_args([*given, "--webhook-config", "off"])).defaults
+    kind = "secret" if source == "secretName" else "configMap"
+    name = {"secret": "secretName", "configMap": "name"}[kind]
+    items = [{"key": "ca.pem", "path": "ca.crt"}]
+    expected = {"name": "compilecache-store-ca", kind: {name: "corp-ca", "items": items}}
+
+    body = owner()
+    del body["spec"]["storage"]  # on the default store
+    spec = parse_spec(body["spec"], defaults)
+    job = builders.build_job(body, spec, Variant(id="0123456789", gpu="", image=spec.image),
+                             name="cc-mlp-0123456789-g3", job_id="cc", settings=SETTINGS)  # fmt: skip
+    pod_spec = job["spec"]["template"]["spec"]
+    assert expected in pod_spec["volumes"] and MOUNT in pod_spec["containers"][0]["volumeMounts"]
+    v = builders.CacheView(namespace="team-a", name="mlp", ready=True, spec=spec, bundles=view().bundles,
+                           current_variants=view().current_variants, job_id="cc-job")
+    out = apply_pod_patch(pod(), inject(pod(), v))
+    assert MOUNT in out["spec"]["initContainers"][0]["volumeMounts"] and expected in out["spec"]["volumes"]
+
+    own = parse_spec(owner(storage={"url": "redis://other:6379/0"})["spec"], defaults)
+    assert own.storage.ca is None  # a store of its own: its own CA or none, never the default store's
+
+
+@pytest.mark.helm
+def test_without_a_ca_in_the_url_the_chart_passes_none(helm_bin: Path) -> None:  # noqa: F811
+    args = chart_operator_args(helm_bin, "storage.url=redis://redis:6379/0", "storeCA.secretName=corp-ca")
+    assert not [a for a in args if a.startswith("--default-storage-ca")]
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--default-storage-ca", '{"secretName": "ca"}'], "needs --default-storage-url"),
+    (["--default-storage-url", "redis://r:6379/0", "--default-storage-ca", '{"secretName": "ca"}'],
+     "--default-storage-ca: the store URL must be rediss://"),
+    (["--default-storage-url", URL, "--default-storage-ca", '{"secretName": "Not A Name"}'],
+     "--default-storage-ca.secretName"),
+])
+def test_a_bad_default_ca_stops_the_operator_naming_the_flag(argv: list[str], said: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from compilecache_operator import main
+
+    with pytest.raises(SystemExit):
+        main.parse_args([*argv, "--webhook-config", "off"])
+    assert said in capsys.readouterr().err

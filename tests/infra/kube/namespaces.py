@@ -17,13 +17,7 @@ def create_namespace(client: KubeClient, pod_security: str | None = "restricted"
     client.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
 
     def default_account_exists() -> bool:
-        try:
-            client.get(f"/api/v1/namespaces/{name}/serviceaccounts/default")
-        except KubeAPIError as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
+        return client.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default")
 
     # The ServiceAccount admission plugin rejects pods until the namespace's default account exists.
     wait_for(default_account_exists, 30, f"the default ServiceAccount in {name}")

@@ -109,6 +109,16 @@ class KubeClient:
     def get(self, path: str, **query: Any) -> JSON:
         return self.request("GET", path, query=query)
 
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` names an object (a 404 is False; any other error is raised)."""
+        try:
+            self.get(path)
+        except KubeAPIError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
     def post(self, path: str, body: JSON) -> JSON:
         return self.request("POST", path, body)
 

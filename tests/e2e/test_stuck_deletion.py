@@ -1,0 +1,115 @@
+"""The CRD stuck Terminating after the operator is gone, and docs/runbooks.md's recovery, run as written.
+
+A CompileCache with ``deletionPolicy: Delete`` carries the operator's finalizer and has a bundle in a real
+redis-server, the operator stops (as
+``helm uninstall`` removes it), the CRD is deleted (as the uninstall does with ``crds.keep: false``): the CRD stays
+Terminating while the cache keeps the operator's finalizer. The runbook's commands (its
+``<!-- stuck-deletion-recovery -->`` block, in bash with kubectl and the ``compilecache`` CLI of this checkout on
+the PATH, the cluster's admin kubeconfig) end it: the CRD is gone and the bundle is deleted from the store.
+The CRD is installed again afterwards for the tests that follow in the session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cachelib.publish import publish
+from cachelib.stores import open_store
+from tests.cachelib.helpers import make_key, make_outdir
+from tests.chart.e2e_fixtures import CRDS_API
+from tests.e2e.conftest import WORKLOAD_IMAGE
+from tests.infra.helm import helm_binaries, kubectl_bin
+from tests.infra.kube.cluster import LocalCluster
+from tests.infra.kube.rest import KubeClient
+from tests.infra.node import RealNode
+from tests.infra.wait import wait_for
+from tests.operator.e2e_support import (
+    OperatorProcess,
+    cache_path,
+    compile_cache,
+    crd,
+    install_crd,
+    operator,
+)
+from tests.servers import RedisServer
+
+__all__ = ["crd", "helm_binaries", "kubectl_bin", "operator"]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_NAME = "compilecaches.compilecache.io"
+OURS = "compilecache.io/bundles"
+
+
+def recovery_block() -> str:
+    text = (ROOT / "docs" / "runbooks.md").read_text()
+    return text[text.index("<!-- stuck-deletion-recovery -->"):].split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def cli_shim(directory: Path) -> Path:
+    """``compilecache`` on the PATH: this checkout's CLI."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shim = directory / "compilecache"
+    shim.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m cachelib.cli \"$@\"\n")
+    shim.chmod(0o755)
+    return directory
+
+
+def bundles(store: str) -> int:
+    proc = subprocess.run([sys.executable, "-m", "cachelib.cli", "ls", "--store", store, "-o", "json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=True)
+    return len(proc.stdout.splitlines())
+
+
+def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
+    operator: OperatorProcess, kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str,
+    redis_server: RedisServer, real_node: RealNode, kubectl_bin: Path, tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    store = redis_server.store_url()
+    kube_client.post(cache_path(ns), compile_cache("doomed", {
+        "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": store},
+        "deletionPolicy": "Delete"}))
+    # the operator takes the cache on (its finalizer); a bundle of the cache's key is in the store (published
+    # here, as its warm-up would: the test is about the deletion, not the warm-up)
+    wait_for(lambda: OURS in (kube_client.get(cache_path(ns, "doomed"))["metadata"].get("finalizers") or []), 60,
+             "the operator's finalizer on the cache")
+    with open_store(store) as opened:
+        publish(make_outdir(tmp_path / "out", make_key(namespace=ns, name="doomed")), opened)
+    assert bundles(store) == 1
+
+    operator.stop()  # the uninstall removes the operator ...
+    try:
+        kube_client.delete(f"{CRDS_API}/{CRD_NAME}")  # ... and, with crds.keep: false, the CRD
+
+        # stuck: the CRD is Terminating and stays, the cache keeps its finalizer
+        time.sleep(10)
+        stuck = kube_client.get(f"{CRDS_API}/{CRD_NAME}")
+        assert stuck["metadata"].get("deletionTimestamp"), stuck["metadata"]
+        conditions = {c["type"]: c for c in stuck["status"]["conditions"]}
+        assert conditions["Terminating"]["status"] == "True", conditions
+        cache = kube_client.get(cache_path(ns, "doomed"))
+        assert cache["metadata"]["deletionTimestamp"] and cache["metadata"]["finalizers"] == [OURS]
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBECONFIG")}
+        env.update(KUBECONFIG=str(kube_cluster.kubeconfig),
+                   PATH=os.pathsep.join([str(kubectl_bin.parent), str(cli_shim(tmp_path / "bin")), env["PATH"]]))
+        proc = subprocess.run(["bash", "-c", recovery_block()], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert not crd_exists(kube_client), proc.stdout + proc.stderr
+        assert bundles(store) == 0, proc.stdout + proc.stderr  # what the finalizer would have deleted
+    finally:
+        wait_for(lambda: not crd_exists(kube_client), 120, "the old CRD to go before it is installed again")
+        install_crd(kube_client)  # for the tests after this one in the session
+
+
+def crd_exists(client: KubeClient) -> bool:
+    return client.exists(f"{CRDS_API}/{CRD_NAME}")
