@@ -21,7 +21,7 @@ import pytest
 
 from tests.chart.chart import one, template
 from tests.infra.kube.pki import CertificateAuthority
-from tests.servers import LOOPBACK, RedisServer, S3Server, s3_server, start_redis
+from testsupport.servers import LOOPBACK, RedisServer, S3Server, s3_server, start_redis
 
 __all__ = ["s3_server"]
 
@@ -57,7 +57,7 @@ def run_command(command: list[str], env: dict[str, str], files: dict[str, Path])
 @pytest.fixture
 def tls_redis(tmp_path: Path) -> Iterator[tuple[RedisServer, int, Path]]:
     """A redis-server serving TLS with a certificate of a private CA; (server, TLS port, CA file)."""
-    from tests.servers import free_port
+    from testsupport.servers import free_port
 
     ca = CertificateAuthority(tmp_path / "pki", "compilecache-test-private-ca")
     pair = ca.issue("redis", LOOPBACK, server_names=(LOOPBACK,))

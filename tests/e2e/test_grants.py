@@ -18,7 +18,7 @@ from tests.infra.kube.rest import KubeClient
 from tests.infra.node import RealNode
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, condition, crd, jobs_of
-from tests.servers import RedisServer
+from testsupport.servers import RedisServer
 
 __all__ = ["crd"]
 

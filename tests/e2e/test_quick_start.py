@@ -40,7 +40,7 @@ from tests.infra.kube.namespaces import delete_namespace
 from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.node import RealNode
 from tests.operator.e2e_support import OperatorProcess
-from tests.servers import RedisServer
+from testsupport.servers import RedisServer
 
 __all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]
 

@@ -28,7 +28,7 @@ from tests.operator.e2e_support import (
     terminated_message,
     wait_condition,
 )
-from tests.servers import RedisServer
+from testsupport.servers import RedisServer
 
 __all__ = ["crd", "operator"]
 

@@ -37,7 +37,7 @@ from tests.operator.e2e_support import (
     install_crd,
     operator,
 )
-from tests.servers import RedisServer
+from testsupport.servers import RedisServer
 
 __all__ = ["crd", "helm_binaries", "kubectl_bin", "operator"]
 
