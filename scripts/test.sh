@@ -12,7 +12,8 @@ cd "$ROOT"
 # and the control plane's processes dying with the test session (--pdeathsig).
 apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap util-linux \
     containernetworking-plugins iproute2 gcc libc6-dev \
-    python3-dev  # the real node: CNI bridge, ip, the static pause binary; Python.h: Triton's C modules (tests)
+    python3-dev zsh  # the real node: CNI bridge, ip, the static pause binary; Python.h: Triton's C modules (tests);
+                     # zsh parses the CLI's completion script
 ensure_venv "test"
 bash tests/infra/checkout_access.sh "$VENV/bin/python"  # tests run processes as other uids: they must read the clone
 # No PYTHONPYCACHEPREFIX for the suite: pip writes byte code beside every installed module even with
