@@ -221,6 +221,6 @@ def test_ls_passes_over_signatures_and_gc_deletes_them_with_their_bundle(tmp_pat
         write_signature(store, signer.sign(str(KEY), digest))
     listed = run_cli("ls", "--store", store_url, "--json")
     assert [json.loads(line)["key"] for line in listed.stdout.splitlines()] == [str(KEY)]
-    assert run_cli("gc", "--store", store_url, "--keep", "0").returncode == 0
+    assert run_cli("gc", "--store", store_url, "--keep", "0", "--yes").returncode == 0
     with open_store(store_url) as store:
         assert list(store.list()) == []

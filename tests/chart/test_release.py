@@ -95,4 +95,6 @@ def test_the_image_tarballs_load_under_the_release_tags(helm_bin: Path, tmp_path
             assert f"  {tarball.name}" in sums
     finally:
         for name in images.IMAGE_NAMES:
-            images.podman("untag", f"ghcr.io/compilecache/{name}:{__version__}", check=False)
+            release_tag = f"ghcr.io/compilecache/{name}:{__version__}"
+            # `podman untag IMAGE` alone removes every name of the image (the content tags the e2e tests use)
+            images.podman("untag", release_tag, release_tag, check=False)

@@ -213,8 +213,10 @@ def test_namespaced_release_reaches_only_its_namespaces(
         patch = {"metadata": {"annotations": {"probe": "1"}}}
         assert allowed(operator, "PATCH", f"/api/v1/namespaces/{kube_namespace}/pods/x", patch)
         assert not allowed(operator, "PATCH", f"/api/v1/namespaces/{outside}/pods/x", patch)
-        # the operator's own Secrets (signing key, serving certificate) only in the release namespace
-        assert not allowed(operator, "GET", f"/api/v1/namespaces/{outside}/secrets/{release.fullname}-signing")
+        # the operator's own signing key by name in the release namespace (no other Secret there: secrets/any
+        # above; this release has no webhook, so no serving certificate Secret)
+        assert allowed(operator, "GET", f"/api/v1/namespaces/{outside}/secrets/{release.fullname}-signing")
+        assert not allowed(operator, "GET", f"/api/v1/namespaces/{outside}/secrets/{release.fullname}-webhook-serving")
     finally:
         operator.close()
 
@@ -229,7 +231,8 @@ def test_examples_apply_without_losing_a_field(
                           capture_output=True, text=True, env=helm_env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     paths = {"CompileCache": f"{CC_API}/namespaces/{kube_namespace}/compilecaches",
-             "Deployment": f"/apis/apps/v1/namespaces/{kube_namespace}/deployments"}
+             "Deployment": f"/apis/apps/v1/namespaces/{kube_namespace}/deployments",
+             "Pod": f"/api/v1/namespaces/{kube_namespace}/pods"}
     applied = 0
     for example in sorted(EXAMPLES_DIR.glob("*.yaml")):
         for doc in yaml.safe_load_all(example.read_text()):
