@@ -772,13 +772,24 @@ def write_verdict(_: Recorder | None = None, environ: Mapping[str, str] | None =
     """The verdict so far: as one JSON object in :data:`WHY_NAME` of the cache directory, and as one
     line ``{"compilecache_why": {result, cause, reason}}`` in the container's termination-message
     file (``$COMPILECACHE_TERMINATION_LOG``, else ``/dev/termination-log`` where the kubelet made
-    it), which the operator reads from the pod's status once the container ends."""
+    it), which the operator reads from the pod's status once the container ends; never over a message
+    the workload wrote there itself."""
     diagnosis = diagnose()
     with contextlib.suppress(OSError):
         if watch.cache_dir is not None:
             write_json(watch.cache_dir / WHY_NAME, {**diagnosis.to_dict(), "at": round(time.time(), 3)})
         named = (os.environ if environ is None else environ).get(TERMINATION_LOG_ENV)
         path = Path(named or DEFAULT_TERMINATION_LOG)
-        if path.is_file() or (named and path.parent.is_dir()):
+        if (path.is_file() or (named and path.parent.is_dir())) and not foreign_message(path):
             line = {WHY_KEY: {"result": diagnosis.result, "cause": diagnosis.cause, "reason": diagnosis.reason[:1000]}}
             path.write_text(json.dumps(line, sort_keys=True) + "\n")
+
+
+def foreign_message(path: Path) -> bool:
+    """Whether the termination-message file holds what the workload wrote itself: it is the workload's
+    to say, so the verdict never replaces it (the cache directory's copy and the metric still have it)."""
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return False
+    return bool(text) and not text.startswith('{"' + WHY_KEY + '"')

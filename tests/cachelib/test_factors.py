@@ -380,3 +380,17 @@ def test_recording_in_the_warm_up_leaves_torch_s_keys_alone(warm: Warm, tmp_path
     aot, inductor = counters["aot_autograd"], counters["inductor"]
     assert aot.get("autograd_cache_hit") and not aot.get("autograd_cache_miss"), counters
     assert inductor.get("fxgraph_cache_hit") and not inductor.get("fxgraph_cache_miss"), counters
+
+
+@pytest.mark.parametrize("theirs", ['{"done": true}', "finished: 42 items\n"])
+def test_the_verdict_never_replaces_a_termination_message_the_workload_wrote(tmp_path: Path, theirs: str) -> None:
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    factors.write_verdict(environ={factors.TERMINATION_LOG_ENV: str(log)})
+    ours = log.read_text()
+    assert ours.startswith('{"' + factors.WHY_KEY + '"')
+    factors.write_verdict(environ={factors.TERMINATION_LOG_ENV: str(log)})  # our own line is refreshed
+    assert log.read_text().startswith('{"' + factors.WHY_KEY + '"')
+    log.write_text(theirs)  # the workload's own message, written after ours
+    factors.write_verdict(environ={factors.TERMINATION_LOG_ENV: str(log)})
+    assert log.read_text() == theirs

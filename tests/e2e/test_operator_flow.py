@@ -168,4 +168,4 @@ def test_gpu_discovery_plans_the_node_gpu_type(
     (job,) = jobs_of(kube_client, ns, "auto")
     pod_spec = job["spec"]["template"]["spec"]
     assert pod_spec["nodeSelector"] == {GPU_LABEL: GPU_PRODUCT}
-    assert pod_spec["initContainers"][1]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert pod_spec["initContainers"][1]["resources"]["limits"]["nvidia.com/gpu"] == "1"
