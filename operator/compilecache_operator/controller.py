@@ -19,19 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compilecache_operator import builders, storeops
 from compilecache_operator.conditions import Condition, now_rfc3339, shown_message
-from compilecache_operator.confinement import Confinement, check_confinement
+from compilecache_operator.confinement import check_confinement
 from compilecache_operator.failures import describe, failure_of, step
-from compilecache_operator.kube import KubeAPI
-from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import (
-    EXCLUDED_NAMESPACES,
     FINALIZER,
     KIND,
     RECORDED_ANNOTATION,
@@ -59,181 +55,14 @@ from compilecache_operator.results import (
     observe_job,
     publish_message,
 )
-from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.signing import Signing, sign_records
-from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec, StorageSpec, parse_spec
+from compilecache_operator.spec import CacheSpec, InvalidSpec, StorageSpec, parse_spec
+from compilecache_operator.state import Emit, Key, Settings, State, WarningEvent
 
 from cachelib.keyformat import cache_prefix
 from cachelib.stores import Store, StoreError, in_store_thread
 
 logger = logging.getLogger(__name__)
-
-Emit = Callable[[Mapping[str, Any], str, str, str], None]
-"""Posts an event on an object: ``emit(body, type, reason, message)`` (``kopf.event`` in the operator)."""
-Key = tuple[str, str]
-"""A CompileCache's (namespace, name)."""
-IndexView = Mapping[Any, Collection[Any]]
-"""A Kopf index (or any mapping of a key to the values of the objects under it)."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Operator-wide settings of the controller (from the command line)."""
-
-    defaults: Defaults
-    jobs: builders.JobSettings
-    retry_seconds: float = 30.0
-    """How long to wait after a problem that may fix itself (a missing Secret, no GPU node yet)."""
-    namespaces: tuple[str, ...] = ()
-    """The namespaces watched; empty for all."""
-    operator_namespace: str | None = None
-    native_sidecars: str = "auto"
-    """``--native-sidecars``: auto (ask the API server's version), on or off."""
-    confinement: Confinement = field(default_factory=Confinement)
-    """The cluster admin's allow-lists of stores, credentials Secrets and warm-up ServiceAccounts."""
-    signing: Signing | None = None
-    """The key that signs published bundles and the keys preloads trust; None: bundles are unsigned."""
-    concurrency: int = 16
-    """How many reconciles run at once (each makes API calls; a restart resumes every cache)."""
-    delete_attempts: int = 20
-    """Attempts at deleting a cache's bundles before its finalizer is removed anyway (BundlesLeft)."""
-
-    def in_scope(self, namespace: str) -> bool:
-        return not self.namespaces or namespace in self.namespaces
-
-    @property
-    def excluded_namespaces(self) -> frozenset[str]:
-        """Namespaces whose pods are never injected: the system ones and the operator's own."""
-        own = {self.operator_namespace} if self.operator_namespace else set()
-        return EXCLUDED_NAMESPACES | own
-
-
-@dataclass
-class Indexes:
-    """The operator's memory of the cluster, kept current by Kopf's watches (see handlers)."""
-
-    caches: IndexView = field(default_factory=dict)
-    """(namespace, name) → the CompileCache (metadata, spec, status)."""
-    jobs: IndexView = field(default_factory=dict)
-    """The owning CompileCache's uid → its warm-up Jobs."""
-    nodes: IndexView = field(default_factory=dict)
-    """A Node label key → the values the Nodes carry."""
-
-    def cache(self, key: Key) -> Mapping[str, Any] | None:
-        return next(iter(self.caches.get(key, ())), None)
-
-    def cache_keys(self) -> list[Key]:
-        return list(self.caches)
-
-
-class KeyedLocks:
-    """One lock per key while someone holds or waits for it; the entry goes with the last user."""
-
-    def __init__(self) -> None:
-        self._locks: dict[Key, tuple[asyncio.Lock, int]] = {}
-
-    def __len__(self) -> int:
-        return len(self._locks)
-
-    @asynccontextmanager
-    async def hold(self, key: Key) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users <= 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
-
-
-@dataclass
-class State:
-    """What the handlers share: settings, metrics, the API client, the indexes, native-sidecar support."""
-
-    settings: Settings
-    metrics: Metrics
-    api: KubeAPI | None = None
-    indexes: Indexes = field(default_factory=Indexes)
-    locks: KeyedLocks = field(default_factory=KeyedLocks)
-    sidecars: SidecarSupport = NOT_DETECTED
-    """Whether pods may get the preload as a native sidecar (decided at start-up)."""
-    fallbacks_logged: set[tuple[str, str]] = field(default_factory=set)
-    """Caches whose Sidecar request was turned into an init container, already said in the log."""
-    warnings: dict[tuple[str, str], frozenset[WarningEvent]] = field(default_factory=dict)
-    """Per cache, the Warning events of problems still standing: each is posted when it begins."""
-    settled: dict[Key, tuple[Any, ...]] = field(default_factory=dict)
-    """Per cache, the fingerprint of the inputs of its last reconcile that left nothing to wait for."""
-    written: dict[Key, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
-    """Per cache, a status just written: (the resourceVersion it replaced, the object the API returned)."""
-    counted_jobs: set[tuple[str, str]] = field(default_factory=set)
-    """Jobs (namespace, name) marked as counted whose annotation the index has not shown yet."""
-    ready: bool = False
-    """Every index has been loaded once (the webhook's readiness)."""
-    draining: bool = False
-    """Shutting down: not ready, still answering admissions for a moment."""
-    early_views: Mapping[Key, Any] | None = None
-    """The webhook's views of the CompileCaches listed at start-up, used until Kopf's index is loaded
-    (Kopf indexes a large list object by object, seconds after it arrived)."""
-    leading: bool = True
-    """This replica acts (reconciles, deletes, counts); the others only serve the webhook."""
-    delete_attempts: dict[Key, int] = field(default_factory=dict)
-    retries: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
-    """Per cache, a look again scheduled after a problem that may pass."""
-    background: set[asyncio.Task[Any]] = field(default_factory=set)
-    """Tasks started on their own (a new leader's first resync), kept until done."""
-    _slots: asyncio.Semaphore | None = None
-
-    @property
-    def slots(self) -> asyncio.Semaphore:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(max(1, self.settings.concurrency))
-        return self._slots
-
-    def serving(self) -> bool:
-        """Ready for admissions: every CompileCache known, from Kopf's index or the start-up list."""
-        return not self.draining and (self.ready or self.early_views is not None)
-
-    def cache(self, key: Key) -> Mapping[str, Any] | None:
-        """The CompileCache from the index, or the status this operator just wrote while the index
-        has not caught up."""
-        body = self.indexes.cache(key)
-        written = self.written.get(key)
-        if written is None or body is None:
-            return body
-        if str(body["metadata"].get("resourceVersion", "")) == written[0]:
-            return written[1]
-        del self.written[key]
-        return body
-
-    def jobs(self, body: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
-        """The warm-up Jobs of the cache ``body`` from the index, with the counted mark of those
-        this operator just annotated."""
-        namespace = str(body["metadata"].get("namespace", ""))
-        jobs = []
-        for job in self.indexes.jobs.get(str(body["metadata"].get("uid", "")), ()):
-            key = (namespace, str(job["metadata"].get("name", "")))
-            annotations = job["metadata"].get("annotations") or {}
-            if RECORDED_ANNOTATION in annotations:
-                self.counted_jobs.discard(key)
-            elif key in self.counted_jobs:
-                job = {**job, "metadata": {**job["metadata"], "annotations": {**annotations, RECORDED_ANNOTATION: "1"}}}
-            jobs.append(job)
-        return tuple(jobs)
-
-    def forget(self, key: Key) -> None:
-        """A deleted cache: drop what is remembered about it."""
-        self.warnings.pop(key, None)
-        self.settled.pop(key, None)
-        self.written.pop(key, None)
-        self.delete_attempts.pop(key, None)
-        retry = self.retries.pop(key, None)
-        if retry is not None:
-            retry.cancel()
-        self.metrics.forget_cache(*key)
 
 
 @dataclass(frozen=True)
@@ -247,14 +76,6 @@ class Outcome:
     invalid: str | None = None
     """Set when the spec can never work: the field paths and what is wrong."""
     gone: bool = False
-
-
-@dataclass(frozen=True)
-class WarningEvent:
-    """A Warning event on the CompileCache: a problem its owner has to act on."""
-
-    reason: str
-    message: str
 
 
 # -- pure helpers -----------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ from compilecache_operator.names import (
 from compilecache_operator.results import job_condition, preload_outcome
 from compilecache_operator.sidecars import detect_native_sidecars
 from compilecache_operator.signing import Signing
+from compilecache_operator.state import Indexes, State
 from compilecache_operator.webhook import PodWebhookServer, inject_pods, review_pod
 
 from cachelib.keyformat import gpu_slug
@@ -153,8 +154,8 @@ class CountedPods:
         return True
 
 
-def _state(memo: kopf.Memo) -> controller.State:
-    return cast(controller.State, memo["state"])
+def _state(memo: kopf.Memo) -> State:
+    return cast(State, memo["state"])
 
 
 def _intervals(memo: kopf.Memo) -> Intervals:
@@ -224,7 +225,7 @@ async def configure(
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
     state = _state(memo)
-    state.indexes = controller.Indexes(
+    state.indexes = Indexes(
         caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
     )
     state.api = KubeAPI(info, relogin=lambda: login(settings=settings))
@@ -268,7 +269,7 @@ async def configure(
         memo["signing_task"] = await start_signing(state, key_secret)
 
 
-def start_certificates(state: controller.State, admission: Admission) -> asyncio.Task[None] | None:
+def start_certificates(state: State, admission: Admission) -> asyncio.Task[None] | None:
     """Keep the operator's serving certificate Secret (leader) and serve it (every replica), or watch the
     mounted files for a renewal."""
     reloader = admission.reloader
@@ -290,7 +291,7 @@ def start_certificates(state: controller.State, admission: Admission) -> asyncio
     return None
 
 
-async def start_signing(state: controller.State, where: SigningSecret) -> asyncio.Task[None]:
+async def start_signing(state: State, where: SigningSecret) -> asyncio.Task[None]:
     """Read the signing key from its Secret (the leader creating it on the first start), then follow
     its rotations."""
     assert state.api is not None
@@ -304,7 +305,7 @@ async def start_signing(state: controller.State, where: SigningSecret) -> asynci
     return asyncio.create_task(keys.keep(lambda: state.leading, changed, signing))
 
 
-def readiness(state: controller.State, server: kopf.WebhookServer | None,
+def readiness(state: State, server: kopf.WebhookServer | None,
               admission: Admission | None = None) -> Callable[[], bool]:
     """What ``/readyz`` answers: the caches are known and, where this replica serves the webhook,
     its endpoint accepts connections with the certificate to serve; not while shutting down."""
@@ -320,7 +321,7 @@ def identity() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
 
 
-def lead(state: controller.State, leading: bool) -> None:
+def lead(state: State, leading: bool) -> None:
     """Start or stop acting; a new leader looks at every cache once (nothing is settled for it)."""
     state.leading = leading
     state.settled.clear()
@@ -396,7 +397,7 @@ async def mark_ready(memo: kopf.Memo, **_: Any) -> None:
             drain_on_sigterm(state, stop, float(memo.get("shutdown_delay") or 0.0))
 
 
-def drain_on_sigterm(state: controller.State, stop: threading.Event, delay: float) -> None:
+def drain_on_sigterm(state: State, stop: threading.Event, delay: float) -> None:
     """On SIGTERM, report not ready at once and stop ``delay`` seconds later: the webhook goes on
     answering while the Service's endpoints (and the API server) stop sending admissions here."""
     loop = asyncio.get_running_loop()
@@ -470,7 +471,7 @@ async def pod_event(
 
 
 async def count_cold_start(
-    state: controller.State,
+    state: State,
     counted: CountedPods,
     event_type: str,
     body: Mapping[str, Any],
@@ -526,7 +527,7 @@ def register_webhook(registry: kopf.OperatorRegistry | None = None) -> None:
 
 
 async def count_preload(
-    state: controller.State,
+    state: State,
     counted: CountedPods,
     event_type: str,
     body: kopf.Body,
@@ -560,7 +561,7 @@ GRANTS_SECONDS = 5.0
 """How often the grant ConfigMaps of the operator's namespace are read."""
 
 
-async def grants_loop(state: controller.State, namespace: str, interval: float = GRANTS_SECONDS) -> None:
+async def grants_loop(state: State, namespace: str, interval: float = GRANTS_SECONDS) -> None:
     """Keep the confinement's grants those of the ConfigMaps labelled ``compilecache.io/allow`` in the operator's
     namespace; on a change, reconcile at once the CompileCaches of every namespace whose grants changed. A
     ConfigMap that cannot be read as a grant grants nothing and is logged (once per content)."""
@@ -581,7 +582,7 @@ async def grants_loop(state: controller.State, namespace: str, interval: float =
         await asyncio.sleep(interval)
 
 
-async def apply_grants(state: controller.State, grants: tuple[Any, ...]) -> None:
+async def apply_grants(state: State, grants: tuple[Any, ...]) -> None:
     old = state.settings.confinement
     if grants == old.grants:
         return
@@ -596,7 +597,7 @@ async def apply_grants(state: controller.State, grants: tuple[Any, ...]) -> None
             await controller.handle(state, key, _emit)
 
 
-async def resync_loop(state: controller.State, interval: float) -> None:
+async def resync_loop(state: State, interval: float) -> None:
     """Once the indexes are loaded, reconcile what is unsettled, then again every ``interval``
     seconds; errors are logged, never fatal."""
     while not state.ready:

@@ -7,7 +7,7 @@ honouring ``Retry-After``; dropped or refused connections) with exponential back
 again on 401 (a rotated or expired token), and pages through lists (``limit``/``continue``).
 Every call names the method and path in its error.
 
-Most of what the operator reads comes from Kopf's watches (see ``controller.Indexes``); this
+Most of what the operator reads comes from Kopf's watches (see ``state.Indexes``); this
 client makes the few direct calls: Secrets, the pods of unfinished warm-up Jobs, status patches,
 Job create/annotate/delete.
 """

@@ -30,8 +30,8 @@ from typing import Any
 import kopf
 from aiohttp import web
 from compilecache_operator import builders
-from compilecache_operator.controller import State
 from compilecache_operator.names import CACHE_LABEL, PRELOAD_MODE_REASON_ANNOTATION, WEBHOOK_ID
+from compilecache_operator.state import State
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from typing import Any, cast
 
 import pytest
 from compilecache_operator import builders, controller, failures
-from compilecache_operator.controller import Indexes, Settings, State
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
 from compilecache_operator.spec import Defaults
+from compilecache_operator.state import Indexes, Settings, State
 
 from tests.operator.samples import owner
 

@@ -6,10 +6,10 @@ from typing import Any
 
 from compilecache_operator import builders, controller
 from compilecache_operator.builders import JobSettings
-from compilecache_operator.controller import Settings, State, WarningEvent
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.results import JobState
 from compilecache_operator.spec import Defaults
+from compilecache_operator.state import Settings, State, WarningEvent
 
 from tests.operator.samples import owner
 

@@ -73,7 +73,7 @@ class FakeState:
 
     def __init__(self, caches: list[tuple[str, str]]) -> None:
         from compilecache_operator.builders import JobSettings
-        from compilecache_operator.controller import Indexes, Settings
+        from compilecache_operator.state import Indexes, Settings
 
         self.settings = Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p"), confinement=BASE)
         self.indexes = Indexes(caches={k: [] for k in caches})

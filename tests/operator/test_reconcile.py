@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 from compilecache_operator import builders, controller
-from compilecache_operator.controller import Actions, Indexes, KeyedLocks, Settings, Snapshot, State
+from compilecache_operator.controller import Actions, Snapshot
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import GENERATION_LABEL, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
 from compilecache_operator.plan import BundleRecord, job_name, plan_variants
 from compilecache_operator.results import PUBLISH_CONTAINER
 from compilecache_operator.spec import Defaults, parse_spec
+from compilecache_operator.state import Indexes, KeyedLocks, Settings, State
 from compilecache_operator.storeops import DeleteReport
 
 from tests.infra.kube.cluster import free_port

@@ -11,10 +11,10 @@ import jsonpatch
 import kopf
 from compilecache_operator import webhook
 from compilecache_operator.builders import JobSettings
-from compilecache_operator.controller import Settings, State
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import CACHE_LABEL, SKIPPED_ANNOTATION
 from compilecache_operator.spec import Defaults
+from compilecache_operator.state import Settings, State
 
 from tests.operator.podpatch import apply_pod_patch
 from tests.operator.samples import pod, view

@@ -13,7 +13,6 @@ import kopf
 import pytest
 from compilecache_operator import builders, reasons, wiring
 from compilecache_operator.builders import JobSettings
-from compilecache_operator.controller import Settings, State
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import (
     ENV_FROM_ANNOTATION,
@@ -23,6 +22,7 @@ from compilecache_operator.names import (
 from compilecache_operator.plan import BundleRecord
 from compilecache_operator.results import parse_preload, preload_outcome
 from compilecache_operator.spec import Defaults
+from compilecache_operator.state import Settings, State
 from compilecache_operator.webhook import inject_pods
 
 from tests.operator.podpatch import apply_pod_patch
