@@ -10,7 +10,7 @@ start-up into the memo (``memo["state"]``, ``memo["intervals"]``):
   Node or CompileCache event therefore marks the operator Ready (``/readyz``), so no replica takes
   webhook traffic before it knows the caches;
 - CompileCache events: reconcile a cache whose inputs changed since its last settled reconcile
-  (:func:`controller.handle`); with ``deletionPolicy: Delete`` the cache carries the finalizer
+  (:func:`scheduling.handle`); with ``deletionPolicy: Delete`` the cache carries the finalizer
   ``compilecache.io/bundles``, and its deletion deletes its bundles first. These are plain event
   handlers, not Kopf's change handlers, so Kopf itself writes nothing to the objects;
 - the resync: a task of its own that handles the caches whose inputs changed or that still wait
@@ -47,10 +47,10 @@ from compilecache_operator import (
     builders,
     certs,
     coldstarts,
-    controller,
     kubeconfig,
     leader,
     probes,
+    scheduling,
     servingcert,
     signingkey,
     tlsreload,
@@ -76,7 +76,7 @@ from compilecache_operator.names import (
 from compilecache_operator.results import job_condition, preload_outcome
 from compilecache_operator.sidecars import detect_native_sidecars
 from compilecache_operator.signing import Signing
-from compilecache_operator.state import Indexes, State
+from compilecache_operator.state import Indexes, State, owner_uids
 from compilecache_operator.webhook import PodWebhookServer, inject_pods, review_pod
 
 from cachelib.keyformat import gpu_slug
@@ -329,7 +329,7 @@ def lead(state: State, leading: bool) -> None:
         handle.cancel()
     state.retries.clear()
     if leading:
-        task = asyncio.get_running_loop().create_task(controller.resync(state, _emit))
+        task = asyncio.get_running_loop().create_task(scheduling.resync(state, _emit))
         state.background.add(task)
         task.add_done_callback(state.background.discard)
 
@@ -374,7 +374,7 @@ def cache_objects(namespace: str | None, name: str, body: kopf.Body, **_: Any) -
 def warmup_jobs(body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """Warm-up Jobs by the uid of the CompileCache that owns them."""
     job = plain(body)
-    return {uid: job for uid in controller.owner_uids(job)}
+    return {uid: job for uid in owner_uids(job)}
 
 
 @kopf.index("v1", "nodes", id="node_labels")
@@ -431,7 +431,7 @@ async def cache_event(
     node_gpus = state.indexes.nodes.get(state.settings.defaults.gpu_label_key, ())
     state.metrics.know_cache(*key, cache_gpus(body.get("status"), node_gpus))  # its counters at 0, before events
     if state.leading:
-        await controller.handle(state, key, _emit)
+        await scheduling.handle(state, key, _emit)
 
 
 @kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT})
@@ -446,7 +446,7 @@ async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: kop
         return
     for ref in body.metadata.get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-            await controller.handle(state, (namespace or "", str(ref["name"])), _emit)
+            await scheduling.handle(state, (namespace or "", str(ref["name"])), _emit)
 
 
 # -- opted-in pods ---------------------------------------------------------------------------------------
@@ -594,7 +594,7 @@ async def apply_grants(state: State, grants: tuple[Any, ...]) -> None:
     for key in [k for k in list(state.indexes.caches) if isinstance(k, tuple) and k[0] in changed]:
         state.settled.pop(key, None)
         if state.leading:
-            await controller.handle(state, key, _emit)
+            await scheduling.handle(state, key, _emit)
 
 
 async def resync_loop(state: State, interval: float) -> None:
@@ -603,7 +603,7 @@ async def resync_loop(state: State, interval: float) -> None:
     while not state.ready:
         await asyncio.sleep(0.1)
     while True:
-        count = await controller.resync(state, _emit) if state.leading else 0
+        count = await scheduling.resync(state, _emit) if state.leading else 0
         if count:
             logger.debug("resync: reconciled %d CompileCache(s)", count)
         await asyncio.sleep(interval)

@@ -19,7 +19,7 @@ from compilecache_operator import builders
 from compilecache_operator.confinement import Confinement
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import EXCLUDED_NAMESPACES, RECORDED_ANNOTATION
+from compilecache_operator.names import EXCLUDED_NAMESPACES, KIND, RECORDED_ANNOTATION
 from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.signing import Signing
 from compilecache_operator.spec import Defaults
@@ -80,6 +80,12 @@ class Indexes:
 
     def cache_keys(self) -> list[Key]:
         return list(self.caches)
+
+
+def owner_uids(obj: Mapping[str, Any]) -> list[str]:
+    """The uids of the CompileCaches that own ``obj`` (a warm-up Job): its keys in :attr:`Indexes.jobs`."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return [str(ref["uid"]) for ref in refs if ref.get("kind") == KIND and ref.get("uid")]
 
 
 class KeyedLocks:

@@ -13,7 +13,7 @@ import logging
 from typing import Any, cast
 
 import pytest
-from compilecache_operator import builders, controller, failures
+from compilecache_operator import builders, failures, reconcile, scheduling
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
@@ -82,7 +82,7 @@ class ScriptedAPI:
 
 
 def run(body: dict[str, Any], api: ScriptedAPI, jobs: tuple[dict[str, Any], ...] = ()) -> tuple[
-        State, controller.Outcome | None, list[tuple[str, str, str]]]:
+        State, reconcile.Outcome | None, list[tuple[str, str, str]]]:
     """One ``handle`` of the cache: the state after it, the reconcile's outcome and the events posted."""
     state = State(settings=SETTINGS, metrics=Metrics(), api=cast(KubeAPI, api))
     state.indexes = Indexes(caches={KEY: [body]}, jobs={"uid-1234": list(jobs)})
@@ -91,8 +91,8 @@ def run(body: dict[str, Any], api: ScriptedAPI, jobs: tuple[dict[str, Any], ...]
     def emit(_body: Any, type_: str, reason: str, message: str) -> None:
         events.append((type_, reason, message))
 
-    async def go() -> controller.Outcome | None:
-        return await controller.reconcile(state, *KEY, emit=emit)
+    async def go() -> reconcile.Outcome | None:
+        return await scheduling.reconcile(state, *KEY, emit=emit)
 
     return state, asyncio.run(go()), events
 
@@ -171,7 +171,7 @@ def test_a_failure_before_any_write_is_a_reconcile_failure_with_a_status() -> No
 def test_a_status_that_cannot_be_written_is_said_in_the_event_and_the_log(caplog: pytest.LogCaptureFixture) -> None:
     down = [KubeError("PATCH", "/x", 0, "ClientConnectorError") for _ in range(4)]
     api = ScriptedAPI({"patch_cache_status": down})
-    with caplog.at_level(logging.WARNING, logger="compilecache_operator.controller"):
+    with caplog.at_level(logging.WARNING, logger="compilecache_operator.scheduling"):
         _, result, events = run(cache(), api)
     assert result is not None and result.problem and not api.statuses
     (warning,) = [e for e in events if e[0] == "Warning"]
@@ -195,7 +195,7 @@ def test_a_failed_reconcile_is_looked_at_again() -> None:
     state.indexes = Indexes(caches={KEY: [cache()]})
 
     async def go() -> bool:
-        await controller.handle(state, KEY, None)
+        await scheduling.handle(state, KEY, None)
         scheduled = KEY in state.retries
         for handle in state.retries.values():
             handle.cancel()
@@ -230,7 +230,7 @@ def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, An
             return real(*args, **kwargs)
         return call
 
-    monkeypatch.setattr(controller, "parse_spec", counted("spec", controller.parse_spec))
+    monkeypatch.setattr(reconcile, "parse_spec", counted("spec", reconcile.parse_spec))
     monkeypatch.setattr(spec_module, "parse_store_url", counted("url", spec_module.parse_store_url))
     monkeypatch.setattr(confinement, "parse_store_url", counted("url", confinement.parse_store_url))
     settings = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=30,
@@ -238,6 +238,6 @@ def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, An
     api = ScriptedAPI()
     state = State(settings=settings, metrics=Metrics(), api=cast(KubeAPI, api))
     state.indexes = Indexes(caches={KEY: [cache(**spec)]}, jobs={})
-    asyncio.run(controller.reconcile(state, *KEY))
+    asyncio.run(scheduling.reconcile(state, *KEY))
     assert "patch_cache_status" in api.calls, "the reconcile ran to its status"
     assert counts == {"spec": 1, "url": 1}, counts

@@ -8,11 +8,11 @@ import json
 from typing import Any
 
 import pytest
-from compilecache_operator import builders, controller
-from compilecache_operator.controller import Actions, Snapshot
+from compilecache_operator import builders, reconcile, scheduling
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import GENERATION_LABEL, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
 from compilecache_operator.plan import BundleRecord, job_name, plan_variants
+from compilecache_operator.reconcile import Actions, Snapshot
 from compilecache_operator.results import PUBLISH_CONTAINER
 from compilecache_operator.spec import Defaults, parse_spec
 from compilecache_operator.state import Indexes, KeyedLocks, Settings, State
@@ -65,8 +65,8 @@ def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 
 def decided(snapshot: Snapshot, kept: Any = None, note: str = "") -> tuple[Actions, dict[str, Any]]:
-    actions = controller.decide_actions(snapshot, SETTINGS)
-    status = controller.final_status(snapshot, actions, actions.bundles if kept is None else kept, note, NOW)
+    actions = reconcile.decide_actions(snapshot, SETTINGS)
+    status = reconcile.final_status(snapshot, actions, actions.bundles if kept is None else kept, note, NOW)
     return actions, status
 
 
@@ -77,20 +77,20 @@ def test_no_gpu_nodes_is_a_problem_that_is_looked_at_again() -> None:
     assert actions.failure is not None and actions.failure.reason == "NoGPUNodes"
     assert "nvidia.com/gpu.product" in actions.failure.message and not actions.create
     assert conditions(status)["Ready"] == ("False", "NoGPUNodes")
-    result = controller.outcome(actions, status, SETTINGS.retry_seconds)
+    result = reconcile.outcome(actions, status, SETTINGS.retry_seconds)
     assert result.problem == actions.failure.message and result.retry_after == 7
-    with_node = controller.decide_actions(Snapshot(body, gpus=frozenset({"NVIDIA-L4"})), SETTINGS)
+    with_node = reconcile.decide_actions(Snapshot(body, gpus=frozenset({"NVIDIA-L4"})), SETTINGS)
     assert with_node.failure is None and [j.variant.gpu_label for j in with_node.create] == ["NVIDIA-L4"]
 
 
 def test_an_invalid_spec_is_not_retried_and_a_missing_secret_is() -> None:
     actions, status = decided(Snapshot(cache(image="")))
     assert actions.failure is not None and actions.failure.reason == "InvalidSpec"
-    assert controller.outcome(actions, status, 7).invalid == actions.failure.message
+    assert reconcile.outcome(actions, status, 7).invalid == actions.failure.message
     with_secret = cache(storage={"url": "redis://r:6379/0", "secretRef": {"name": "creds"}})
     actions, status = decided(Snapshot(with_secret, secret=None))
     assert actions.failure is not None and actions.failure.reason == "SecretNotFound"
-    assert status["storage"] == "redis://r:6379/0" and controller.outcome(actions, status, 7).problem
+    assert status["storage"] == "redis://r:6379/0" and reconcile.outcome(actions, status, 7).problem
 
 
 def test_a_new_cache_creates_one_job_and_its_status_does_not_change_when_the_job_shows_up() -> None:
@@ -137,12 +137,12 @@ def old_bundles(body: dict[str, Any]) -> list[dict[str, Any]]:
 def test_a_failed_prune_keeps_the_bundles_and_degrades_the_cache() -> None:
     body = cache(retention={"keepGenerations": 1})
     body["status"] = {"bundles": old_bundles(body)}
-    actions = controller.decide_actions(Snapshot(body), SETTINGS)
+    actions = reconcile.decide_actions(Snapshot(body), SETTINGS)
     assert [b.generation for b in actions.prune] == [2, 1]
-    kept, note = controller.pruned(actions.bundles, DeleteReport(deleted=(actions.prune[1].key,),
+    kept, note = reconcile.pruned(actions.bundles, DeleteReport(deleted=(actions.prune[1].key,),
                                                                  failed=((actions.prune[0].key, "timeout"),)))
     assert [b.generation for b in kept] == [3, 2] and note == f"pruning failed: {actions.prune[0].key}: timeout"
-    status = controller.final_status(Snapshot(body), actions, kept, note, NOW)
+    status = reconcile.final_status(Snapshot(body), actions, kept, note, NOW)
     assert conditions(status)["Ready"] == ("True", "BundlesAvailable")
     assert conditions(status)["Degraded"] == ("True", "StorePruneFailed") and status["bundleCount"] == 2
 
@@ -150,8 +150,8 @@ def test_a_failed_prune_keeps_the_bundles_and_degrades_the_cache() -> None:
 def test_a_store_that_cannot_be_reached_prunes_nothing() -> None:
     body = cache(retention={"keepGenerations": 1}, storage={"url": f"redis://127.0.0.1:{free_port()}/0"})
     body["status"] = {"bundles": old_bundles(body)}
-    actions = controller.decide_actions(Snapshot(body), SETTINGS)
-    kept, note = asyncio.run(controller.prune_bundles(actions, None))
+    actions = reconcile.decide_actions(Snapshot(body), SETTINGS)
+    kept, note = asyncio.run(reconcile.prune_bundles(actions, None))
     assert len(kept) == 3 and note.startswith("pruning failed: ") and "Connection refused" in note
 
 
@@ -159,9 +159,9 @@ def test_only_jobs_whose_outcome_is_still_to_be_read_need_their_pods() -> None:
     body = cache()
     variant = variant_of(body)
     done = job(body, phase="succeeded", recorded=True)
-    assert controller.needs_pods(job(body, phase="active"), set())
-    assert controller.needs_pods(done, set()), "recorded, but its bundle is not in status"
-    assert not controller.needs_pods(done, {variant.id})
+    assert reconcile.needs_pods(job(body, phase="active"), set())
+    assert reconcile.needs_pods(done, set()), "recorded, but its bundle is not in status"
+    assert not reconcile.needs_pods(done, {variant.id})
 
 
 # -- state kept between reconciles ----------------------------------------------------------------------
@@ -175,14 +175,14 @@ def state_with(body: dict[str, Any], jobs: tuple[dict[str, Any], ...] = ()) -> S
 def test_the_resync_skips_a_settled_cache_until_something_it_reads_changes() -> None:
     body = cache()
     state = state_with(body)
-    assert controller.unsettled(state) == [("team-a", "mlp")]
-    state.settled[("team-a", "mlp")] = controller.fingerprint(state, ("team-a", "mlp"))
-    assert controller.unsettled(state) == []
+    assert scheduling.unsettled(state) == [("team-a", "mlp")]
+    state.settled[("team-a", "mlp")] = scheduling.fingerprint(state, ("team-a", "mlp"))
+    assert scheduling.unsettled(state) == []
     state.indexes.jobs = {"uid-1234": [job(body, phase="failed")]}
-    assert controller.unsettled(state) == [("team-a", "mlp")], "a Job appeared"
-    state.settled[("team-a", "mlp")] = controller.fingerprint(state, ("team-a", "mlp"))
+    assert scheduling.unsettled(state) == [("team-a", "mlp")], "a Job appeared"
+    state.settled[("team-a", "mlp")] = scheduling.fingerprint(state, ("team-a", "mlp"))
     state.indexes.caches = {("team-a", "mlp"): [{**body, "metadata": {**body["metadata"], "resourceVersion": "101"}}]}
-    assert controller.unsettled(state) == [("team-a", "mlp")], "the cache changed"
+    assert scheduling.unsettled(state) == [("team-a", "mlp")], "the cache changed"
 
 
 def test_a_status_just_written_is_read_until_the_index_catches_up() -> None:
@@ -232,8 +232,8 @@ def test_keyed_locks_leave_nothing_behind() -> None:
 def test_the_finalizer_follows_the_deletion_policy(policy: str, current: list[str], new: Any) -> None:
     body = cache(deletionPolicy=policy)
     body["metadata"]["finalizers"] = current
-    assert controller.decide_actions(Snapshot(body), SETTINGS).finalizers == new
-    assert controller.decide_actions(Snapshot(cache(image="", deletionPolicy=policy)), SETTINGS).finalizers is None
+    assert reconcile.decide_actions(Snapshot(body), SETTINGS).finalizers == new
+    assert reconcile.decide_actions(Snapshot(cache(image="", deletionPolicy=policy)), SETTINGS).finalizers is None
 
 
 def test_the_webhook_is_ready_once_it_knows_every_cache() -> None:

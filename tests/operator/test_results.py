@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator import certs, controller
+from compilecache_operator import certs, reconcile
 from compilecache_operator.handlers import CountedPods
 from compilecache_operator.main import admission_from, parse_args, settings_from
 from compilecache_operator.metrics import Metrics
@@ -209,7 +209,7 @@ def test_bundles_by_precompile_check_are_gauged_only_for_checked_caches() -> Non
     assert "compilecache_bundles_precompile{" not in m.exposition().decode()
 
 
-# -- controller decisions -------------------------------------------------------------------------
+# -- reconcile decisions --------------------------------------------------------------------------
 def js(phase: str, generation: int, variant: str = "aaaaaaaaaa", recorded: bool = True) -> JobState:
     return JobState(name=f"j-{variant[:1]}-{phase}-{generation}", variant=variant, generation=generation,
                     phase=phase, recorded=recorded)  # type: ignore[arg-type]
@@ -217,7 +217,7 @@ def js(phase: str, generation: int, variant: str = "aaaaaaaaaa", recorded: bool 
 
 def test_decide_per_variant() -> None:
     def step(*states: JobState, generation: int = 3) -> tuple[str, str | None]:
-        s = controller.decide(VARIANT, [({}, st) for st in states], generation)
+        s = reconcile.decide(VARIANT, [({}, st) for st in states], generation)
         return s.action, s.state.name if s.state else None
 
     assert step() == ("create", None)
@@ -231,19 +231,19 @@ def test_decide_per_variant() -> None:
 def test_superseded_jobs() -> None:
     states = [js("succeeded", 1, "old"), js("failed", 1), js("failed", 2), js("active", 1, "old"),
               js("failed", 1, "zzz", recorded=False)]
-    assert controller.superseded_jobs(states, {"aaaaaaaaaa"}) == ["j-o-succeeded-1", "j-a-failed-1"]
+    assert reconcile.superseded_jobs(states, {"aaaaaaaaaa"}) == ["j-o-succeeded-1", "j-a-failed-1"]
 
 
 def test_secret_problems_name_the_field() -> None:
     storage = StorageSpec(url="redis://r/0", secret_name="creds", secret_keys=(
         SecretKey("COMPILECACHE_REDIS_PASSWORD", "password"), SecretKey("X", "opt", optional=True)))
-    missing = controller.secret_problem(storage, None, "team-a")
+    missing = reconcile.secret_problem(storage, None, "team-a")
     assert missing is not None and missing.reason == "SecretNotFound"
     assert missing.message.startswith("spec.storage.secretRef.name: Secret 'creds' not found")
-    no_key = controller.secret_problem(storage, {"other": b"x"}, "team-a")
+    no_key = reconcile.secret_problem(storage, {"other": b"x"}, "team-a")
     assert no_key is not None and no_key.reason == "SecretKeyMissing" and "'password'" in no_key.message
-    assert controller.secret_problem(storage, {"password": b"pw"}, "team-a") is None
-    assert controller.secret_credentials(storage, {"password": b"pw"}) == {"COMPILECACHE_REDIS_PASSWORD": "pw"}
+    assert reconcile.secret_problem(storage, {"password": b"pw"}, "team-a") is None
+    assert reconcile.secret_credentials(storage, {"password": b"pw"}) == {"COMPILECACHE_REDIS_PASSWORD": "pw"}
 
 
 # -- command line and webhook plumbing -------------------------------------------------------------

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from compilecache_operator import controller
-from compilecache_operator.controller import Snapshot
+from compilecache_operator import reconcile
+from compilecache_operator.reconcile import Snapshot
 from hypothesis import HealthCheck, given, settings
 
 from tests.operator.specgen import BASES, SECRET, SETTINGS, URL_FORMS, Case, body_of, cases, dotted, job_problems
@@ -29,8 +29,8 @@ def outcome(case: Case) -> str:
     if not SCHEMA.is_valid(body):
         return "refused by the schema"
     snapshot = Snapshot(body, secret={"AWS_ACCESS_KEY_ID": b"a", "AWS_SECRET_ACCESS_KEY": b"b"})
-    actions = controller.decide_actions(snapshot, SETTINGS)
-    status = controller.final_status(snapshot, actions, actions.bundles, "", NOW)
+    actions = reconcile.decide_actions(snapshot, SETTINGS)
+    status = reconcile.final_status(snapshot, actions, actions.bundles, "", NOW)
     ready = [c for c in status["conditions"] if c["type"] == "Ready"]
     assert ready and ready[0]["reason"] and ready[0]["message"], f"a blank status: {status}"
     assert SECRET not in json.dumps(status), f"the secret in the status: {status}"
@@ -64,6 +64,6 @@ def test_a_credential_in_any_part_of_the_store_url_is_refused_and_never_shown(ur
     case = Case(spec, ("storage", "url"), "credential", url)
     assert outcome(case) in ("refused by the schema", "InvalidSpec")
     snapshot = Snapshot(body_of(spec))
-    actions = controller.decide_actions(snapshot, SETTINGS)
+    actions = reconcile.decide_actions(snapshot, SETTINGS)
     assert actions.failure is not None and actions.failure.reason == "InvalidSpec", "the operator refuses it too"
     assert "spec.storage.url" in actions.failure.message and SECRET not in actions.failure.message

@@ -1,23 +1,20 @@
-"""The CompileCache reconcile: read one snapshot, decide the actions, apply them.
+"""One reconcile of a CompileCache: read one snapshot, decide the actions, apply them.
 
 - **read** (:func:`read_snapshot`): the CompileCache, its warm-up Jobs and the Nodes' GPU labels come
-  from the operator's in-memory indexes (:class:`Indexes`, filled by Kopf's watches); the API is
-  asked only for what no watch holds: the storage Secret, and the pods of Jobs whose outcome is
-  still to be read (a Job of a variant without a bundle).
+  from the operator's in-memory indexes (:class:`~compilecache_operator.state.Indexes`, filled by
+  Kopf's watches); the API is asked only for what no watch holds: the storage Secret, and the pods
+  of Jobs whose outcome is still to be read (a Job of a variant without a bundle).
 - **decide** (:func:`decide_actions`, pure): the plan, the Jobs to create, the results to record and
   count, the bundles to prune, the Jobs to delete, the conditions; :func:`final_status` turns them
   and the prune's result into the status.
 - **apply** (:func:`apply_actions`): the API calls and store deletes, events, metrics; the status is
   written only when it changes.
 
-A reconcile is idempotent, so change handlers, Job events and the resync may all ask for one;
-:class:`KeyedLocks` keeps two for the same cache from interleaving, and a semaphore bounds how
-many run at once. :func:`fingerprint` lets the resync skip every cache whose inputs did not change.
+When a reconcile runs (and how often) is :mod:`compilecache_operator.scheduling`'s business.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,14 +23,8 @@ from typing import Any
 from compilecache_operator import builders, storeops
 from compilecache_operator.conditions import Condition, now_rfc3339, shown_message
 from compilecache_operator.confinement import check_confinement
-from compilecache_operator.failures import describe, failure_of, step
-from compilecache_operator.names import (
-    FINALIZER,
-    KIND,
-    RECORDED_ANNOTATION,
-    VARIANT_LABEL,
-    WARMUP_LABEL,
-)
+from compilecache_operator.failures import step
+from compilecache_operator.names import FINALIZER, RECORDED_ANNOTATION, VARIANT_LABEL
 from compilecache_operator.plan import (
     BundleRecord,
     Variant,
@@ -45,7 +36,6 @@ from compilecache_operator.plan import (
     missing_variants,
     plan_id,
     plan_variants,
-    planned_gpu_types,
 )
 from compilecache_operator.results import (
     JobState,
@@ -59,7 +49,6 @@ from compilecache_operator.signing import Signing, sign_records
 from compilecache_operator.spec import CacheSpec, InvalidSpec, StorageSpec, parse_spec
 from compilecache_operator.state import Emit, Key, Settings, State, WarningEvent
 
-from cachelib.keyformat import cache_prefix
 from cachelib.stores import Store, StoreError, in_store_thread
 
 logger = logging.getLogger(__name__)
@@ -76,100 +65,6 @@ class Outcome:
     invalid: str | None = None
     """Set when the spec can never work: the field paths and what is wrong."""
     gone: bool = False
-
-
-# -- pure helpers -----------------------------------------------------------------------------------
-def secret_problem(storage: StorageSpec, data: Mapping[str, bytes] | None, namespace: str) -> builders.Failure | None:
-    """Why the storage Secret cannot be used, or None."""
-    if not storage.secret_name:
-        return None
-    if data is None:
-        return builders.Failure(
-            "SecretNotFound",
-            f"spec.storage.secretRef.name: Secret {storage.secret_name!r} not found in namespace {namespace!r}",
-        )
-    for cred in storage.secret_keys:
-        if not cred.optional and cred.key not in data:
-            return builders.Failure(
-                "SecretKeyMissing",
-                f"spec.storage.secretRef.keys: Secret {storage.secret_name!r} has no key {cred.key!r} ({cred.env})",
-            )
-    return None
-
-
-def secret_credentials(storage: StorageSpec, data: Mapping[str, bytes] | None) -> dict[str, str]:
-    """The credentials as the store reads them from the environment (names of the env variables)."""
-    if not data:
-        return {}
-    return {c.env: data[c.key].decode() for c in storage.secret_keys if c.key in data}
-
-
-def fresh_warnings(standing: frozenset[WarningEvent], current: Sequence[WarningEvent]) -> list[WarningEvent]:
-    """The warnings of ``current`` to post: those not already standing since an earlier reconcile
-    (a problem is reconciled again until it passes; one event per problem, not one per pass). A
-    problem that goes away and comes back is posted again."""
-    return [w for w in dict.fromkeys(current) if w not in standing]
-
-
-def failure_warning(failure: builders.Failure) -> WarningEvent:
-    """A failure that keeps the cache from being served (InvalidSpec, SecretNotFound,
-    SecretKeyMissing, NoGPUNodes) as a Warning event of the same reason."""
-    return WarningEvent(failure.reason, failure.message)
-
-
-def warmup_failed_warning(job: JobState, gpu: str) -> WarningEvent:
-    """A failed warm-up Job (posted once, when the Job is counted)."""
-    what = f"{job.reason}: {job.message}" if job.message else job.reason
-    return WarningEvent("WarmupFailed", f"Job {job.name} ({gpu}) failed: {what}")
-
-
-def owner_uids(obj: Mapping[str, Any]) -> list[str]:
-    """The uids of the CompileCaches that own ``obj`` (a warm-up Job)."""
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return [str(ref["uid"]) for ref in refs if ref.get("kind") == KIND and ref.get("uid")]
-
-
-@dataclass(frozen=True)
-class VariantStep:
-    """What to do about one missing variant."""
-
-    variant: Variant
-    action: str
-    """record (a succeeded Job), wait (an active one), failed (failed this generation), create."""
-    job: Mapping[str, Any] | None = None
-    state: JobState | None = None
-
-
-def decide(variant: Variant, jobs: Sequence[tuple[Mapping[str, Any], JobState]], generation: int) -> VariantStep:
-    """The step for a missing variant given its Jobs (of any generation), newest generation first:
-    record a success, else wait for a running Job, else report this generation's failure,
-    else create this generation's Job (a spec change is what retries a failed warm-up)."""
-    mine = sorted((j for j in jobs if j[1].variant == variant.id), key=lambda j: -j[1].generation)
-    for job, state in mine:
-        if state.phase == "succeeded":
-            return VariantStep(variant, "record", job, state)
-    for job, state in mine:
-        if state.phase == "active":
-            return VariantStep(variant, "wait", job, state)
-    for job, state in mine:
-        if state.phase == "failed" and state.generation >= generation:
-            return VariantStep(variant, "failed", job, state)
-    return VariantStep(variant, "create")
-
-
-def superseded_jobs(states: Sequence[JobState], planned: set[str]) -> list[str]:
-    """Finished Jobs that no longer tell anything: those of variants outside the plan, and failed
-    ones of a variant that has a newer Job. The current plan's last Jobs stay for inspection."""
-    newest: dict[str, int] = {}
-    for s in states:
-        newest[s.variant] = max(newest.get(s.variant, 0), s.generation)
-    return [
-        s.name
-        for s in states
-        if s.phase != "active"
-        and s.recorded
-        and (s.variant not in planned or (s.phase == "failed" and s.generation < newest[s.variant]))
-    ]
 
 
 # -- read ------------------------------------------------------------------------------------------
@@ -201,19 +96,6 @@ def needs_pods(job: Mapping[str, Any], bundled: Collection[str]) -> bool:
 
 def is_deleting(body: Mapping[str, Any] | None) -> bool:
     return body is None or bool((body.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def fingerprint(state: State, key: Key, spec: CacheSpec | InvalidSpec | None = None) -> tuple[Any, ...]:
-    """What a reconcile of ``key`` reads from memory, reduced to versions: the same fingerprint
-    means the same decisions (the Secret and pods aside, which only caches with unfinished
-    business read, and those are never settled). ``spec``: the cache's, when already checked."""
-    body = state.cache(key) or {}
-    meta = body.get("metadata") or {}
-    jobs = state.indexes.jobs.get(str(meta.get("uid", "")), ())
-    versions = sorted(str((j.get("metadata") or {}).get("resourceVersion", "")) for j in jobs)
-    spec = spec_of(body, state.settings, key[1]) if spec is None else spec
-    label_key = spec.gpu_discovery.label_key if isinstance(spec, CacheSpec) else ""
-    return (meta.get("resourceVersion"), tuple(versions), frozenset(state.indexes.nodes.get(label_key, ())))
 
 
 def checked_spec(body: Mapping[str, Any], settings: Settings, name: str) -> CacheSpec:
@@ -431,106 +313,75 @@ def outcome(actions: Actions, status: Mapping[str, Any], retry_seconds: float) -
     return Outcome(ready=ready, warming=actions.warming)
 
 
+@dataclass(frozen=True)
+class VariantStep:
+    """What to do about one missing variant."""
+
+    variant: Variant
+    action: str
+    """record (a succeeded Job), wait (an active one), failed (failed this generation), create."""
+    job: Mapping[str, Any] | None = None
+    state: JobState | None = None
+
+
+def decide(variant: Variant, jobs: Sequence[tuple[Mapping[str, Any], JobState]], generation: int) -> VariantStep:
+    """The step for a missing variant given its Jobs (of any generation), newest generation first:
+    record a success, else wait for a running Job, else report this generation's failure,
+    else create this generation's Job (a spec change is what retries a failed warm-up)."""
+    mine = sorted((j for j in jobs if j[1].variant == variant.id), key=lambda j: -j[1].generation)
+    for job, state in mine:
+        if state.phase == "succeeded":
+            return VariantStep(variant, "record", job, state)
+    for job, state in mine:
+        if state.phase == "active":
+            return VariantStep(variant, "wait", job, state)
+    for job, state in mine:
+        if state.phase == "failed" and state.generation >= generation:
+            return VariantStep(variant, "failed", job, state)
+    return VariantStep(variant, "create")
+
+
+def superseded_jobs(states: Sequence[JobState], planned: set[str]) -> list[str]:
+    """Finished Jobs that no longer tell anything: those of variants outside the plan, and failed
+    ones of a variant that has a newer Job. The current plan's last Jobs stay for inspection."""
+    newest: dict[str, int] = {}
+    for s in states:
+        newest[s.variant] = max(newest.get(s.variant, 0), s.generation)
+    return [
+        s.name
+        for s in states
+        if s.phase != "active"
+        and s.recorded
+        and (s.variant not in planned or (s.phase == "failed" and s.generation < newest[s.variant]))
+    ]
+
+
+def secret_problem(storage: StorageSpec, data: Mapping[str, bytes] | None, namespace: str) -> builders.Failure | None:
+    """Why the storage Secret cannot be used, or None."""
+    if not storage.secret_name:
+        return None
+    if data is None:
+        return builders.Failure(
+            "SecretNotFound",
+            f"spec.storage.secretRef.name: Secret {storage.secret_name!r} not found in namespace {namespace!r}",
+        )
+    for cred in storage.secret_keys:
+        if not cred.optional and cred.key not in data:
+            return builders.Failure(
+                "SecretKeyMissing",
+                f"spec.storage.secretRef.keys: Secret {storage.secret_name!r} has no key {cred.key!r} ({cred.env})",
+            )
+    return None
+
+
+def secret_credentials(storage: StorageSpec, data: Mapping[str, bytes] | None) -> dict[str, str]:
+    """The credentials as the store reads them from the environment (names of the env variables)."""
+    if not data:
+        return {}
+    return {c.env: data[c.key].decode() for c in storage.secret_keys if c.key in data}
+
+
 # -- apply -----------------------------------------------------------------------------------------
-async def reconcile(
-    state: State, namespace: str, name: str, *, emit: Emit | None = None, if_unsettled: bool = False
-) -> Outcome | None:
-    """Read, decide, apply for one cache; at most ``settings.concurrency`` at once, one at a time per
-    cache. With ``if_unsettled``, nothing happens (None) when its inputs are those of its last
-    settled reconcile."""
-    key = (namespace, name)
-    async with state.slots, state.locks.hold(key):
-        body = state.cache(key)
-        spec = spec_of(body, state.settings, name) if body is not None else None
-        before = fingerprint(state, key, spec)
-        if if_unsettled and state.settled.get(key) == before:
-            return None
-        try:
-            snapshot = await read_snapshot(state, key, spec)
-            if snapshot is None:
-                return Outcome(gone=True)
-            actions = decide_actions(snapshot, state.settings)
-            result = await apply_actions(state, snapshot, actions, emit)
-        except Exception as exc:  # every failure ends in a condition and an event, and is looked at again
-            body = state.cache(key)
-            if body is None:
-                raise
-            result = await report_failure(state, body, exc, emit)
-        if result.problem or result.warming or actions.create or actions.count or actions.records:
-            state.settled.pop(key, None)
-        elif actions.finalizers is None:
-            state.settled[key] = _settled_fingerprint(state, key, before)
-        return result
-
-
-async def handle(state: State, key: Key, emit: Emit | None) -> None:
-    """What an event or the resync does about a cache: finish its deletion, or reconcile it if
-    unsettled; a problem that may pass is looked at again after ``settings.retry_seconds``."""
-    body = state.cache(key)
-    if body is None:
-        return
-    if is_deleting(body):
-        try:
-            delay = await finalize(state, body, emit)
-        except Exception as exc:  # said in the log and an event; tried again
-            logger.warning("CompileCache %s/%s: finishing its deletion failed: %s", *key, describe(exc))
-            post_warnings(state, body, [WarningEvent("CleanupFailed", f"deleting its bundles failed: {describe(exc)}")],
-                          emit)
-            delay = state.settings.retry_seconds
-    else:
-        result = await reconcile(state, *key, emit=emit, if_unsettled=True)
-        delay = result.retry_after if result is not None and result.problem else None
-    if delay is not None:
-        look_again(state, key, delay, emit)
-
-
-def look_again(state: State, key: Key, delay: float, emit: Emit | None) -> None:
-    """Handle ``key`` again in ``delay`` seconds (once, however often asked)."""
-    if key in state.retries:
-        return
-
-    def fire() -> None:
-        state.retries.pop(key, None)
-        task = asyncio.ensure_future(handle(state, key, emit))
-        task.add_done_callback(_log_failure)
-
-    state.retries[key] = asyncio.get_running_loop().call_later(delay, fire)
-
-
-async def report_failure(state: State, body: Mapping[str, Any], exc: BaseException, emit: Emit | None) -> Outcome:
-    """A reconcile that failed: Ready=False with the reason and what failed (:func:`failures.failure_of`),
-    a Warning event, a log line; the cache is looked at again after ``settings.retry_seconds``. When
-    even the status cannot be written, the event and the log say both."""
-    failure = failure_of(exc)
-    meta = body["metadata"]
-    where = f"{meta.get('namespace')}/{meta.get('name')}"
-    logger.warning("CompileCache %s: %s: %s", where, failure.reason, failure.message,
-                   exc_info=exc if failure.reason == "ReconcileFailed" else None)
-    generation = int(meta.get("generation") or 1)
-    status = builders.build_status(body.get("status"), generation=generation,
-                                   conditions=builders.failure_conditions(failure), bundles=None,
-                                   planned_gpus=None, storage_url=None, now=now_rfc3339())
-    warning = failure_warning(failure)
-    try:
-        await write_status(state, body, status)
-    except Exception as write_exc:
-        logger.error("CompileCache %s: the status saying so could not be written either: %s", where, write_exc)
-        warning = WarningEvent(failure.reason, f"{failure.message} (and the status could not be written: {write_exc})")
-    post_warnings(state, body, [warning], emit)
-    return Outcome(problem=failure.message, retry_after=state.settings.retry_seconds)
-
-
-def _log_failure(task: asyncio.Future[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.warning("looking again failed: %s", task.exception())
-
-
-def _settled_fingerprint(state: State, key: Key, before: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The fingerprint to remember: the one read, with the version of a status just written."""
-    written = state.written.get(key)
-    return (written[1]["metadata"].get("resourceVersion"), *before[1:]) if written else before
-
-
 async def apply_actions(state: State, snapshot: Snapshot, actions: Actions, emit: Emit | None) -> Outcome:
     api = state.api
     assert api is not None, "the API client is set at start-up"
@@ -553,12 +404,12 @@ async def apply_actions(state: State, snapshot: Snapshot, actions: Actions, emit
         with step(f"creating warm-up Job {new.name}"):
             created = await api.create_job(namespace, new.manifest)
         if created:
-            _emit(emit, body, "Normal", "WarmupStarted", f"Job {new.name} warms {new.variant.gpu_label}")
+            emit_event(emit, body, "Normal", "WarmupStarted", f"Job {new.name} warms {new.variant.gpu_label}")
     gpus = {v.id: v.gpu_label for v in actions.variants}
     for job_state in actions.count:
         if await _count_job(state, job_state, body) and job_state.phase == "failed":
             warning = warmup_failed_warning(job_state, gpus.get(job_state.variant, job_state.variant or "unknown"))
-            _emit(emit, body, "Warning", warning.reason, warning.message)
+            emit_event(emit, body, "Warning", warning.reason, warning.message)
     kept, prune_note = await prune_bundles(actions, snapshot.secret)
     for job in actions.delete_jobs:
         with step(f"deleting superseded warm-up Job {job}"):
@@ -568,9 +419,9 @@ async def apply_actions(state: State, snapshot: Snapshot, actions: Actions, emit
         await write_status(state, body, status)
     state.metrics.set_bundles(namespace, str(body["metadata"]["name"]), kept)
     for record in actions.records:
-        _emit(emit, body, "Normal", "BundlePublished", f"{record.gpu}: {record.key} ({record.bytes} bytes)")
+        emit_event(emit, body, "Normal", "BundlePublished", f"{record.gpu}: {record.key} ({record.bytes} bytes)")
         if record.precompile == "LeftOut":
-            _emit(emit, body, "Warning", "PrecompileUnverified",
+            emit_event(emit, body, "Warning", "PrecompileUnverified",
                   f"{record.gpu}: precompiled part left out of {record.key}: {record.precompile_reason}")
     post_warnings(state, body, [WarningEvent("StorePruneFailed", prune_note)] if prune_note else [], emit)
     result = outcome(actions, status, state.settings.retry_seconds)
@@ -668,14 +519,14 @@ def post_warnings(state: State, body: Mapping[str, Any], current: Sequence[Warni
     meta = body.get("metadata") or {}
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
     for warning in fresh_warnings(state.warnings.get(key, frozenset()), current):
-        _emit(emit, body, "Warning", warning.reason, warning.message)
+        emit_event(emit, body, "Warning", warning.reason, warning.message)
     if current:
         state.warnings[key] = frozenset(current)
     else:
         state.warnings.pop(key, None)
 
 
-def _emit(emit: Emit | None, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+def emit_event(emit: Emit | None, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     if emit is not None:
         try:
             emit(body, type_, reason, shown_message(message))
@@ -683,105 +534,20 @@ def _emit(emit: Emit | None, body: Mapping[str, Any], type_: str, reason: str, m
             logger.warning("event %s not posted (%s): %s", reason, exc, message)
 
 
-# -- resync ----------------------------------------------------------------------------------------
-def unsettled(state: State) -> list[Key]:
-    """The caches whose inputs changed since their last settled reconcile, or that wait for
-    something (a Job, a Secret, a GPU node): the only ones a resync reconciles."""
-    return [key for key in state.indexes.cache_keys()
-            if state.settled.get(key) != fingerprint(state, key) and key not in state.retries]
+def fresh_warnings(standing: frozenset[WarningEvent], current: Sequence[WarningEvent]) -> list[WarningEvent]:
+    """The warnings of ``current`` to post: those not already standing since an earlier reconcile
+    (a problem is reconciled again until it passes; one event per problem, not one per pass). A
+    problem that goes away and comes back is posted again."""
+    return [w for w in dict.fromkeys(current) if w not in standing]
 
 
-async def resync(state: State, emit: Emit | None) -> int:
-    """Reconcile every unsettled cache (bounded by ``settings.concurrency``); errors are logged.
-    Returns how many were reconciled."""
-    keys = unsettled(state)
-
-    async def one(key: Key) -> None:
-        try:
-            await handle(state, key, emit)
-        except Exception as exc:
-            logger.warning("resync of %s/%s failed: %s", key[0], key[1], exc)
-
-    await asyncio.gather(*(one(key) for key in keys))
-    return len(keys)
+def failure_warning(failure: builders.Failure) -> WarningEvent:
+    """A failure that keeps the cache from being served (InvalidSpec, SecretNotFound,
+    SecretKeyMissing, NoGPUNodes) as a Warning event of the same reason."""
+    return WarningEvent(failure.reason, failure.message)
 
 
-# -- deletion ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CleanupOutcome:
-    done: bool
-    message: str
-    retry_after: float | None = None
-
-
-async def finalize(state: State, body: Mapping[str, Any], emit: Emit | None) -> float | None:
-    """A cache being deleted that carries our finalizer: delete its bundles, then the finalizer
-    (after ``settings.delete_attempts`` failed attempts, anyway: BundlesLeft). The delay before
-    the next attempt, or None when done."""
-    meta = body["metadata"]
-    current = list(meta.get("finalizers") or [])
-    if FINALIZER not in current:
-        return None
-    key = (str(meta["namespace"]), str(meta["name"]))
-    async with state.slots, state.locks.hold(key):
-        result = await cleanup(state, body)
-        attempts = state.delete_attempts[key] = state.delete_attempts.get(key, 0) + 1
-        if result.done:
-            _emit(emit, body, "Normal", "BundlesDeleted", result.message)
-        elif attempts >= state.settings.delete_attempts:
-            _emit(emit, body, "Warning", "BundlesLeft", f"gave up deleting bundles: {result.message}")
-        else:
-            logger.info("deleting the bundles of %s/%s: %s", key[0], key[1], result.message)
-            return result.retry_after or state.settings.retry_seconds
-        assert state.api is not None
-        await state.api.set_finalizers(key[0], key[1], current, [f for f in current if f != FINALIZER])
-        state.delete_attempts.pop(key, None)
-        return None
-
-
-async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
-    """Delete the bundles of a CompileCache with deletionPolicy Delete.
-
-    Warm-up Jobs go first, and the store is cleared only once their pods are gone, so that no
-    publish lands after the delete.
-    """
-    api = state.api
-    assert api is not None
-    meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
-    for job in state.indexes.jobs.get(str(meta.get("uid", "")), ()):
-        await api.delete_job(namespace, job["metadata"]["name"])
-    label = builders.warmup_labels(name, Variant("", "", ""), 0)[WARMUP_LABEL]
-    pods = [p for p in await api.list_pods(namespace, f"{WARMUP_LABEL}={label}")
-            if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
-    if pods:
-        return CleanupOutcome(False, f"waiting for {len(pods)} warm-up pod(s) to stop", retry_after=5.0)
-    try:
-        spec = parse_spec(body.get("spec"), state.settings.defaults, name=name)
-    except InvalidSpec as exc:
-        return CleanupOutcome(True, f"spec is invalid, bundles left in place: {exc}")
-    secret = await api.read_secret(namespace, spec.storage.secret_name) if spec.storage.secret_name else None
-    return await _clear_store(state, spec, secret, namespace, name)
-
-
-async def _clear_store(
-    state: State, spec: CacheSpec, secret: Mapping[str, bytes] | None, namespace: str, name: str
-) -> CleanupOutcome:
-    credentials = secret_credentials(spec.storage, secret)
-
-    def run(store: Store) -> storeops.DeleteReport:
-        return storeops.delete_cache(store, namespace, name)
-
-    try:
-        report = await in_store_thread(spec.storage.url, run, credentials)
-    except StoreError as exc:
-        return CleanupOutcome(False, f"store unavailable: {exc}", retry_after=state.settings.retry_seconds)
-    if report.failed:
-        return CleanupOutcome(False, f"{len(report.failed)} bundle(s) not deleted: {report.failed[0][1]}",
-                              retry_after=state.settings.retry_seconds)
-    state.metrics.forget_cache(namespace, name)
-    return CleanupOutcome(True, f"deleted {len(report.deleted)} object(s) under {cache_prefix(namespace, name)}")
-
-
-__all__ = ["Actions", "Emit", "Outcome", "Settings", "Snapshot", "State", "cleanup", "decide", "decide_actions",
-           "finalize", "handle", "planned_gpu_types", "reconcile"]
+def warmup_failed_warning(job: JobState, gpu: str) -> WarningEvent:
+    """A failed warm-up Job (posted once, when the Job is counted)."""
+    what = f"{job.reason}: {job.message}" if job.message else job.reason
+    return WarningEvent("WarmupFailed", f"Job {job.name} ({gpu}) failed: {what}")

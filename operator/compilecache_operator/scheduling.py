@@ -1,0 +1,171 @@
+"""When a CompileCache is reconciled: on its events and its Jobs', on the resync, and again after a
+problem that may pass.
+
+A reconcile (:mod:`compilecache_operator.reconcile`) is idempotent, so change handlers, Job events
+and the resync may all ask for one; :class:`~compilecache_operator.state.KeyedLocks` keeps two for
+the same cache from interleaving, and a semaphore bounds how many run at once. :func:`fingerprint`
+lets the resync skip every cache whose inputs did not change. A cache being deleted goes to
+:mod:`compilecache_operator.deletion` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from compilecache_operator import builders
+from compilecache_operator.conditions import now_rfc3339
+from compilecache_operator.deletion import finalize
+from compilecache_operator.failures import describe, failure_of
+from compilecache_operator.reconcile import (
+    Outcome,
+    apply_actions,
+    decide_actions,
+    failure_warning,
+    is_deleting,
+    post_warnings,
+    read_snapshot,
+    spec_of,
+    write_status,
+)
+from compilecache_operator.spec import CacheSpec, InvalidSpec
+from compilecache_operator.state import Emit, Key, State, WarningEvent
+
+logger = logging.getLogger(__name__)
+
+
+def fingerprint(state: State, key: Key, spec: CacheSpec | InvalidSpec | None = None) -> tuple[Any, ...]:
+    """What a reconcile of ``key`` reads from memory, reduced to versions: the same fingerprint
+    means the same decisions (the Secret and pods aside, which only caches with unfinished
+    business read, and those are never settled). ``spec``: the cache's, when already checked."""
+    body = state.cache(key) or {}
+    meta = body.get("metadata") or {}
+    jobs = state.indexes.jobs.get(str(meta.get("uid", "")), ())
+    versions = sorted(str((j.get("metadata") or {}).get("resourceVersion", "")) for j in jobs)
+    spec = spec_of(body, state.settings, key[1]) if spec is None else spec
+    label_key = spec.gpu_discovery.label_key if isinstance(spec, CacheSpec) else ""
+    return (meta.get("resourceVersion"), tuple(versions), frozenset(state.indexes.nodes.get(label_key, ())))
+
+
+async def reconcile(
+    state: State, namespace: str, name: str, *, emit: Emit | None = None, if_unsettled: bool = False
+) -> Outcome | None:
+    """Read, decide, apply for one cache; at most ``settings.concurrency`` at once, one at a time per
+    cache. With ``if_unsettled``, nothing happens (None) when its inputs are those of its last
+    settled reconcile."""
+    key = (namespace, name)
+    async with state.slots, state.locks.hold(key):
+        body = state.cache(key)
+        spec = spec_of(body, state.settings, name) if body is not None else None
+        before = fingerprint(state, key, spec)
+        if if_unsettled and state.settled.get(key) == before:
+            return None
+        try:
+            snapshot = await read_snapshot(state, key, spec)
+            if snapshot is None:
+                return Outcome(gone=True)
+            actions = decide_actions(snapshot, state.settings)
+            result = await apply_actions(state, snapshot, actions, emit)
+        except Exception as exc:  # every failure ends in a condition and an event, and is looked at again
+            body = state.cache(key)
+            if body is None:
+                raise
+            result = await report_failure(state, body, exc, emit)
+        if result.problem or result.warming or actions.create or actions.count or actions.records:
+            state.settled.pop(key, None)
+        elif actions.finalizers is None:
+            state.settled[key] = _settled_fingerprint(state, key, before)
+        return result
+
+
+async def handle(state: State, key: Key, emit: Emit | None) -> None:
+    """What an event or the resync does about a cache: finish its deletion, or reconcile it if
+    unsettled; a problem that may pass is looked at again after ``settings.retry_seconds``."""
+    body = state.cache(key)
+    if body is None:
+        return
+    if is_deleting(body):
+        try:
+            delay = await finalize(state, body, emit)
+        except Exception as exc:  # said in the log and an event; tried again
+            logger.warning("CompileCache %s/%s: finishing its deletion failed: %s", *key, describe(exc))
+            post_warnings(state, body, [WarningEvent("CleanupFailed", f"deleting its bundles failed: {describe(exc)}")],
+                          emit)
+            delay = state.settings.retry_seconds
+    else:
+        result = await reconcile(state, *key, emit=emit, if_unsettled=True)
+        delay = result.retry_after if result is not None and result.problem else None
+    if delay is not None:
+        look_again(state, key, delay, emit)
+
+
+def look_again(state: State, key: Key, delay: float, emit: Emit | None) -> None:
+    """Handle ``key`` again in ``delay`` seconds (once, however often asked)."""
+    if key in state.retries:
+        return
+
+    def fire() -> None:
+        state.retries.pop(key, None)
+        task = asyncio.ensure_future(handle(state, key, emit))
+        task.add_done_callback(_log_failure)
+
+    state.retries[key] = asyncio.get_running_loop().call_later(delay, fire)
+
+
+async def report_failure(state: State, body: Mapping[str, Any], exc: BaseException, emit: Emit | None) -> Outcome:
+    """A reconcile that failed: Ready=False with the reason and what failed (:func:`failures.failure_of`),
+    a Warning event, a log line; the cache is looked at again after ``settings.retry_seconds``. When
+    even the status cannot be written, the event and the log say both."""
+    failure = failure_of(exc)
+    meta = body["metadata"]
+    where = f"{meta.get('namespace')}/{meta.get('name')}"
+    logger.warning("CompileCache %s: %s: %s", where, failure.reason, failure.message,
+                   exc_info=exc if failure.reason == "ReconcileFailed" else None)
+    generation = int(meta.get("generation") or 1)
+    status = builders.build_status(body.get("status"), generation=generation,
+                                   conditions=builders.failure_conditions(failure), bundles=None,
+                                   planned_gpus=None, storage_url=None, now=now_rfc3339())
+    warning = failure_warning(failure)
+    try:
+        await write_status(state, body, status)
+    except Exception as write_exc:
+        logger.error("CompileCache %s: the status saying so could not be written either: %s", where, write_exc)
+        warning = WarningEvent(failure.reason, f"{failure.message} (and the status could not be written: {write_exc})")
+    post_warnings(state, body, [warning], emit)
+    return Outcome(problem=failure.message, retry_after=state.settings.retry_seconds)
+
+
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("looking again failed: %s", task.exception())
+
+
+def _settled_fingerprint(state: State, key: Key, before: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The fingerprint to remember: the one read, with the version of a status just written."""
+    written = state.written.get(key)
+    return (written[1]["metadata"].get("resourceVersion"), *before[1:]) if written else before
+
+
+# -- resync ----------------------------------------------------------------------------------------
+def unsettled(state: State) -> list[Key]:
+    """The caches whose inputs changed since their last settled reconcile, or that wait for
+    something (a Job, a Secret, a GPU node): the only ones a resync reconciles."""
+    return [key for key in state.indexes.cache_keys()
+            if state.settled.get(key) != fingerprint(state, key) and key not in state.retries]
+
+
+async def resync(state: State, emit: Emit | None) -> int:
+    """Reconcile every unsettled cache (bounded by ``settings.concurrency``); errors are logged.
+    Returns how many were reconciled."""
+    keys = unsettled(state)
+
+    async def one(key: Key) -> None:
+        try:
+            await handle(state, key, emit)
+        except Exception as exc:
+            logger.warning("resync of %s/%s failed: %s", key[0], key[1], exc)
+
+    await asyncio.gather(*(one(key) for key in keys))
+    return len(keys)
