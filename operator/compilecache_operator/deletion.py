@@ -37,9 +37,9 @@ async def finalize(state: State, body: Mapping[str, Any], emit: Emit | None) -> 
     if FINALIZER not in current:
         return None
     key = (str(meta["namespace"]), str(meta["name"]))
-    async with state.slots, state.locks.hold(key):
+    async with state.scheduler.slots, state.scheduler.locks.hold(key):
         result = await cleanup(state, body)
-        attempts = state.delete_attempts[key] = state.delete_attempts.get(key, 0) + 1
+        attempts = state.lifecycle.delete_attempts[key] = state.lifecycle.delete_attempts.get(key, 0) + 1
         if result.done:
             emit_event(emit, body, "Normal", "BundlesDeleted", result.message)
         elif attempts >= state.settings.delete_attempts:
@@ -49,7 +49,7 @@ async def finalize(state: State, body: Mapping[str, Any], emit: Emit | None) -> 
             return result.retry_after or state.settings.retry_seconds
         assert state.api is not None
         await state.api.set_finalizers(key[0], key[1], current, [f for f in current if f != FINALIZER])
-        state.delete_attempts.pop(key, None)
+        state.lifecycle.delete_attempts.pop(key, None)
         return None
 
 
@@ -63,7 +63,7 @@ async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
     assert api is not None
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    for job in state.indexes.jobs.get(str(meta.get("uid", "")), ()):
+    for job in state.cluster.indexes.jobs.get(str(meta.get("uid", "")), ()):
         await api.delete_job(namespace, job["metadata"]["name"])
     label = builders.warmup_labels(name, Variant("", "", ""), 0)[WARMUP_LABEL]
     pods = [p for p in await api.list_pods(namespace, f"{WARMUP_LABEL}={label}")

@@ -225,13 +225,13 @@ async def configure(
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
     state = _state(memo)
-    state.indexes = Indexes(
+    state.cluster.indexes = Indexes(
         caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
     )
     state.api = KubeAPI(info, relogin=lambda: login(settings=settings))
     try:
         listed = await state.api.list_caches(state.settings.namespaces)
-        state.early_views = {
+        state.cluster.early_views = {
             (str(c["metadata"].get("namespace", "")), str(c["metadata"]["name"])):
             builders.cache_view(c, state.settings.defaults, state.settings.confinement) for c in listed
         }
@@ -245,10 +245,10 @@ async def configure(
                 return review_pod(state, views, review)
 
         admission.server.answer = answer
-        admission.server.draining = lambda: state.draining
-    state.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
-    logger.info("native sidecars %s: %s", "available" if state.sidecars.available else "not available",
-                state.sidecars.basis)
+        admission.server.draining = lambda: state.lifecycle.draining
+    state.injection.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
+    logger.info("native sidecars %s: %s", "available" if state.injection.sidecars.available else "not available",
+                state.injection.sidecars.basis)
     where: Probes = memo.get("probes") or Probes()
     if where.port:
         memo["probes_server"] = await probes.serve(where.address, where.port,
@@ -260,7 +260,7 @@ async def configure(
     if election is not None:
         elector = leader.Elector(state.api, election.namespace, election.name, identity(),
                                  lambda leading: lead(state, leading))
-        state.leading = False
+        state.lifecycle.leading = False
         memo["elector"] = elector
         memo["election_task"] = asyncio.create_task(elector.run())
     memo["cert_task"] = start_certificates(state, admission)
@@ -284,7 +284,7 @@ def start_certificates(state: State, admission: Admission) -> asyncio.Task[None]
                 admission.cert_ready = True
 
         return asyncio.create_task(servingcert.keep(state.api, admission.serving, admission.policy,
-                                                    leading=lambda: state.leading, serve=serve,
+                                                    leading=lambda: state.lifecycle.leading, serve=serve,
                                                     interval=admission.check_seconds))
     if admission.watch_files:
         return asyncio.create_task(reloader.watch(admission.check_seconds))
@@ -296,13 +296,13 @@ async def start_signing(state: State, where: SigningSecret) -> asyncio.Task[None
     its rotations."""
     assert state.api is not None
     keys = signingkey.KeySecret(state.api, where.namespace, where.name, where.labels, where.extra_trusted)
-    signing = await keys.first(lambda: state.leading)
+    signing = await keys.first(lambda: state.lifecycle.leading)
     state.settings = dataclasses.replace(state.settings, signing=signing)
 
     def changed(new: Signing) -> None:
         state.settings = dataclasses.replace(state.settings, signing=new)
 
-    return asyncio.create_task(keys.keep(lambda: state.leading, changed, signing))
+    return asyncio.create_task(keys.keep(lambda: state.lifecycle.leading, changed, signing))
 
 
 def readiness(state: State, server: kopf.WebhookServer | None,
@@ -323,15 +323,15 @@ def identity() -> str:
 
 def lead(state: State, leading: bool) -> None:
     """Start or stop acting; a new leader looks at every cache once (nothing is settled for it)."""
-    state.leading = leading
-    state.settled.clear()
-    for handle in state.retries.values():
+    state.lifecycle.leading = leading
+    state.scheduler.settled.clear()
+    for handle in state.scheduler.retries.values():
         handle.cancel()
-    state.retries.clear()
+    state.scheduler.retries.clear()
     if leading:
         task = asyncio.get_running_loop().create_task(scheduling.resync(state, _emit))
-        state.background.add(task)
-        task.add_done_callback(state.background.discard)
+        state.scheduler.background.add(task)
+        task.add_done_callback(state.scheduler.background.discard)
 
 
 @kopf.on.cleanup(id="close")
@@ -383,15 +383,15 @@ def node_labels(labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
     return dict(labels)
 
 
-@kopf.on.event("v1", "nodes", id="ready-nodes", when=lambda memo, **_: not _state(memo).ready)
-@kopf.on.event(*CC, id="ready-caches", when=lambda memo, **_: not _state(memo).ready)
+@kopf.on.event("v1", "nodes", id="ready-nodes", when=lambda memo, **_: not _state(memo).cluster.ready)
+@kopf.on.event(*CC, id="ready-caches", when=lambda memo, **_: not _state(memo).cluster.ready)
 async def mark_ready(memo: kopf.Memo, **_: Any) -> None:
     """Kopf runs this only after every index is loaded: from now on the webhook knows every cache."""
     state = _state(memo)
-    if not state.ready:
-        state.ready = True
-        state.early_views = None
-        logger.info("indexes loaded: %d CompileCache(s); ready", len(state.indexes.caches))
+    if not state.cluster.ready:
+        state.cluster.ready = True
+        state.cluster.early_views = None
+        logger.info("indexes loaded: %d CompileCache(s); ready", len(state.cluster.indexes.caches))
         stop: threading.Event | None = memo.get("stop")
         if stop is not None:
             drain_on_sigterm(state, stop, float(memo.get("shutdown_delay") or 0.0))
@@ -403,10 +403,10 @@ def drain_on_sigterm(state: State, stop: threading.Event, delay: float) -> None:
     loop = asyncio.get_running_loop()
 
     def on_term() -> None:
-        if state.draining:
+        if state.lifecycle.draining:
             stop.set()  # a second SIGTERM: now
             return
-        state.draining = True
+        state.lifecycle.draining = True
         logger.info("SIGTERM: not ready; stopping in %.1fs", delay)
         loop.call_later(delay, stop.set)
 
@@ -428,9 +428,9 @@ async def cache_event(
         state.forget(key)
         return
     state.metrics.observe_cache(*key, body.get("status"))  # the Ready gauge, on every replica
-    node_gpus = state.indexes.nodes.get(state.settings.defaults.gpu_label_key, ())
+    node_gpus = state.cluster.indexes.nodes.get(state.settings.defaults.gpu_label_key, ())
     state.metrics.know_cache(*key, cache_gpus(body.get("status"), node_gpus))  # its counters at 0, before events
-    if state.leading:
+    if state.lifecycle.leading:
         await scheduling.handle(state, key, _emit)
 
 
@@ -442,7 +442,7 @@ async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: kop
     if type == "DELETED" or not finished or RECORDED_ANNOTATION in body.metadata.annotations:
         return
     state = _state(memo)
-    if not state.leading:
+    if not state.lifecycle.leading:
         return
     for ref in body.metadata.get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
@@ -454,7 +454,7 @@ async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: kop
     "v1", "pods",
     id="count-preloads",
     labels={CACHE_LABEL: kopf.PRESENT},
-    when=lambda memo, **_: _state(memo).leading,
+    when=lambda memo, **_: _state(memo).lifecycle.leading,
 )
 @instrumented("count-preloads")
 async def pod_event(
@@ -591,19 +591,19 @@ async def apply_grants(state: State, grants: tuple[Any, ...]) -> None:
                if old.for_namespace(ns) != new.for_namespace(ns)}
     state.settings = dataclasses.replace(state.settings, confinement=new)
     logger.info("grants now: %s", ", ".join(f"{g.source} -> {','.join(g.namespaces)}" for g in grants) or "none")
-    for key in [k for k in list(state.indexes.caches) if isinstance(k, tuple) and k[0] in changed]:
-        state.settled.pop(key, None)
-        if state.leading:
+    for key in [k for k in list(state.cluster.indexes.caches) if isinstance(k, tuple) and k[0] in changed]:
+        state.scheduler.settled.pop(key, None)
+        if state.lifecycle.leading:
             await scheduling.handle(state, key, _emit)
 
 
 async def resync_loop(state: State, interval: float) -> None:
     """Once the indexes are loaded, reconcile what is unsettled, then again every ``interval``
     seconds; errors are logged, never fatal."""
-    while not state.ready:
+    while not state.cluster.ready:
         await asyncio.sleep(0.1)
     while True:
-        count = await scheduling.resync(state, _emit) if state.leading else 0
+        count = await scheduling.resync(state, _emit) if state.lifecycle.leading else 0
         if count:
             logger.debug("resync: reconciled %d CompileCache(s)", count)
         await asyncio.sleep(interval)

@@ -119,14 +119,15 @@ async def read_snapshot(state: State, key: Key, spec: CacheSpec | InvalidSpec | 
     checked spec, when the caller has it."""
     api = state.api
     assert api is not None, "the API client is set at start-up"
-    body = state.cache(key)
+    body = state.cluster.cache(key)
     if body is None or is_deleting(body):
         return None
     spec = spec_of(body, state.settings, key[1]) if spec is None else spec
     if isinstance(spec, InvalidSpec):
         return Snapshot(body, spec=spec)
-    jobs = state.jobs(body)
-    gpus = frozenset(state.indexes.nodes.get(spec.gpu_discovery.label_key, ())) if spec.gpu_discovery.auto else None
+    jobs = state.cluster.jobs(body)
+    nodes = state.cluster.indexes.nodes
+    gpus = frozenset(nodes.get(spec.gpu_discovery.label_key, ())) if spec.gpu_discovery.auto else None
     secret = await api.read_secret(key[0], spec.storage.secret_name) if spec.storage.secret_name else None
     bundled = {b.variant for b in bundles_from_status(body.get("status"))}
     pods = {
@@ -471,7 +472,7 @@ async def write_status(state: State, body: Mapping[str, Any], status: Mapping[st
     meta = body["metadata"]
     written = await state.api.patch_cache_status(meta["namespace"], meta["name"], status)
     if written.get("metadata"):
-        state.written[(meta["namespace"], meta["name"])] = (str(meta.get("resourceVersion", "")), written)
+        state.cluster.written[(meta["namespace"], meta["name"])] = (str(meta.get("resourceVersion", "")), written)
 
 
 async def _count_job(state: State, job_state: JobState, body: Mapping[str, Any]) -> bool:
@@ -485,7 +486,7 @@ async def _count_job(state: State, job_state: JobState, body: Mapping[str, Any])
     except Exception as exc:  # the Job may be gone; count it next time round
         logger.warning("could not mark Job %s/%s as counted: %s", namespace, job_state.name, exc)
         return False
-    state.counted_jobs.add((namespace, job_state.name))
+    state.cluster.counted_jobs.add((namespace, job_state.name))
     state.metrics.count_warmup(namespace, name, result=result, seconds=job_state.duration)
     return True
 
@@ -518,12 +519,12 @@ def post_warnings(state: State, body: Mapping[str, Any], current: Sequence[Warni
     """Post the warnings of ``current`` that are new for this cache, and remember what stands."""
     meta = body.get("metadata") or {}
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    for warning in fresh_warnings(state.warnings.get(key, frozenset()), current):
+    for warning in fresh_warnings(state.scheduler.warnings.get(key, frozenset()), current):
         emit_event(emit, body, "Warning", warning.reason, warning.message)
     if current:
-        state.warnings[key] = frozenset(current)
+        state.scheduler.warnings[key] = frozenset(current)
     else:
-        state.warnings.pop(key, None)
+        state.scheduler.warnings.pop(key, None)
 
 
 def emit_event(emit: Emit | None, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:

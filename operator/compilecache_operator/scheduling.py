@@ -40,13 +40,13 @@ def fingerprint(state: State, key: Key, spec: CacheSpec | InvalidSpec | None = N
     """What a reconcile of ``key`` reads from memory, reduced to versions: the same fingerprint
     means the same decisions (the Secret and pods aside, which only caches with unfinished
     business read, and those are never settled). ``spec``: the cache's, when already checked."""
-    body = state.cache(key) or {}
+    body = state.cluster.cache(key) or {}
     meta = body.get("metadata") or {}
-    jobs = state.indexes.jobs.get(str(meta.get("uid", "")), ())
+    jobs = state.cluster.indexes.jobs.get(str(meta.get("uid", "")), ())
     versions = sorted(str((j.get("metadata") or {}).get("resourceVersion", "")) for j in jobs)
     spec = spec_of(body, state.settings, key[1]) if spec is None else spec
     label_key = spec.gpu_discovery.label_key if isinstance(spec, CacheSpec) else ""
-    return (meta.get("resourceVersion"), tuple(versions), frozenset(state.indexes.nodes.get(label_key, ())))
+    return (meta.get("resourceVersion"), tuple(versions), frozenset(state.cluster.indexes.nodes.get(label_key, ())))
 
 
 async def reconcile(
@@ -56,11 +56,11 @@ async def reconcile(
     cache. With ``if_unsettled``, nothing happens (None) when its inputs are those of its last
     settled reconcile."""
     key = (namespace, name)
-    async with state.slots, state.locks.hold(key):
-        body = state.cache(key)
+    async with state.scheduler.slots, state.scheduler.locks.hold(key):
+        body = state.cluster.cache(key)
         spec = spec_of(body, state.settings, name) if body is not None else None
         before = fingerprint(state, key, spec)
-        if if_unsettled and state.settled.get(key) == before:
+        if if_unsettled and state.scheduler.settled.get(key) == before:
             return None
         try:
             snapshot = await read_snapshot(state, key, spec)
@@ -69,21 +69,21 @@ async def reconcile(
             actions = decide_actions(snapshot, state.settings)
             result = await apply_actions(state, snapshot, actions, emit)
         except Exception as exc:  # every failure ends in a condition and an event, and is looked at again
-            body = state.cache(key)
+            body = state.cluster.cache(key)
             if body is None:
                 raise
             result = await report_failure(state, body, exc, emit)
         if result.problem or result.warming or actions.create or actions.count or actions.records:
-            state.settled.pop(key, None)
+            state.scheduler.settled.pop(key, None)
         elif actions.finalizers is None:
-            state.settled[key] = _settled_fingerprint(state, key, before)
+            state.scheduler.settled[key] = _settled_fingerprint(state, key, before)
         return result
 
 
 async def handle(state: State, key: Key, emit: Emit | None) -> None:
     """What an event or the resync does about a cache: finish its deletion, or reconcile it if
     unsettled; a problem that may pass is looked at again after ``settings.retry_seconds``."""
-    body = state.cache(key)
+    body = state.cluster.cache(key)
     if body is None:
         return
     if is_deleting(body):
@@ -103,15 +103,15 @@ async def handle(state: State, key: Key, emit: Emit | None) -> None:
 
 def look_again(state: State, key: Key, delay: float, emit: Emit | None) -> None:
     """Handle ``key`` again in ``delay`` seconds (once, however often asked)."""
-    if key in state.retries:
+    if key in state.scheduler.retries:
         return
 
     def fire() -> None:
-        state.retries.pop(key, None)
+        state.scheduler.retries.pop(key, None)
         task = asyncio.ensure_future(handle(state, key, emit))
         task.add_done_callback(_log_failure)
 
-    state.retries[key] = asyncio.get_running_loop().call_later(delay, fire)
+    state.scheduler.retries[key] = asyncio.get_running_loop().call_later(delay, fire)
 
 
 async def report_failure(state: State, body: Mapping[str, Any], exc: BaseException, emit: Emit | None) -> Outcome:
@@ -144,7 +144,7 @@ def _log_failure(task: asyncio.Future[None]) -> None:
 
 def _settled_fingerprint(state: State, key: Key, before: tuple[Any, ...]) -> tuple[Any, ...]:
     """The fingerprint to remember: the one read, with the version of a status just written."""
-    written = state.written.get(key)
+    written = state.cluster.written.get(key)
     return (written[1]["metadata"].get("resourceVersion"), *before[1:]) if written else before
 
 
@@ -152,8 +152,8 @@ def _settled_fingerprint(state: State, key: Key, before: tuple[Any, ...]) -> tup
 def unsettled(state: State) -> list[Key]:
     """The caches whose inputs changed since their last settled reconcile, or that wait for
     something (a Job, a Secret, a GPU node): the only ones a resync reconciles."""
-    return [key for key in state.indexes.cache_keys()
-            if state.settled.get(key) != fingerprint(state, key) and key not in state.retries]
+    return [key for key in state.cluster.indexes.cache_keys()
+            if state.scheduler.settled.get(key) != fingerprint(state, key) and key not in state.scheduler.retries]
 
 
 async def resync(state: State, emit: Emit | None) -> int:

@@ -112,52 +112,33 @@ class KeyedLocks:
                 self._locks[key] = (lock, users - 1)
 
 
-@dataclass
-class State:
-    """What the handlers share: settings, metrics, the API client, the indexes, native-sidecar support."""
+@dataclass(frozen=True)
+class WarningEvent:
+    """A Warning event on the CompileCache: a problem its owner has to act on."""
 
-    settings: Settings
-    metrics: Metrics
-    api: KubeAPI | None = None
+    reason: str
+    message: str
+
+
+@dataclass
+class ClusterView:
+    """What the operator knows of the cluster: Kopf's indexes, and what it wrote itself that they do
+    not show yet (a status, a Job's counted mark)."""
+
     indexes: Indexes = field(default_factory=Indexes)
-    locks: KeyedLocks = field(default_factory=KeyedLocks)
-    sidecars: SidecarSupport = NOT_DETECTED
-    """Whether pods may get the preload as a native sidecar (decided at start-up)."""
-    fallbacks_logged: set[tuple[str, str]] = field(default_factory=set)
-    """Caches whose Sidecar request was turned into an init container, already said in the log."""
-    warnings: dict[tuple[str, str], frozenset[WarningEvent]] = field(default_factory=dict)
-    """Per cache, the Warning events of problems still standing: each is posted when it begins."""
-    settled: dict[Key, tuple[Any, ...]] = field(default_factory=dict)
-    """Per cache, the fingerprint of the inputs of its last reconcile that left nothing to wait for."""
     written: dict[Key, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
     """Per cache, a status just written: (the resourceVersion it replaced, the object the API returned)."""
     counted_jobs: set[tuple[str, str]] = field(default_factory=set)
     """Jobs (namespace, name) marked as counted whose annotation the index has not shown yet."""
-    ready: bool = False
-    """Every index has been loaded once (the webhook's readiness)."""
-    draining: bool = False
-    """Shutting down: not ready, still answering admissions for a moment."""
     early_views: Mapping[Key, Any] | None = None
     """The webhook's views of the CompileCaches listed at start-up, used until Kopf's index is loaded
     (Kopf indexes a large list object by object, seconds after it arrived)."""
-    leading: bool = True
-    """This replica acts (reconciles, deletes, counts); the others only serve the webhook."""
-    delete_attempts: dict[Key, int] = field(default_factory=dict)
-    retries: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
-    """Per cache, a look again scheduled after a problem that may pass."""
-    background: set[asyncio.Task[Any]] = field(default_factory=set)
-    """Tasks started on their own (a new leader's first resync), kept until done."""
-    _slots: asyncio.Semaphore | None = None
+    ready: bool = False
+    """Every index has been loaded once (the webhook's readiness)."""
 
-    @property
-    def slots(self) -> asyncio.Semaphore:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(max(1, self.settings.concurrency))
-        return self._slots
-
-    def serving(self) -> bool:
-        """Ready for admissions: every CompileCache known, from Kopf's index or the start-up list."""
-        return not self.draining and (self.ready or self.early_views is not None)
+    def known(self) -> bool:
+        """Every CompileCache is known, from Kopf's index or the start-up list."""
+        return self.ready or self.early_views is not None
 
     def cache(self, key: Key) -> Mapping[str, Any] | None:
         """The CompileCache from the index, or the status this operator just wrote while the index
@@ -187,22 +168,87 @@ class State:
         return tuple(jobs)
 
     def forget(self, key: Key) -> None:
-        """A deleted cache: drop what is remembered about it."""
+        self.written.pop(key, None)
+
+
+@dataclass
+class Scheduler:
+    """What decides when a cache is reconciled: the per-cache locks and the slots that bound how many
+    run at once, the fingerprints of settled caches, the looks again scheduled, the warnings already
+    posted, the tasks started on their own."""
+
+    concurrency: int = 16
+    """How many reconciles run at once (``Settings.concurrency``)."""
+    locks: KeyedLocks = field(default_factory=KeyedLocks)
+    settled: dict[Key, tuple[Any, ...]] = field(default_factory=dict)
+    """Per cache, the fingerprint of the inputs of its last reconcile that left nothing to wait for."""
+    retries: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
+    """Per cache, a look again scheduled after a problem that may pass."""
+    warnings: dict[Key, frozenset[WarningEvent]] = field(default_factory=dict)
+    """Per cache, the Warning events of problems still standing: each is posted when it begins."""
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+    """Tasks started on their own (a new leader's first resync), kept until done."""
+    _slots: asyncio.Semaphore | None = None
+
+    @property
+    def slots(self) -> asyncio.Semaphore:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(max(1, self.concurrency))
+        return self._slots
+
+    def forget(self, key: Key) -> None:
         self.warnings.pop(key, None)
         self.settled.pop(key, None)
-        self.written.pop(key, None)
-        self.delete_attempts.pop(key, None)
         retry = self.retries.pop(key, None)
         if retry is not None:
             retry.cancel()
+
+
+@dataclass
+class Lifecycle:
+    """Where this replica stands: leading or standing by, shutting down; and the deletions under way."""
+
+    leading: bool = True
+    """This replica acts (reconciles, deletes, counts); the others only serve the webhook."""
+    draining: bool = False
+    """Shutting down: not ready, still answering admissions for a moment."""
+    delete_attempts: dict[Key, int] = field(default_factory=dict)
+    """Per cache being deleted, the attempts at deleting its bundles so far."""
+
+
+@dataclass
+class Injection:
+    """What only the pod-injection webhook uses: native-sidecar support, and what it said once."""
+
+    sidecars: SidecarSupport = NOT_DETECTED
+    """Whether pods may get the preload as a native sidecar (decided at start-up)."""
+    fallbacks_logged: set[Key] = field(default_factory=set)
+    """Caches whose Sidecar request was turned into an init container, already said in the log."""
+
+
+@dataclass
+class State:
+    """What the handlers share: the settings, the metrics, the API client, and the parts each owner
+    keeps: the cluster view, the scheduler, this replica's lifecycle, the webhook's injection."""
+
+    settings: Settings
+    metrics: Metrics
+    api: KubeAPI | None = None
+    cluster: ClusterView = field(default_factory=ClusterView)
+    scheduler: Scheduler = field(init=False)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    injection: Injection = field(default_factory=Injection)
+
+    def __post_init__(self) -> None:
+        self.scheduler = Scheduler(concurrency=self.settings.concurrency)
+
+    def serving(self) -> bool:
+        """Ready for admissions: every CompileCache known, and not shutting down."""
+        return not self.lifecycle.draining and self.cluster.known()
+
+    def forget(self, key: Key) -> None:
+        """A deleted cache: drop what is remembered about it."""
+        self.cluster.forget(key)
+        self.scheduler.forget(key)
+        self.lifecycle.delete_attempts.pop(key, None)
         self.metrics.forget_cache(*key)
-
-
-
-@dataclass(frozen=True)
-class WarningEvent:
-    """A Warning event on the CompileCache: a problem its owner has to act on."""
-
-    reason: str
-    message: str
-

@@ -100,21 +100,21 @@ def pod_patch(state: State, views: Views | None, pod: Mapping[str, Any]) -> buil
         return None
     cache = str((meta.get("labels") or {}).get(CACHE_LABEL, ""))
     view = next(iter(views.get((namespace, cache), ()) if views is not None else ()), None)
-    if view is None and state.early_views is not None:  # Kopf's index still loading: the start-up list
-        view = state.early_views.get((namespace, cache))
+    if view is None and state.cluster.early_views is not None:  # Kopf's index still loading: the start-up list
+        view = state.cluster.early_views.get((namespace, cache))
     result = builders.build_pod_patch(
         pod,
         view,
         preloader_image=state.settings.jobs.preloader_image,
         excluded_namespaces=state.settings.excluded_namespaces,
-        sidecars=state.sidecars,
+        sidecars=state.injection.sidecars,
         trusted_keys=state.settings.signing.trusted_texts if state.settings.signing else (),
     )
     if result.skipped:
         log.debug("pod not injected (%s) for CompileCache %s/%s", result.skipped, namespace, cache)
     fallback = result.annotations.get(PRELOAD_MODE_REASON_ANNOTATION)
-    if fallback and (namespace, cache) not in state.fallbacks_logged:
-        state.fallbacks_logged.add((namespace, cache))
+    if fallback and (namespace, cache) not in state.injection.fallbacks_logged:
+        state.injection.fallbacks_logged.add((namespace, cache))
         log.warning("CompileCache %s/%s asks for preload.mode Sidecar; its pods get an init container: %s",
                     namespace, cache, fallback)
     return result

@@ -85,7 +85,7 @@ def run(body: dict[str, Any], api: ScriptedAPI, jobs: tuple[dict[str, Any], ...]
         State, reconcile.Outcome | None, list[tuple[str, str, str]]]:
     """One ``handle`` of the cache: the state after it, the reconcile's outcome and the events posted."""
     state = State(settings=SETTINGS, metrics=Metrics(), api=cast(KubeAPI, api))
-    state.indexes = Indexes(caches={KEY: [body]}, jobs={"uid-1234": list(jobs)})
+    state.cluster.indexes = Indexes(caches={KEY: [body]}, jobs={"uid-1234": list(jobs)})
     events: list[tuple[str, str, str]] = []
 
     def emit(_body: Any, type_: str, reason: str, message: str) -> None:
@@ -125,7 +125,7 @@ def test_a_job_the_api_server_refuses_names_the_spec_field_in_the_status_and_an_
     assert condition["message"].startswith("spec.warmup.tolerations: creating warm-up Job cc-mlp-")
     assert "HTTP 422 Invalid" in condition["message"] and "$(id)" in condition["message"]
     assert ("Warning", failures.JOB_REFUSED, condition["message"]) in events
-    assert KEY in state.warnings and KEY not in state.settled
+    assert KEY in state.scheduler.warnings and KEY not in state.scheduler.settled
 
 
 @pytest.mark.parametrize(("method", "error", "what", "spec", "jobs"), [
@@ -192,12 +192,12 @@ def test_credentials_in_an_error_reach_neither_the_status_nor_the_event(caplog: 
 def test_a_failed_reconcile_is_looked_at_again() -> None:
     api = ScriptedAPI({"create_job": [RuntimeError("down")]})
     state = State(settings=SETTINGS, metrics=Metrics(), api=cast(KubeAPI, api))
-    state.indexes = Indexes(caches={KEY: [cache()]})
+    state.cluster.indexes = Indexes(caches={KEY: [cache()]})
 
     async def go() -> bool:
         await scheduling.handle(state, KEY, None)
-        scheduled = KEY in state.retries
-        for handle in state.retries.values():
+        scheduled = KEY in state.scheduler.retries
+        for handle in state.scheduler.retries.values():
             handle.cancel()
         return scheduled
 
@@ -237,7 +237,7 @@ def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, An
                         confinement=Confinement(store_hosts=("redis.cache:6379",)))
     api = ScriptedAPI()
     state = State(settings=settings, metrics=Metrics(), api=cast(KubeAPI, api))
-    state.indexes = Indexes(caches={KEY: [cache(**spec)]}, jobs={})
+    state.cluster.indexes = Indexes(caches={KEY: [cache(**spec)]}, jobs={})
     asyncio.run(scheduling.reconcile(state, *KEY))
     assert "patch_cache_status" in api.calls, "the reconcile ran to its status"
     assert counts == {"spec": 1, "url": 1}, counts

@@ -66,7 +66,7 @@ def test_a_standing_problem_is_posted_once_and_again_after_it_cleared() -> None:
     reconcile.post_warnings(state, body, [fixed], emit)
     assert posted[-1] == ("Warning", "InvalidSpec", fixed.message), "a different problem is news"
     reconcile.post_warnings(state, body, [], emit)
-    assert ("team-a", "mlp") not in state.warnings
+    assert ("team-a", "mlp") not in state.scheduler.warnings
     reconcile.post_warnings(state, body, [fixed], emit)
     assert len(posted) == 3, "a problem that comes back is posted again"
 
@@ -85,5 +85,6 @@ def test_a_failing_event_api_never_breaks_the_reconcile() -> None:
         raise RuntimeError("events are forbidden")
 
     state = new_state()
-    reconcile.post_warnings(state, owner(), [WarningEvent("StorePruneFailed", "pruning failed: x")], broken)
-    assert state.warnings[("team-a", "mlp")] == frozenset({WarningEvent("StorePruneFailed", "pruning failed: x")})
+    pruning = WarningEvent("StorePruneFailed", "pruning failed: x")
+    reconcile.post_warnings(state, owner(), [pruning], broken)
+    assert state.scheduler.warnings[("team-a", "mlp")] == frozenset({pruning})

@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 from compilecache_operator import handlers
+from compilecache_operator.builders import JobSettings
 from compilecache_operator.confinement import Confinement, check_confinement, grants_from
+from compilecache_operator.metrics import Metrics
 from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
+from compilecache_operator.state import Indexes, Settings, State
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -68,26 +71,24 @@ def test_a_list_not_configured_stays_unconfined() -> None:
     assert Confinement(grants=grants).for_namespace("a").store_hosts is None
 
 
-class FakeState:
-    """The parts of the controller's State that apply_grants touches (no API server: nothing is called)."""
-
-    def __init__(self, caches: list[tuple[str, str]]) -> None:
-        from compilecache_operator.builders import JobSettings
-        from compilecache_operator.state import Indexes, Settings
-
-        self.settings = Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p"), confinement=BASE)
-        self.indexes = Indexes(caches={k: [] for k in caches})
-        self.settled = {k: ("fingerprint",) for k in caches}
-        self.leading = False
+def standby_state(caches: list[tuple[str, str]]) -> State:
+    """A State of a replica that does not lead, so that apply_grants calls nothing (no API server), every
+    cache settled."""
+    state = State(settings=Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p"), confinement=BASE),
+                  metrics=Metrics())
+    state.cluster.indexes = Indexes(caches={k: [] for k in caches})
+    state.scheduler.settled = {k: ("fingerprint",) for k in caches}
+    state.lifecycle.leading = False
+    return state
 
 
 def test_a_change_unsettles_the_caches_of_the_namespaces_it_touches() -> None:
-    state = FakeState([("a", "one"), ("b", "two"), ("c", "three")])
+    state = standby_state([("a", "one"), ("b", "two"), ("c", "three")])
     grants, _ = grants_from([configmap("g", namespaces="a,b", storeHosts="r:1")])
-    asyncio.run(handlers.apply_grants(state, grants))  # type: ignore[arg-type]
+    asyncio.run(handlers.apply_grants(state, grants))
     assert state.settings.confinement.grants == grants
-    assert set(state.settled) == {("c", "three")}  # a and b are reconciled again; c is untouched
-    state.settled = {k: ("fingerprint",) for k in state.indexes.caches}
+    assert set(state.scheduler.settled) == {("c", "three")}  # a and b are reconciled again; c is untouched
+    state.scheduler.settled = {k: ("fingerprint",) for k in state.cluster.indexes.caches}
     narrower, _ = grants_from([configmap("g", namespaces="b", storeHosts="r:1")])
-    asyncio.run(handlers.apply_grants(state, narrower))  # type: ignore[arg-type]
-    assert set(state.settled) == {("b", "two"), ("c", "three")}  # only a lost its grant
+    asyncio.run(handlers.apply_grants(state, narrower))
+    assert set(state.scheduler.settled) == {("b", "two"), ("c", "three")}  # only a lost its grant

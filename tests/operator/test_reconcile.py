@@ -167,7 +167,7 @@ def test_only_jobs_whose_outcome_is_still_to_be_read_need_their_pods() -> None:
 # -- state kept between reconciles ----------------------------------------------------------------------
 def state_with(body: dict[str, Any], jobs: tuple[dict[str, Any], ...] = ()) -> State:
     state = State(settings=SETTINGS, metrics=Metrics())
-    state.indexes = Indexes(caches={("team-a", "mlp"): [body]}, jobs={"uid-1234": list(jobs)},
+    state.cluster.indexes = Indexes(caches={("team-a", "mlp"): [body]}, jobs={"uid-1234": list(jobs)},
                             nodes={"nvidia.com/gpu.product": ["NVIDIA-L4"]})
     return state
 
@@ -176,12 +176,13 @@ def test_the_resync_skips_a_settled_cache_until_something_it_reads_changes() -> 
     body = cache()
     state = state_with(body)
     assert scheduling.unsettled(state) == [("team-a", "mlp")]
-    state.settled[("team-a", "mlp")] = scheduling.fingerprint(state, ("team-a", "mlp"))
+    state.scheduler.settled[("team-a", "mlp")] = scheduling.fingerprint(state, ("team-a", "mlp"))
     assert scheduling.unsettled(state) == []
-    state.indexes.jobs = {"uid-1234": [job(body, phase="failed")]}
+    state.cluster.indexes.jobs = {"uid-1234": [job(body, phase="failed")]}
     assert scheduling.unsettled(state) == [("team-a", "mlp")], "a Job appeared"
-    state.settled[("team-a", "mlp")] = scheduling.fingerprint(state, ("team-a", "mlp"))
-    state.indexes.caches = {("team-a", "mlp"): [{**body, "metadata": {**body["metadata"], "resourceVersion": "101"}}]}
+    state.scheduler.settled[("team-a", "mlp")] = scheduling.fingerprint(state, ("team-a", "mlp"))
+    changed = {**body, "metadata": {**body["metadata"], "resourceVersion": "101"}}
+    state.cluster.indexes.caches = {("team-a", "mlp"): [changed]}
     assert scheduling.unsettled(state) == [("team-a", "mlp")], "the cache changed"
 
 
@@ -189,21 +190,21 @@ def test_a_status_just_written_is_read_until_the_index_catches_up() -> None:
     body = cache()
     state = state_with(body)
     written = {**body, "metadata": {**body["metadata"], "resourceVersion": "105"}, "status": {"bundleCount": 0}}
-    state.written[("team-a", "mlp")] = ("100", written)
-    assert state.cache(("team-a", "mlp")) is written
+    state.cluster.written[("team-a", "mlp")] = ("100", written)
+    assert state.cluster.cache(("team-a", "mlp")) is written
     caught_up = {**written, "status": {"bundleCount": 0}}
-    state.indexes.caches = {("team-a", "mlp"): [caught_up]}
-    assert state.cache(("team-a", "mlp")) is caught_up and not state.written
+    state.cluster.indexes.caches = {("team-a", "mlp"): [caught_up]}
+    assert state.cluster.cache(("team-a", "mlp")) is caught_up and not state.cluster.written
 
 
 def test_a_job_just_counted_reads_as_counted_until_the_index_shows_it() -> None:
     body = cache()
     state = state_with(body, (job(body, phase="failed"),))
-    state.counted_jobs.add(("team-a", job(body, phase="failed")["metadata"]["name"]))
-    assert RECORDED_ANNOTATION in state.jobs(body)[0]["metadata"]["annotations"]
-    state.indexes.jobs = {"uid-1234": [job(body, phase="failed", recorded=True)]}
-    state.jobs(body)
-    assert not state.counted_jobs
+    state.cluster.counted_jobs.add(("team-a", job(body, phase="failed")["metadata"]["name"]))
+    assert RECORDED_ANNOTATION in state.cluster.jobs(body)[0]["metadata"]["annotations"]
+    state.cluster.indexes.jobs = {"uid-1234": [job(body, phase="failed", recorded=True)]}
+    state.cluster.jobs(body)
+    assert not state.cluster.counted_jobs
 
 
 def test_keyed_locks_leave_nothing_behind() -> None:
@@ -239,9 +240,9 @@ def test_the_finalizer_follows_the_deletion_policy(policy: str, current: list[st
 def test_the_webhook_is_ready_once_it_knows_every_cache() -> None:
     state = state_with(cache())
     assert not state.serving(), "nothing listed, nothing indexed"
-    state.early_views = {}
+    state.cluster.early_views = {}
     assert state.serving(), "the start-up list (empty) is known"
-    state.early_views, state.ready = None, True
+    state.cluster.early_views, state.cluster.ready = None, True
     assert state.serving(), "Kopf's index is loaded"
-    state.draining = True
+    state.lifecycle.draining = True
     assert not state.serving(), "shutting down"

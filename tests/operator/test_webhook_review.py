@@ -91,6 +91,6 @@ def test_until_kopfs_index_is_loaded_the_start_up_list_answers() -> None:
     state = State(settings=STATE.settings, metrics=Metrics())
     assert "compilecache.io/injected" not in patched(pod(), webhook.review_pod(state, {}, review(pod())))["metadata"][
         "annotations"]
-    state.early_views = VIEWS_BY_KEY
+    state.cluster.early_views = VIEWS_BY_KEY
     assert "compilecache.io/injected" in patched(pod(), webhook.review_pod(state, {}, review(pod())))["metadata"][
         "annotations"]

@@ -27,12 +27,12 @@ async def not_used(request: Any, **_: Any) -> Any:
 
 def test_ready_only_once_the_endpoint_listens_and_a_drain_closes_each_connection() -> None:
     state = state_with(cache())
-    state.ready = True
+    state.cluster.ready = True
     port = free_port()
     server = PodWebhookServer(addr="127.0.0.1", port=port, insecure=True)
     server.answer = lambda review: {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                     "response": {"uid": review["request"]["uid"], "allowed": True}}
-    server.draining = lambda: state.draining  # as the operator's start-up wires it
+    server.draining = lambda: state.lifecycle.draining  # as the operator's start-up wires it
     ready = handlers.readiness(state, server)
 
     async def run() -> list[tuple[bool, str | None]]:
@@ -49,7 +49,7 @@ def test_ready_only_once_the_endpoint_listens_and_a_drain_closes_each_connection
         seen = []
         async with aiohttp.ClientSession() as session:
             for draining in (False, True):
-                state.draining = draining
+                state.lifecycle.draining = draining
                 async with session.post(f"http://127.0.0.1:{port}/inject-pods", json=REVIEW) as response:
                     body = await response.json()
                     assert body["response"] == {"uid": "u-1", "allowed": True}
@@ -67,5 +67,5 @@ def test_ready_only_once_the_endpoint_listens_and_a_drain_closes_each_connection
 
 def test_an_operator_without_a_webhook_is_ready_on_the_caches_alone() -> None:
     state = state_with(cache())
-    state.ready = True
+    state.cluster.ready = True
     assert handlers.readiness(state, None)()
