@@ -11,8 +11,8 @@ from typing import Any
 from compilecache_operator import builders, storeops
 from compilecache_operator.names import FINALIZER, WARMUP_LABEL
 from compilecache_operator.plan import Variant
-from compilecache_operator.reconcile import emit_event, secret_credentials
-from compilecache_operator.spec import CacheSpec, InvalidSpec, parse_spec
+from compilecache_operator.reconcile import cache_spec, emit_event, secret_credentials
+from compilecache_operator.spec import CacheSpec, InvalidSpec
 from compilecache_operator.state import Emit, State
 
 from cachelib.keyformat import cache_prefix
@@ -70,10 +70,9 @@ async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
             if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
     if pods:
         return CleanupOutcome(False, f"waiting for {len(pods)} warm-up pod(s) to stop", retry_after=5.0)
-    try:
-        spec = parse_spec(body.get("spec"), state.settings.defaults, name=name)
-    except InvalidSpec as exc:
-        return CleanupOutcome(True, f"spec is invalid, bundles left in place: {exc}")
+    spec = cache_spec(state, body)
+    if isinstance(spec, InvalidSpec):
+        return CleanupOutcome(True, f"spec is invalid, bundles left in place: {spec}")
     secret = await api.read_secret(namespace, spec.storage.secret_name) if spec.storage.secret_name else None
     return await _clear_store(state, spec, secret, namespace, name)
 

@@ -114,15 +114,28 @@ def spec_of(body: Mapping[str, Any], settings: Settings, name: str) -> CacheSpec
         return exc
 
 
-async def read_snapshot(state: State, key: Key, spec: CacheSpec | InvalidSpec | None = None) -> Snapshot | None:
-    """The snapshot of the cache ``key`` (None when it is gone or being deleted); ``spec``: its
-    checked spec, when the caller has it."""
+def cache_spec(state: State, body: Mapping[str, Any]) -> CacheSpec | InvalidSpec:
+    """The checked spec of ``body``, a CompileCache of the cluster view (:func:`spec_of`), parsed once
+    for each object and each version of the settings: the fingerprint, the snapshot, the decisions and
+    the deletion share it."""
+    meta = body["metadata"]
+    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    held = state.cluster.specs.get(key)
+    if held is not None and held[0] is body and held[1] is state.settings:
+        return held[2]
+    spec = spec_of(body, state.settings, key[1])
+    state.cluster.specs[key] = (body, state.settings, spec)
+    return spec
+
+
+async def read_snapshot(state: State, key: Key) -> Snapshot | None:
+    """The snapshot of the cache ``key`` (None when it is gone or being deleted)."""
     api = state.api
     assert api is not None, "the API client is set at start-up"
     body = state.cluster.cache(key)
     if body is None or is_deleting(body):
         return None
-    spec = spec_of(body, state.settings, key[1]) if spec is None else spec
+    spec = cache_spec(state, body)
     if isinstance(spec, InvalidSpec):
         return Snapshot(body, spec=spec)
     jobs = state.cluster.jobs(body)

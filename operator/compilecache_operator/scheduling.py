@@ -22,29 +22,29 @@ from compilecache_operator.failures import describe, failure_of
 from compilecache_operator.reconcile import (
     Outcome,
     apply_actions,
+    cache_spec,
     decide_actions,
     failure_warning,
     is_deleting,
     post_warnings,
     read_snapshot,
-    spec_of,
     write_status,
 )
-from compilecache_operator.spec import CacheSpec, InvalidSpec
+from compilecache_operator.spec import CacheSpec
 from compilecache_operator.state import Emit, Key, State, WarningEvent
 
 logger = logging.getLogger(__name__)
 
 
-def fingerprint(state: State, key: Key, spec: CacheSpec | InvalidSpec | None = None) -> tuple[Any, ...]:
+def fingerprint(state: State, key: Key) -> tuple[Any, ...]:
     """What a reconcile of ``key`` reads from memory, reduced to versions: the same fingerprint
     means the same decisions (the Secret and pods aside, which only caches with unfinished
-    business read, and those are never settled). ``spec``: the cache's, when already checked."""
+    business read, and those are never settled)."""
     body = state.cluster.cache(key) or {}
     meta = body.get("metadata") or {}
     jobs = state.cluster.indexes.jobs.get(str(meta.get("uid", "")), ())
     versions = sorted(str((j.get("metadata") or {}).get("resourceVersion", "")) for j in jobs)
-    spec = spec_of(body, state.settings, key[1]) if spec is None else spec
+    spec = cache_spec(state, body) if body else None
     label_key = spec.gpu_discovery.label_key if isinstance(spec, CacheSpec) else ""
     return (meta.get("resourceVersion"), tuple(versions), frozenset(state.cluster.indexes.nodes.get(label_key, ())))
 
@@ -57,13 +57,11 @@ async def reconcile(
     settled reconcile."""
     key = (namespace, name)
     async with state.scheduler.slots, state.scheduler.locks.hold(key):
-        body = state.cluster.cache(key)
-        spec = spec_of(body, state.settings, name) if body is not None else None
-        before = fingerprint(state, key, spec)
+        before = fingerprint(state, key)
         if if_unsettled and state.scheduler.settled.get(key) == before:
             return None
         try:
-            snapshot = await read_snapshot(state, key, spec)
+            snapshot = await read_snapshot(state, key)
             if snapshot is None:
                 return Outcome(gone=True)
             actions = decide_actions(snapshot, state.settings)

@@ -331,7 +331,7 @@ def parse_spec(
     storage = _parse_storage(spec.get("storage"), defaults, errors)
     raw_storage: Mapping[str, Any] = spec["storage"] if isinstance(spec.get("storage"), Mapping) else {}
     if storage is not None and raw_storage.get("ca") is not None:
-        ca = store_ca.parse_store_ca(raw_storage["ca"], storage.url, "spec.storage.ca", errors)
+        ca = store_ca.parse_store_ca(raw_storage["ca"], storage.store, "spec.storage.ca", errors)
         storage = replace(storage, ca=ca)
     elif storage is not None and raw_storage.get("url") is None and defaults.storage_ca is not None:
         storage = replace(storage, ca=defaults.storage_ca)  # the default store's CA, as the operator was told
@@ -540,7 +540,11 @@ def parse_ca_setting(raw: Any, url: str, path: str) -> Mapping[str, Any] | None:
     """A store CA as ``spec.storage.ca`` says it, for the store ``url`` (an operator setting named ``path``);
     raises :class:`InvalidSpec`."""
     errors = _Errors()
-    source = store_ca.parse_store_ca(raw, url, path, errors)
+    try:
+        store: StoreURL | None = parse_store_url(url)
+    except ValueError:
+        store = None  # parse_store_ca says what the URL must be
+    source = store_ca.parse_store_ca(raw, store, path, errors)
     if errors.items:
         raise InvalidSpec(errors.items)
     return source

@@ -22,7 +22,7 @@ from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import EXCLUDED_NAMESPACES, KIND, RECORDED_ANNOTATION
 from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.signing import Signing
-from compilecache_operator.spec import Defaults
+from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec
 
 Emit = Callable[[Mapping[str, Any], str, str, str], None]
 """Posts an event on an object: ``emit(body, type, reason, message)`` (``kopf.event`` in the operator)."""
@@ -135,6 +135,9 @@ class ClusterView:
     (Kopf indexes a large list object by object, seconds after it arrived)."""
     ready: bool = False
     """Every index has been loaded once (the webhook's readiness)."""
+    specs: dict[Key, tuple[Mapping[str, Any], Settings, CacheSpec | InvalidSpec]] = field(default_factory=dict)
+    """Per cache, its checked spec with the object and the settings it was checked from: parsed once for
+    each of their versions (:func:`compilecache_operator.reconcile.cache_spec`)."""
 
     def known(self) -> bool:
         """Every CompileCache is known, from Kopf's index or the start-up list."""
@@ -169,6 +172,7 @@ class ClusterView:
 
     def forget(self, key: Key) -> None:
         self.written.pop(key, None)
+        self.specs.pop(key, None)
 
 
 @dataclass

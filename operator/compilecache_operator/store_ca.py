@@ -6,7 +6,8 @@ publish container and the preload the webhook injects — and the store URL name
 operator opens the store too (to check, prune and delete bundles): the chart's ``storeCA`` value
 mounts the CA into the operator's pod at the same path.
 
-Pure: :func:`parse_store_ca` checks the field against the URL and returns the volume source.
+Pure: :func:`parse_store_ca` checks the field against the store URL (as the spec's parse read it) and
+returns the volume source.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from compilecache_operator.warmup_inputs import CONFIG_KEY, DNS_SUBDOMAIN, Errors
 
-from cachelib.stores.urls import RedisStoreURL, parse_store_url
+from cachelib.stores.urls import RedisStoreURL, StoreURL
 
 STORE_CA_VOLUME = "compilecache-store-ca"
 STORE_CA_DIR = "/etc/compilecache/store-ca"
@@ -25,11 +26,10 @@ CA_MOUNT: Mapping[str, Any] = {"name": STORE_CA_VOLUME, "mountPath": STORE_CA_DI
 DEFAULT_KEY = "ca.crt"
 
 
-
-def parse_store_ca(raw: Any, url: str, path: str, errors: Errors) -> Mapping[str, Any] | None:
+def parse_store_ca(raw: Any, store: StoreURL | None, path: str, errors: Errors) -> Mapping[str, Any] | None:
     """``spec.storage.ca`` (``{secretName | configMapName, key}``) -> the pod volume source that
-    projects the key as ``ca.crt``; None when unset. The URL must be ``rediss://`` and name
-    :data:`STORE_CA_FILE` in its ``ca=`` option."""
+    projects the key as ``ca.crt``; None when unset. ``store``, the parsed store URL (None: it did not
+    parse), must be ``rediss://`` and name :data:`STORE_CA_FILE` in its ``ca=`` option."""
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
@@ -47,7 +47,7 @@ def parse_store_ca(raw: Any, url: str, path: str, errors: Errors) -> Mapping[str
     if not isinstance(key, str) or not CONFIG_KEY.match(key):
         errors.add(f"{path}.key", f"{key!r} is not a key name")
         return None
-    if not _names_the_mounted_ca(url):
+    if not _names_the_mounted_ca(store):
         errors.add(
             path,
             f"the store URL must be rediss://…?ca={STORE_CA_FILE}: the CA is mounted there in the publish and "
@@ -60,12 +60,8 @@ def parse_store_ca(raw: Any, url: str, path: str, errors: Errors) -> Mapping[str
     return {"configMap": {"name": name, "items": items}}
 
 
-def _names_the_mounted_ca(url: str) -> bool:
-    try:
-        config = parse_store_url(url)
-    except ValueError:
-        return False
-    return isinstance(config, RedisStoreURL) and config.tls and config.ca == STORE_CA_FILE
+def _names_the_mounted_ca(store: StoreURL | None) -> bool:
+    return isinstance(store, RedisStoreURL) and store.tls and store.ca == STORE_CA_FILE
 
 
 def ca_volume(source: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
 from compilecache_operator import builders, failures, reconcile, scheduling
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
+from compilecache_operator.names import FINALIZER, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
 from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Indexes, Settings, State
+from compilecache_operator.store_ca import STORE_CA_FILE
 
 from tests.operator.samples import owner
 
 KEY = ("team-a", "mlp")
 SETTINGS = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=30)
 SECRET = "hunter2-secret"
+TLS_URL = f"rediss://redis.cache:6379/0?ca={STORE_CA_FILE}"
 
 
 def refused(*causes: tuple[str, str]) -> KubeError:
@@ -213,12 +216,14 @@ def test_the_job_fields_map_to_the_spec_fields_they_come_from() -> None:
     assert failures.cache_field("metadata.labels") is None
 
 
-@pytest.mark.parametrize("spec", [{}, {"image": ""}], ids=["valid", "invalid"])
+@pytest.mark.parametrize("spec", [{}, {"image": ""}, {"storage": {"url": TLS_URL, "ca": {"secretName": "ca"}}}],
+                         ids=["valid", "invalid", "private-ca"])
 def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, Any],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """The spec is parsed and checked once per reconcile (the fingerprint, the snapshot and the decisions
-    share it), and the store URL once within that parse (the allow-list check reads the parsed one)."""
-    from compilecache_operator import confinement
+    share it), and the store URL once within that parse (the allow-list check and the store CA's check read
+    the parsed one)."""
+    from compilecache_operator import confinement, store_ca
     from compilecache_operator import spec as spec_module
     from compilecache_operator.confinement import Confinement
 
@@ -233,6 +238,7 @@ def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, An
     monkeypatch.setattr(reconcile, "parse_spec", counted("spec", reconcile.parse_spec))
     monkeypatch.setattr(spec_module, "parse_store_url", counted("url", spec_module.parse_store_url))
     monkeypatch.setattr(confinement, "parse_store_url", counted("url", confinement.parse_store_url))
+    monkeypatch.setattr(store_ca, "parse_store_url", counted("url", spec_module.parse_store_url), raising=False)
     settings = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=30,
                         confinement=Confinement(store_hosts=("redis.cache:6379",)))
     api = ScriptedAPI()
@@ -241,3 +247,40 @@ def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, An
     asyncio.run(scheduling.reconcile(state, *KEY))
     assert "patch_cache_status" in api.calls, "the reconcile ran to its status"
     assert counts == {"spec": 1, "url": 1}, counts
+
+
+@pytest.mark.parametrize("deleting", [False, True], ids=["reconciled", "deleted"])
+def test_a_resync_parses_each_spec_once(deleting: bool, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resync's fingerprint and the reconcile, or the deletion, that follows share one parse of the spec:
+    the cluster view keeps it with the object and the settings it was checked from, and a new version of
+    either is parsed again."""
+    counts = {"spec": 0}
+    real = reconcile.parse_spec
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts["spec"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reconcile, "parse_spec", counted)
+    body = cache(storage={"url": f"file://{tmp_path}"}, deletionPolicy="Delete")
+    body["metadata"]["finalizers"] = [FINALIZER]
+    if deleting:
+        body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    api = ScriptedAPI()
+    state = State(settings=SETTINGS, metrics=Metrics(), api=cast(KubeAPI, api))
+    state.cluster.indexes = Indexes(caches={KEY: [body]}, jobs={})
+    events: list[str] = []
+    assert asyncio.run(scheduling.resync(state, lambda _body, _type, reason, _message: events.append(reason))) == 1
+    assert counts["spec"] == 1, counts
+    if deleting:
+        assert "BundlesDeleted" in events and api.calls[-1] == "set_finalizers", (events, api.calls)
+    else:
+        assert "patch_cache_status" in api.calls
+    scheduling.fingerprint(state, KEY)
+    assert counts["spec"] == 1, "the same object, the same settings: the spec already checked"
+    state.settings = replace(state.settings, retry_seconds=31)
+    scheduling.fingerprint(state, KEY)
+    assert counts["spec"] == 2, "new settings (a grant, a signing key): checked again"
+    state.cluster.indexes = Indexes(caches={KEY: [cache(storage={"url": f"file://{tmp_path}"})]}, jobs={})
+    scheduling.fingerprint(state, KEY)
+    assert counts["spec"] == 3, "a new version of the object: checked again"
