@@ -22,6 +22,7 @@ from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Indexes, Settings, State
 from compilecache_operator.store_ca import STORE_CA_FILE
 
+from tests.infra.kube.cluster import free_port
 from tests.operator.samples import owner
 
 KEY = ("team-a", "mlp")
@@ -284,3 +285,23 @@ def test_a_resync_parses_each_spec_once(deleting: bool, tmp_path: Any, monkeypat
     state.cluster.indexes = Indexes(caches={KEY: [cache(storage={"url": f"file://{tmp_path}"})]}, jobs={})
     scheduling.fingerprint(state, KEY)
     assert counts["spec"] == 3, "a new version of the object: checked again"
+
+
+def test_a_deletion_opens_only_a_store_within_the_allow_lists() -> None:
+    """A cache whose store left the allow-lists after it got its finalizer (its spec changed, or a grant was
+    withdrawn) is deleted without the operator opening that store: its bundles are left in place and said so.
+    The store here is a loopback port nothing listens on: opening it would fail and keep the finalizer."""
+    from compilecache_operator.confinement import Confinement
+
+    body = cache(storage={"url": f"redis://127.0.0.1:{free_port()}/0"}, deletionPolicy="Delete")
+    body["metadata"]["finalizers"] = [FINALIZER]
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    settings = replace(SETTINGS, confinement=Confinement(store_hosts=("redis.cache:6379",)))
+    api = ScriptedAPI()
+    state = State(settings=settings, metrics=Metrics(), api=cast(KubeAPI, api))
+    state.cluster.indexes = Indexes(caches={KEY: [body]}, jobs={})
+    events: list[tuple[str, str]] = []
+    asyncio.run(scheduling.handle(state, KEY, lambda _body, _type, reason, message: events.append((reason, message))))
+    (reason, message), = events
+    assert reason == "BundlesDeleted" and message.startswith("spec is invalid, bundles left in place: spec.storage.url")
+    assert api.calls[-1] == "set_finalizers" and KEY not in state.scheduler.retries
