@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Outcome:
+    """What a reconcile tells its caller (the scheduling): ready, warming, a problem to look at again."""
+
     ready: bool = False
     warming: bool = False
     """Warm-up Jobs are running: Job events and the resync look again."""
@@ -86,48 +88,6 @@ class Snapshot:
     """The checked spec, or why it is invalid (None: not checked yet, :func:`decide_actions` checks it)."""
 
 
-def needs_pods(job: Mapping[str, Any], bundled: Collection[str]) -> bool:
-    """Whether deciding about ``job`` reads its pods: unless its result is counted and its variant has
-    a bundle, the pods say what it waits for, why it failed or what it published."""
-    meta = job.get("metadata") or {}
-    recorded = RECORDED_ANNOTATION in (meta.get("annotations") or {})
-    return not recorded or (meta.get("labels") or {}).get(VARIANT_LABEL) not in bundled
-
-
-def is_deleting(body: Mapping[str, Any] | None) -> bool:
-    return body is None or bool((body.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def checked_spec(body: Mapping[str, Any], settings: Settings, name: str) -> CacheSpec:
-    """The parsed spec, within the cluster admin's allow-lists (InvalidSpec otherwise): checked
-    before its Secret is read or handed to anything."""
-    spec = parse_spec(body.get("spec"), settings.defaults, name=name)
-    check_confinement(settings.confinement, str(body["metadata"].get("namespace", "")), spec)
-    return spec
-
-
-def spec_of(body: Mapping[str, Any], settings: Settings, name: str) -> CacheSpec | InvalidSpec:
-    """:func:`checked_spec`, or the InvalidSpec it raised."""
-    try:
-        return checked_spec(body, settings, name)
-    except InvalidSpec as exc:
-        return exc
-
-
-def cache_spec(state: State, body: Mapping[str, Any]) -> CacheSpec | InvalidSpec:
-    """The checked spec of ``body``, a CompileCache of the cluster view (:func:`spec_of`), parsed once
-    for each object and each version of the settings: the fingerprint, the snapshot, the decisions and
-    the deletion share it."""
-    meta = body["metadata"]
-    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    held = state.cluster.specs.get(key)
-    if held is not None and held[0] is body and held[1] is state.settings:
-        return held[2]
-    spec = spec_of(body, state.settings, key[1])
-    state.cluster.specs[key] = (body, state.settings, spec)
-    return spec
-
-
 async def read_snapshot(state: State, key: Key) -> Snapshot | None:
     """The snapshot of the cache ``key`` (None when it is gone or being deleted)."""
     api = state.api
@@ -149,6 +109,48 @@ async def read_snapshot(state: State, key: Key) -> Snapshot | None:
         if needs_pods(job, bundled)
     }
     return Snapshot(body, jobs, gpus or frozenset(), secret, pods, spec)
+
+
+def cache_spec(state: State, body: Mapping[str, Any]) -> CacheSpec | InvalidSpec:
+    """The checked spec of ``body``, a CompileCache of the cluster view (:func:`spec_of`), parsed once
+    for each object and each version of the settings: the fingerprint, the snapshot, the decisions and
+    the deletion share it."""
+    meta = body["metadata"]
+    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    held = state.cluster.specs.get(key)
+    if held is not None and held[0] is body and held[1] is state.settings:
+        return held[2]
+    spec = spec_of(body, state.settings, key[1])
+    state.cluster.specs[key] = (body, state.settings, spec)
+    return spec
+
+
+def spec_of(body: Mapping[str, Any], settings: Settings, name: str) -> CacheSpec | InvalidSpec:
+    """:func:`checked_spec`, or the InvalidSpec it raised."""
+    try:
+        return checked_spec(body, settings, name)
+    except InvalidSpec as exc:
+        return exc
+
+
+def checked_spec(body: Mapping[str, Any], settings: Settings, name: str) -> CacheSpec:
+    """The parsed spec, within the cluster admin's allow-lists (InvalidSpec otherwise): checked
+    before its Secret is read or handed to anything."""
+    spec = parse_spec(body.get("spec"), settings.defaults, name=name)
+    check_confinement(settings.confinement, str(body["metadata"].get("namespace", "")), spec)
+    return spec
+
+
+def needs_pods(job: Mapping[str, Any], bundled: Collection[str]) -> bool:
+    """Whether deciding about ``job`` reads its pods: unless its result is counted and its variant has
+    a bundle, the pods say what it waits for, why it failed or what it published."""
+    meta = job.get("metadata") or {}
+    recorded = RECORDED_ANNOTATION in (meta.get("annotations") or {})
+    return not recorded or (meta.get("labels") or {}).get(VARIANT_LABEL) not in bundled
+
+
+def is_deleting(body: Mapping[str, Any] | None) -> bool:
+    return body is None or bool((body.get("metadata") or {}).get("deletionTimestamp"))
 
 
 # -- decide ----------------------------------------------------------------------------------------
@@ -191,14 +193,6 @@ class Actions:
         return any(s.phase == "active" for s in self.job_states.values())
 
 
-def recorded_bundles(
-    snapshot: Snapshot, records: Sequence[BundleRecord], variants: Sequence[Variant], keep_generations: int
-) -> tuple[tuple[BundleRecord, ...], tuple[BundleRecord, ...]]:
-    """The status bundles with ``records`` merged in, and those of them outside retention."""
-    bundles = tuple(merge_bundles(bundles_from_status(snapshot.body.get("status")), records))
-    return bundles, tuple(bundles_to_prune(list(bundles), [v.id for v in variants], keep_generations))
-
-
 def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
     """Everything a reconcile of ``snapshot`` does, as data (no I/O)."""
     meta = snapshot.body["metadata"]
@@ -225,6 +219,24 @@ def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
     delete = tuple(superseded_jobs([s for _, s in observed], {v.id for v in variants}))
     return replace(actions, storage_url=spec.storage.url, spec=spec, variants=variants, bundles=bundles,
                    prune=prune, delete_jobs=delete, finalizers=finalizers)
+
+
+def secret_problem(storage: StorageSpec, data: Mapping[str, bytes] | None, namespace: str) -> builders.Failure | None:
+    """Why the storage Secret cannot be used, or None."""
+    if not storage.secret_name:
+        return None
+    if data is None:
+        return builders.Failure(
+            "SecretNotFound",
+            f"spec.storage.secretRef.name: Secret {storage.secret_name!r} not found in namespace {namespace!r}",
+        )
+    for cred in storage.secret_keys:
+        if not cred.optional and cred.key not in data:
+            return builders.Failure(
+                "SecretKeyMissing",
+                f"spec.storage.secretRef.keys: Secret {storage.secret_name!r} has no key {cred.key!r} ({cred.env})",
+            )
+    return None
 
 
 def finalizers_for(current: Sequence[str], spec: CacheSpec) -> tuple[str, ...] | None:
@@ -271,6 +283,34 @@ def _variant_actions(
     return Actions(generation, create=tuple(create), records=tuple(records), count=tuple(count), job_states=states)
 
 
+@dataclass(frozen=True)
+class VariantStep:
+    """What to do about one missing variant."""
+
+    variant: Variant
+    action: str
+    """record (a succeeded Job), wait (an active one), failed (failed this generation), create."""
+    job: Mapping[str, Any] | None = None
+    state: JobState | None = None
+
+
+def decide(variant: Variant, jobs: Sequence[tuple[Mapping[str, Any], JobState]], generation: int) -> VariantStep:
+    """The step for a missing variant given its Jobs (of any generation), newest generation first:
+    record a success, else wait for a running Job, else report this generation's failure,
+    else create this generation's Job (a spec change is what retries a failed warm-up)."""
+    mine = sorted((j for j in jobs if j[1].variant == variant.id), key=lambda j: -j[1].generation)
+    for job, state in mine:
+        if state.phase == "succeeded":
+            return VariantStep(variant, "record", job, state)
+    for job, state in mine:
+        if state.phase == "active":
+            return VariantStep(variant, "wait", job, state)
+    for job, state in mine:
+        if state.phase == "failed" and state.generation >= generation:
+            return VariantStep(variant, "failed", job, state)
+    return VariantStep(variant, "create")
+
+
 def read_result(
     job: Mapping[str, Any], job_state: JobState, variant: Variant, pods: Mapping[str, Sequence[Mapping[str, Any]]]
 ) -> BundleRecord | JobState:
@@ -292,6 +332,29 @@ def new_job(
         body, spec, variant, name=name, job_id=plan_id(meta["namespace"], meta["name"], spec), settings=settings.jobs
     )
     return NewJob(variant, name, manifest)
+
+
+def recorded_bundles(
+    snapshot: Snapshot, records: Sequence[BundleRecord], variants: Sequence[Variant], keep_generations: int
+) -> tuple[tuple[BundleRecord, ...], tuple[BundleRecord, ...]]:
+    """The status bundles with ``records`` merged in, and those of them outside retention."""
+    bundles = tuple(merge_bundles(bundles_from_status(snapshot.body.get("status")), records))
+    return bundles, tuple(bundles_to_prune(list(bundles), [v.id for v in variants], keep_generations))
+
+
+def superseded_jobs(states: Sequence[JobState], planned: set[str]) -> list[str]:
+    """Finished Jobs that no longer tell anything: those of variants outside the plan, and failed
+    ones of a variant that has a newer Job. The current plan's last Jobs stay for inspection."""
+    newest: dict[str, int] = {}
+    for s in states:
+        newest[s.variant] = max(newest.get(s.variant, 0), s.generation)
+    return [
+        s.name
+        for s in states
+        if s.phase != "active"
+        and s.recorded
+        and (s.variant not in planned or (s.phase == "failed" and s.generation < newest[s.variant]))
+    ]
 
 
 def final_status(snapshot: Snapshot, actions: Actions, kept: Sequence[BundleRecord], prune_note: str,
@@ -325,74 +388,6 @@ def outcome(actions: Actions, status: Mapping[str, Any], retry_seconds: float) -
         return Outcome(problem=failure.message, retry_after=retry_seconds)
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     return Outcome(ready=ready, warming=actions.warming)
-
-
-@dataclass(frozen=True)
-class VariantStep:
-    """What to do about one missing variant."""
-
-    variant: Variant
-    action: str
-    """record (a succeeded Job), wait (an active one), failed (failed this generation), create."""
-    job: Mapping[str, Any] | None = None
-    state: JobState | None = None
-
-
-def decide(variant: Variant, jobs: Sequence[tuple[Mapping[str, Any], JobState]], generation: int) -> VariantStep:
-    """The step for a missing variant given its Jobs (of any generation), newest generation first:
-    record a success, else wait for a running Job, else report this generation's failure,
-    else create this generation's Job (a spec change is what retries a failed warm-up)."""
-    mine = sorted((j for j in jobs if j[1].variant == variant.id), key=lambda j: -j[1].generation)
-    for job, state in mine:
-        if state.phase == "succeeded":
-            return VariantStep(variant, "record", job, state)
-    for job, state in mine:
-        if state.phase == "active":
-            return VariantStep(variant, "wait", job, state)
-    for job, state in mine:
-        if state.phase == "failed" and state.generation >= generation:
-            return VariantStep(variant, "failed", job, state)
-    return VariantStep(variant, "create")
-
-
-def superseded_jobs(states: Sequence[JobState], planned: set[str]) -> list[str]:
-    """Finished Jobs that no longer tell anything: those of variants outside the plan, and failed
-    ones of a variant that has a newer Job. The current plan's last Jobs stay for inspection."""
-    newest: dict[str, int] = {}
-    for s in states:
-        newest[s.variant] = max(newest.get(s.variant, 0), s.generation)
-    return [
-        s.name
-        for s in states
-        if s.phase != "active"
-        and s.recorded
-        and (s.variant not in planned or (s.phase == "failed" and s.generation < newest[s.variant]))
-    ]
-
-
-def secret_problem(storage: StorageSpec, data: Mapping[str, bytes] | None, namespace: str) -> builders.Failure | None:
-    """Why the storage Secret cannot be used, or None."""
-    if not storage.secret_name:
-        return None
-    if data is None:
-        return builders.Failure(
-            "SecretNotFound",
-            f"spec.storage.secretRef.name: Secret {storage.secret_name!r} not found in namespace {namespace!r}",
-        )
-    for cred in storage.secret_keys:
-        if not cred.optional and cred.key not in data:
-            return builders.Failure(
-                "SecretKeyMissing",
-                f"spec.storage.secretRef.keys: Secret {storage.secret_name!r} has no key {cred.key!r} ({cred.env})",
-            )
-    return None
-
-
-def secret_credentials(storage: StorageSpec, data: Mapping[str, bytes] | None) -> dict[str, str]:
-    """The credentials as the store reads them from the environment (names of the env variables)."""
-    if not data:
-        return {}
-    return {c.env: data[c.key].decode() for c in storage.secret_keys if c.key in data}
 
 
 # -- apply -----------------------------------------------------------------------------------------
@@ -526,6 +521,13 @@ def pruned(bundles: Iterable[BundleRecord], report: storeops.DeleteReport) -> tu
     gone = set(report.deleted)
     note = "; ".join(f"{key}: {err}" for key, err in report.failed)
     return [b for b in bundles if b.key not in gone], f"pruning failed: {note}" if note else ""
+
+
+def secret_credentials(storage: StorageSpec, data: Mapping[str, bytes] | None) -> dict[str, str]:
+    """The credentials as the store reads them from the environment (names of the env variables)."""
+    if not data:
+        return {}
+    return {c.env: data[c.key].decode() for c in storage.secret_keys if c.key in data}
 
 
 def post_warnings(state: State, body: Mapping[str, Any], current: Sequence[WarningEvent], emit: Emit | None) -> None:

@@ -36,48 +36,6 @@ from compilecache_operator.state import Emit, Key, State, WarningEvent
 logger = logging.getLogger(__name__)
 
 
-def fingerprint(state: State, key: Key) -> tuple[Any, ...]:
-    """What a reconcile of ``key`` reads from memory, reduced to versions: the same fingerprint
-    means the same decisions (the Secret and pods aside, which only caches with unfinished
-    business read, and those are never settled)."""
-    body = state.cluster.cache(key) or {}
-    meta = body.get("metadata") or {}
-    jobs = state.cluster.indexes.jobs.get(str(meta.get("uid", "")), ())
-    versions = sorted(str((j.get("metadata") or {}).get("resourceVersion", "")) for j in jobs)
-    spec = cache_spec(state, body) if body else None
-    label_key = spec.gpu_discovery.label_key if isinstance(spec, CacheSpec) else ""
-    return (meta.get("resourceVersion"), tuple(versions), frozenset(state.cluster.indexes.nodes.get(label_key, ())))
-
-
-async def reconcile(
-    state: State, namespace: str, name: str, *, emit: Emit | None = None, if_unsettled: bool = False
-) -> Outcome | None:
-    """Read, decide, apply for one cache; at most ``settings.concurrency`` at once, one at a time per
-    cache. With ``if_unsettled``, nothing happens (None) when its inputs are those of its last
-    settled reconcile."""
-    key = (namespace, name)
-    async with state.scheduler.slots, state.scheduler.locks.hold(key):
-        before = fingerprint(state, key)
-        if if_unsettled and state.scheduler.settled.get(key) == before:
-            return None
-        try:
-            snapshot = await read_snapshot(state, key)
-            if snapshot is None:
-                return Outcome(gone=True)
-            actions = decide_actions(snapshot, state.settings)
-            result = await apply_actions(state, snapshot, actions, emit)
-        except Exception as exc:  # every failure ends in a condition and an event, and is looked at again
-            body = state.cluster.cache(key)
-            if body is None:
-                raise
-            result = await report_failure(state, body, exc, emit)
-        if result.problem or result.warming or actions.create or actions.count or actions.records:
-            state.scheduler.settled.pop(key, None)
-        elif actions.finalizers is None:
-            state.scheduler.settled[key] = _settled_fingerprint(state, key, before)
-        return result
-
-
 async def handle(state: State, key: Key, emit: Emit | None) -> None:
     """What an event or the resync does about a cache: finish its deletion, or reconcile it if
     unsettled; a problem that may pass is looked at again after ``settings.retry_seconds``."""
@@ -112,6 +70,76 @@ def look_again(state: State, key: Key, delay: float, emit: Emit | None) -> None:
     state.scheduler.retries[key] = asyncio.get_running_loop().call_later(delay, fire)
 
 
+async def resync(state: State, emit: Emit | None) -> int:
+    """Reconcile every unsettled cache (bounded by ``settings.concurrency``); errors are logged.
+    Returns how many were reconciled."""
+    keys = unsettled(state)
+
+    async def one(key: Key) -> None:
+        try:
+            await handle(state, key, emit)
+        except Exception as exc:
+            logger.warning("resync of %s/%s failed: %s", key[0], key[1], exc)
+
+    await asyncio.gather(*(one(key) for key in keys))
+    return len(keys)
+
+
+def unsettled(state: State) -> list[Key]:
+    """The caches whose inputs changed since their last settled reconcile, or that wait for
+    something (a Job, a Secret, a GPU node): the only ones a resync reconciles."""
+    return [key for key in state.cluster.indexes.cache_keys()
+            if state.scheduler.settled.get(key) != fingerprint(state, key) and key not in state.scheduler.retries]
+
+
+async def reconcile(
+    state: State, namespace: str, name: str, *, emit: Emit | None = None, if_unsettled: bool = False
+) -> Outcome | None:
+    """Read, decide, apply for one cache; at most ``settings.concurrency`` at once, one at a time per
+    cache. With ``if_unsettled``, nothing happens (None) when its inputs are those of its last
+    settled reconcile."""
+    key = (namespace, name)
+    async with state.scheduler.slots, state.scheduler.locks.hold(key):
+        before = fingerprint(state, key)
+        if if_unsettled and state.scheduler.settled.get(key) == before:
+            return None
+        try:
+            snapshot = await read_snapshot(state, key)
+            if snapshot is None:
+                return Outcome(gone=True)
+            actions = decide_actions(snapshot, state.settings)
+            result = await apply_actions(state, snapshot, actions, emit)
+        except Exception as exc:  # every failure ends in a condition and an event, and is looked at again
+            body = state.cluster.cache(key)
+            if body is None:
+                raise
+            result = await report_failure(state, body, exc, emit)
+        if result.problem or result.warming or actions.create or actions.count or actions.records:
+            state.scheduler.settled.pop(key, None)
+        elif actions.finalizers is None:
+            state.scheduler.settled[key] = _settled_fingerprint(state, key, before)
+        return result
+
+
+def fingerprint(state: State, key: Key) -> tuple[Any, ...]:
+    """What a reconcile of ``key`` reads from memory, reduced to versions: the same fingerprint
+    means the same decisions (the Secret and pods aside, which only caches with unfinished
+    business read, and those are never settled)."""
+    body = state.cluster.cache(key) or {}
+    meta = body.get("metadata") or {}
+    jobs = state.cluster.indexes.jobs.get(str(meta.get("uid", "")), ())
+    versions = sorted(str((j.get("metadata") or {}).get("resourceVersion", "")) for j in jobs)
+    spec = cache_spec(state, body) if body else None
+    label_key = spec.gpu_discovery.label_key if isinstance(spec, CacheSpec) else ""
+    return (meta.get("resourceVersion"), tuple(versions), frozenset(state.cluster.indexes.nodes.get(label_key, ())))
+
+
+def _settled_fingerprint(state: State, key: Key, before: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The fingerprint to remember: the one read, with the version of a status just written."""
+    written = state.cluster.written.get(key)
+    return (written[1]["metadata"].get("resourceVersion"), *before[1:]) if written else before
+
+
 async def report_failure(state: State, body: Mapping[str, Any], exc: BaseException, emit: Emit | None) -> Outcome:
     """A reconcile that failed: Ready=False with the reason and what failed (:func:`failures.failure_of`),
     a Warning event, a log line; the cache is looked at again after ``settings.retry_seconds``. When
@@ -138,32 +166,3 @@ async def report_failure(state: State, body: Mapping[str, Any], exc: BaseExcepti
 def _log_failure(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.warning("looking again failed: %s", task.exception())
-
-
-def _settled_fingerprint(state: State, key: Key, before: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The fingerprint to remember: the one read, with the version of a status just written."""
-    written = state.cluster.written.get(key)
-    return (written[1]["metadata"].get("resourceVersion"), *before[1:]) if written else before
-
-
-# -- resync ----------------------------------------------------------------------------------------
-def unsettled(state: State) -> list[Key]:
-    """The caches whose inputs changed since their last settled reconcile, or that wait for
-    something (a Job, a Secret, a GPU node): the only ones a resync reconciles."""
-    return [key for key in state.cluster.indexes.cache_keys()
-            if state.scheduler.settled.get(key) != fingerprint(state, key) and key not in state.scheduler.retries]
-
-
-async def resync(state: State, emit: Emit | None) -> int:
-    """Reconcile every unsettled cache (bounded by ``settings.concurrency``); errors are logged.
-    Returns how many were reconciled."""
-    keys = unsettled(state)
-
-    async def one(key: Key) -> None:
-        try:
-            await handle(state, key, emit)
-        except Exception as exc:
-            logger.warning("resync of %s/%s failed: %s", key[0], key[1], exc)
-
-    await asyncio.gather(*(one(key) for key in keys))
-    return len(keys)

@@ -1,10 +1,11 @@
-"""What the operator's handlers share: its settings, its memory of the cluster (the indexes), the
-per-cache locks, and the :class:`State` that holds them all (the controller and the webhook read it).
+"""What the operator's handlers share: its settings and the :class:`State` made of the parts each owner
+keeps: the cluster view (the indexes Kopf fills, and what this operator wrote that they do not show
+yet), the scheduler (per-cache locks, settled fingerprints, looks again), this replica's lifecycle
+(leading, draining) and the webhook's injection (native-sidecar support).
 
 The reconcile (:mod:`compilecache_operator.reconcile`), the scheduling of reconciles
 (:mod:`compilecache_operator.scheduling`), the deletion (:mod:`compilecache_operator.deletion`) and
-the webhook (:mod:`compilecache_operator.webhook`) all depend on this module, never on one another
-through it.
+the webhook (:mod:`compilecache_operator.webhook`) depend on this module; it depends on none of them.
 """
 
 from __future__ import annotations
