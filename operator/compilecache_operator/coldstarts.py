@@ -8,8 +8,9 @@ file, which the kubelet copies into the pod's status when the container ends. Th
 reads pod statuses, so this needs no permission in the user's namespace beyond what it has.
 
 The tally lives in ``status.coldStarts``: pods with a verdict, pods that compiled afresh, and the
-causes by pods, each with one reason as an example. When most pods with a verdict started cold for
-one cause, the ``ColdStarts`` condition is True and names it.
+causes by pods (all of them, most frequent first: the set is bounded), each with one reason as an
+example. When most pods with a verdict started cold for one cause, the ``ColdStarts`` condition is
+True and names it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from cachelib.factors import CAUSES, WHY_KEY
 from cachelib.masking import mask_text
 
 CONDITION = "ColdStarts"
-TOP = 5
-"""Causes kept in status (the most frequent)."""
 MIN_PODS = 2
 """Pods with a verdict before the condition says a cause is the fleet's."""
 MAX_REASON = 300
@@ -85,7 +84,7 @@ def tally(current: Mapping[str, Any] | None, verdict: Verdict) -> dict[str, Any]
         entry["example"] = verdict.reason or entry.get("example", "")
     ranked = sorted(causes.values(), key=lambda c: (-int(c["pods"]), CAUSES.index(c["cause"])
                                                     if c["cause"] in CAUSES else len(CAUSES)))  # fmt: skip
-    out["causes"] = ranked[:TOP]
+    out["causes"] = ranked  # every cause (a bounded set: cachelib.factors.CAUSES), so a count is never lost
     return out
 
 

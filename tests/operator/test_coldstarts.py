@@ -76,7 +76,7 @@ def test_the_tally_counts_every_pod_once_and_ranks_the_causes(seen: list[coldsta
     misses = Counter(v.cause for v in seen if v.result == "miss")
     assert cold["pods"] == len(seen) and cold["cold"] == sum(misses.values())
     ranked = [(c["cause"], c["pods"]) for c in cold["causes"]]
-    assert len(ranked) == min(len(misses), coldstarts.TOP)
+    assert len(ranked) == len(misses)
     assert [n for _, n in ranked] == sorted((n for _, n in ranked), reverse=True)
     assert all(misses[cause] == n for cause, n in ranked)
     if misses:
@@ -123,3 +123,14 @@ def test_a_pod_without_a_verdict_or_an_api_is_not_counted(caplog: pytest.LogCapt
     with caplog.at_level(logging.WARNING):
         asyncio.run(events())
     assert "p3" not in caplog.text
+
+
+def test_a_cause_past_the_fifth_is_still_counted_when_it_comes_back() -> None:
+    """Six different causes, then the sixth again: it leads with 2 pods (none of its counts lost)."""
+    causes = ["torch_version", "triton_version", "python_version", "device", "inductor_config", "dynamo_config"]
+    cold: dict[str, Any] | None = None
+    for cause in [*causes, "dynamo_config"]:
+        cold = coldstarts.tally(cold, coldstarts.Verdict("app", "miss", cause, cause))
+    assert cold is not None
+    assert (cold["causes"][0]["cause"], cold["causes"][0]["pods"]) == ("dynamo_config", 2)
+    assert len(cold["causes"]) == len(causes)
