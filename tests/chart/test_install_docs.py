@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from cachelib import __version__
-from tests.chart.chart import CHART_DIR, helm, of_kind, parse_manifests
+from tests.chart.chart import CHART_DIR, helm, of_kind, parse_manifests, template
 from tests.infra.kube.cluster import versions
 from tests.infra.linters import TOOLS
 
@@ -91,3 +91,32 @@ def test_the_documented_install_from_a_release_renders_the_released_images(helm_
     (deployment,) = of_kind(manifests, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--preloader-image={registry}/preloader:{__version__}" in args, args
+
+
+NETWORK_POLICY_PEERS = {  # knob -> (direction, port of the rule it fills, "from" or "to")
+    "webhookFrom": ("ingress", "webhook", "from"),
+    "metricsFrom": ("ingress", "metrics", "from"),
+    "dnsTo": ("egress", "dns", "to"),
+    "apiServer.to": ("egress", "apiServer", "to"),
+}
+
+
+@pytest.mark.helm
+def test_the_network_policy_section_says_what_each_peer_list_allows_by_default(helm_bin: Path) -> None:
+    """Each peer list's parenthesis in the NetworkPolicy section says what the default render allows: "any" where
+    the rendered rule names no peers, else the peers' namespace."""
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    ports = {"webhook": values["webhook"]["port"], "metrics": values["metrics"]["port"], "dns": 53,
+             "apiServer": values["networkPolicy"]["apiServer"]["ports"][0]}
+    (policy,) = of_kind(template(helm_bin, set_values=["networkPolicy.enabled=true"]), "NetworkPolicy")
+    text = " ".join(section("NetworkPolicy").split())
+    for knob, (direction, port, side) in NETWORK_POLICY_PEERS.items():
+        (rule,) = [r for r in policy["spec"][direction] if any(p["port"] == ports[port] for p in r["ports"])]
+        said = re.search(rf"\(`(?:networkPolicy\.)?{re.escape(knob)}`([^)]*)\)", text)
+        assert said, f"the NetworkPolicy section does not say what {knob} allows"
+        peers = rule.get(side)
+        if not peers:
+            assert re.search(r"\bany\b", said.group(1)), f"{knob}: the default allows any peer; docs: {said[0]!r}"
+        else:
+            names = {v for peer in peers for v in peer.get("namespaceSelector", {}).get("matchLabels", {}).values()}
+            assert names and all(n in said.group(1) for n in names), f"{knob}: rendered {peers}; docs {said[0]!r}"
