@@ -9,7 +9,7 @@ import pytest
 import yaml
 from compilecache_operator import main
 
-from tests.chart.chart import CHART_DIR, helm, operator_container, template
+from tests.chart.chart import CHART_DIR, Manifest, helm, operator_container, template
 
 pytestmark = pytest.mark.helm
 
@@ -43,3 +43,30 @@ def test_the_schema_refuses_what_is_not_a_quantity(helm_bin: Path, bad: str) -> 
     proc = helm(helm_bin, "lint", str(CHART_DIR), "--set", bad, check=False)
     assert proc.returncode != 0
     assert "containerResources" in proc.stdout + proc.stderr
+
+
+def pod_containers(manifests: list[Manifest]) -> list[tuple[str, Manifest]]:
+    """(object/container, container) for every container and init container of every pod the chart renders."""
+    out = []
+    for m in manifests:
+        if m["kind"] not in ("Deployment", "Job", "Pod"):
+            continue
+        spec = m["spec"] if m["kind"] == "Pod" else m["spec"]["template"]["spec"]
+        out += [(f"{m['kind']}/{m['metadata']['name']}/{c['name']}", c)
+                for c in [*spec.get("initContainers", []), *spec["containers"]]]
+    return out
+
+
+@pytest.mark.parametrize("scenario", ["default", "production"])
+def test_the_charts_own_pods_pass_a_policy_that_requires_cpu_and_memory_limits(helm_bin: Path, scenario: str) -> None:
+    """Every container the chart itself renders has requests and a memory limit; the operator leaves its CPU
+    limit out by default, and operator.resources.limits.cpu (docs/install.md) gives one where a policy requires
+    it (Gatekeeper's K8sContainerLimits), so that every container then has both."""
+    values = None if scenario == "default" else CHART_DIR / "ci" / f"{scenario}-values.yaml"
+    for name, c in pod_containers(template(helm_bin, values)):
+        assert {"cpu", "memory"} <= set(c["resources"]["requests"]) and "memory" in c["resources"]["limits"], name
+    limited = template(helm_bin, values, set_values=["operator.resources.limits.cpu=1"])
+    missing = [n for n, c in pod_containers(limited) if not {"cpu", "memory"} <= set(c["resources"]["limits"])]
+    assert not missing, missing
+    text = (CHART_DIR.parent.parent / "docs" / "install.md").read_text()
+    assert "operator.resources.limits.cpu" in text, "docs/install.md does not say how to give the operator a CPU limit"

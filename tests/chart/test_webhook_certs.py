@@ -131,6 +131,17 @@ def test_a_provided_certificate_needs_its_ca(helm_bin: Path) -> None:
     assert "webhook.providedCert.caBundle: the base64-encoded PEM CA that signed the Secret's tls.crt" in proc.stderr
 
 
+
+@pytest.mark.parametrize("values", sorted(CI_DIR.glob("cert-manager*.yaml")), ids=lambda v: v.stem)
+def test_cert_manager_and_a_provided_certificate_together_are_refused(helm_bin: Path, values: Path) -> None:
+    """cert-manager would write its certificate into the user's own Secret, and the CA given would be dropped: the
+    render stops and names both values instead."""
+    proc = helm(helm_bin, "template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, "--values", str(values),
+                "--set", "webhook.providedCert.secretName=my-webhook-tls",
+                "--set", f"webhook.providedCert.caBundle={a_ca_pem()}", check=False)
+    assert proc.returncode == 1, proc.stdout[-500:]
+    assert "webhook.certManager.enabled and webhook.providedCert.secretName" in proc.stderr, proc.stderr
+
 KUBE_VERSIONS = [f"1.{minor}.0" for minor in range(29, 38)]
 
 

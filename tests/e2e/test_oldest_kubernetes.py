@@ -12,16 +12,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart.chart import CHART_DIR, helm, parse_manifests
+from tests.chart.chart import CHART_DIR, helm, parse_manifests, scenario_files
 from tests.chart.e2e_fixtures import CC_API, CRDS_API
-from tests.infra.helm import helm_bin, helm_binaries
+from tests.e2e.test_chart_server_dry_run import assert_the_server_accepts
+from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
 from tests.infra.kube.cluster import BinariesMissing, LocalCluster, find_binaries, versions
 from tests.infra.kube.namespaces import create_namespace
 from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.wait import wait_for
 from tests.operator.e2e_support import CRD_NAME
 
-__all__ = ["helm_bin", "helm_binaries"]
+__all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
@@ -82,5 +83,16 @@ def test_the_chart_installs_on_the_oldest_supported_kubernetes(oldest_cluster: L
             client.post(path, {**cache, "metadata": {"name": "x" * 210}})
         assert refused.value.status == 422 and "metadata.name" in refused.value.body
         helm(helm_bin, "uninstall", "old", "--namespace", ns, "--timeout", "60s", env=env)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("scenario", sorted(scenario_files()))
+def test_the_oldest_api_server_accepts_every_scenario(scenario: str, oldest_cluster: LocalCluster, helm_bin: Path,
+                                                      kubectl_bin: Path, tmp_path: Path) -> None:
+    """As tests/e2e/test_chart_server_dry_run.py, on the oldest supported Kubernetes."""
+    client = KubeClient(oldest_cluster.kubeconfig)
+    try:
+        assert_the_server_accepts(oldest_cluster, client, helm_bin, kubectl_bin, scenario, tmp_path)
     finally:
         client.close()

@@ -231,7 +231,7 @@ def test_the_charts_admission_policy_refuses_the_same_on_the_api_server(
     kube_client: KubeClient, kube_namespace: str, install: Callable[..., Release],
 ) -> None:
     ns = kube_namespace
-    install("--set", "storage.url=redis://:pw@redis.compilecache.svc:6379/0",
+    install("--set", "storage.url=redis://redis.compilecache.svc:6379/0",
             "--set", "storage.credentialsSecret=store",
             "--set", "confinement.storeHosts={*.cache.svc,s3://models}",
             "--set", f"confinement.warmupServiceAccounts={{{ns}/warmup}}",
