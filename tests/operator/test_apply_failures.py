@@ -13,7 +13,7 @@ import logging
 from typing import Any, cast
 
 import pytest
-from compilecache_operator import builders, controller, failures
+from compilecache_operator import controller, failures, warmup_job
 from compilecache_operator.controller import Indexes, Settings, State
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import Metrics
@@ -23,7 +23,7 @@ from compilecache_operator.spec import Defaults
 from tests.operator.samples import owner
 
 KEY = ("team-a", "mlp")
-SETTINGS = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=30)
+SETTINGS = Settings(defaults=Defaults(), jobs=warmup_job.JobSettings(preloader_image="p"), retry_seconds=30)
 SECRET = "hunter2-secret"
 
 
@@ -233,7 +233,7 @@ def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, An
     monkeypatch.setattr(controller, "parse_spec", counted("spec", controller.parse_spec))
     monkeypatch.setattr(spec_module, "parse_store_url", counted("url", spec_module.parse_store_url))
     monkeypatch.setattr(confinement, "parse_store_url", counted("url", confinement.parse_store_url))
-    settings = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=30,
+    settings = Settings(defaults=Defaults(), jobs=warmup_job.JobSettings(preloader_image="p"), retry_seconds=30,
                         confinement=Confinement(store_hosts=("redis.cache:6379",)))
     api = ScriptedAPI()
     state = State(settings=settings, metrics=Metrics(), api=cast(KubeAPI, api))

@@ -72,8 +72,8 @@ class FakeState:
     """The parts of the controller's State that apply_grants touches (no API server: nothing is called)."""
 
     def __init__(self, caches: list[tuple[str, str]]) -> None:
-        from compilecache_operator.builders import JobSettings
         from compilecache_operator.controller import Indexes, Settings
+        from compilecache_operator.warmup_job import JobSettings
 
         self.settings = Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p"), confinement=BASE)
         self.indexes = Indexes(caches={k: [] for k in caches})
