@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from compilecache_operator import builders, storeops
+from compilecache_operator import storeops, warmup_job
 from compilecache_operator.names import FINALIZER, WARMUP_LABEL
 from compilecache_operator.plan import Variant
 from compilecache_operator.reconcile import cache_spec, emit_event, secret_credentials
@@ -65,7 +65,7 @@ async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
     namespace, name = meta["namespace"], meta["name"]
     for job in state.cluster.indexes.jobs.get(str(meta.get("uid", "")), ()):
         await api.delete_job(namespace, job["metadata"]["name"])
-    label = builders.warmup_labels(name, Variant("", "", ""), 0)[WARMUP_LABEL]
+    label = warmup_job.warmup_labels(name, Variant("", "", ""), 0)[WARMUP_LABEL]
     pods = [p for p in await api.list_pods(namespace, f"{WARMUP_LABEL}={label}")
             if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
     if pods:

@@ -3,7 +3,7 @@
 A reconcile's writes (a warm-up Job, a finalizer, the status, a Job's deletion) can fail: the API
 server refuses an object (422), a write conflicts (409), the server does not answer. Each write
 runs inside :func:`step`, which names what it was doing; :func:`failure_of` turns the error into
-the :class:`~compilecache_operator.builders.Failure` the status and a Warning event show
+the :class:`~compilecache_operator.cache_status.Failure` the status and a Warning event show
 (``Ready=False``), with the CompileCache fields behind the Job fields the API server names.
 """
 
@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from compilecache_operator.builders import Failure
+from compilecache_operator.cache_status import Failure
 from compilecache_operator.kube import KubeError
 
 JOB_REFUSED = "WarmupJobRefused"
@@ -24,7 +24,7 @@ RECONCILE_FAILED = "ReconcileFailed"
 """The reconcile failed before it wrote anything (reading what it decides from, or deciding)."""
 REFUSED_STATUSES = frozenset({400, 403, 422})
 
-# Where the Job's fields come from in the CompileCache (builders.build_job), most specific first.
+# Where the Job's fields come from in the CompileCache (warmup_job.build_job), most specific first.
 _JOB_FIELDS = (
     (r"spec\.template\.spec\.tolerations", "spec.warmup.tolerations"),
     (r"spec\.template\.spec\.nodeSelector", "spec.warmup.nodeSelector"),

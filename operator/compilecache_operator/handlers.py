@@ -44,7 +44,7 @@ from typing import Any, cast
 
 import kopf
 from compilecache_operator import (
-    builders,
+    cacheview,
     certs,
     coldstarts,
     kubeconfig,
@@ -233,7 +233,7 @@ async def configure(
         listed = await state.api.list_caches(state.settings.namespaces)
         state.cluster.early_views = {
             (str(c["metadata"].get("namespace", "")), str(c["metadata"]["name"])):
-            builders.cache_view(c, state.settings.defaults, state.settings.confinement) for c in listed
+            cacheview.cache_view(c, state.settings.defaults, state.settings.confinement) for c in listed
         }
     except KubeError as exc:  # readiness then waits for Kopf's index
         logger.warning("could not list the CompileCaches: %s", exc)
@@ -361,7 +361,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 def caches(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
     """The webhook's view of each CompileCache."""
     settings = _state(memo).settings
-    return {(namespace or "", name): builders.cache_view(body, settings.defaults, settings.confinement)}
+    return {(namespace or "", name): cacheview.cache_view(body, settings.defaults, settings.confinement)}
 
 
 @kopf.index(*CC, id="cache_objects")

@@ -21,7 +21,6 @@ from typing import Any
 
 import kopf
 from compilecache_operator import certs, handlers, servingcert, tlsreload
-from compilecache_operator.builders import JobSettings
 from compilecache_operator.confinement import Confinement, store_destination
 from compilecache_operator.formats import DEFAULT_NODE_CACHE_ROOTS, node_path_problem
 from compilecache_operator.metrics import Metrics
@@ -41,6 +40,7 @@ from compilecache_operator.spec import (
 )
 from compilecache_operator.state import Settings, State
 from compilecache_operator.store_ca import STORE_CA_FILE
+from compilecache_operator.warmup_job import JobSettings
 from compilecache_operator.webhook import PodWebhookServer
 from prometheus_client import start_http_server
 

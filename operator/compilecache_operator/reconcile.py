@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from compilecache_operator import builders, storeops
+from compilecache_operator import cache_status, storeops, warmup_job
 from compilecache_operator.conditions import Condition, now_rfc3339, shown_message
 from compilecache_operator.confinement import check_confinement
 from compilecache_operator.failures import step
@@ -168,7 +168,7 @@ class Actions:
     """What a reconcile does, decided from a snapshot alone."""
 
     generation: int
-    failure: builders.Failure | None = None
+    failure: cache_status.Failure | None = None
     """The cache cannot be served at all (InvalidSpec, SecretNotFound, SecretKeyMissing, NoGPUNodes)."""
     storage_url: str | None = None
     spec: CacheSpec | None = None
@@ -200,7 +200,7 @@ def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
     generation = int(meta.get("generation") or 1)
     spec = spec_of(snapshot.body, settings, name) if snapshot.spec is None else snapshot.spec
     if isinstance(spec, InvalidSpec):
-        return Actions(generation, failure=builders.Failure("InvalidSpec", str(spec)))
+        return Actions(generation, failure=cache_status.Failure("InvalidSpec", str(spec)))
     finalizers = finalizers_for(meta.get("finalizers") or [], spec)
     problem = secret_problem(spec.storage, snapshot.secret, namespace)
     if problem is not None:
@@ -208,7 +208,7 @@ def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
     variants = tuple(plan_variants(namespace, name, spec, snapshot.gpus))
     if not variants:
         message = f"spec.gpuDiscovery: no Node has the label {spec.gpu_discovery.label_key!r}"
-        return Actions(generation, failure=builders.Failure("NoGPUNodes", message), storage_url=spec.storage.url,
+        return Actions(generation, failure=cache_status.Failure("NoGPUNodes", message), storage_url=spec.storage.url,
                        spec=spec, finalizers=finalizers)
     observed = [
         (job, observe_job(job, snapshot.pods.get(str(job["metadata"].get("uid")), ())))
@@ -221,18 +221,20 @@ def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
                    prune=prune, delete_jobs=delete, finalizers=finalizers)
 
 
-def secret_problem(storage: StorageSpec, data: Mapping[str, bytes] | None, namespace: str) -> builders.Failure | None:
+def secret_problem(
+    storage: StorageSpec, data: Mapping[str, bytes] | None, namespace: str
+) -> cache_status.Failure | None:
     """Why the storage Secret cannot be used, or None."""
     if not storage.secret_name:
         return None
     if data is None:
-        return builders.Failure(
+        return cache_status.Failure(
             "SecretNotFound",
             f"spec.storage.secretRef.name: Secret {storage.secret_name!r} not found in namespace {namespace!r}",
         )
     for cred in storage.secret_keys:
         if not cred.optional and cred.key not in data:
-            return builders.Failure(
+            return cache_status.Failure(
                 "SecretKeyMissing",
                 f"spec.storage.secretRef.keys: Secret {storage.secret_name!r} has no key {cred.key!r} ({cred.env})",
             )
@@ -328,7 +330,7 @@ def new_job(
 ) -> NewJob:
     meta = body["metadata"]
     name = job_name(meta["name"], variant, generation)
-    manifest = builders.build_job(
+    manifest = warmup_job.build_job(
         body, spec, variant, name=name, job_id=plan_id(meta["namespace"], meta["name"], spec), settings=settings.jobs
     )
     return NewJob(variant, name, manifest)
@@ -363,18 +365,18 @@ def final_status(snapshot: Snapshot, actions: Actions, kept: Sequence[BundleReco
     ``prune_note`` says what could not be pruned (the cache is then Degraded: StorePruneFailed)."""
     status = snapshot.body.get("status") or {}
     if actions.failure is not None:
-        return builders.build_status(status, generation=actions.generation,
-                                     conditions=builders.failure_conditions(actions.failure), bundles=None,
+        return cache_status.build_status(status, generation=actions.generation,
+                                     conditions=cache_status.failure_conditions(actions.failure), bundles=None,
                                      planned_gpus=None, storage_url=actions.storage_url, now=now)
-    conditions = builders.warmup_conditions(actions.variants, current_bundles(kept, actions.variants),
+    conditions = cache_status.warmup_conditions(actions.variants, current_bundles(kept, actions.variants),
                                             actions.job_states)
     if prune_note and not any(c.type == "Degraded" and c.status for c in conditions):
         conditions = [c for c in conditions if c.type != "Degraded"]
         conditions.append(Condition("Degraded", True, "StorePruneFailed", prune_note))
-    precompiled = builders.precompile_condition(current_bundles(kept, actions.variants))
+    precompiled = cache_status.precompile_condition(current_bundles(kept, actions.variants))
     if precompiled is not None:
         conditions.append(precompiled)
-    return builders.build_status(status, generation=actions.generation, conditions=conditions, bundles=kept,
+    return cache_status.build_status(status, generation=actions.generation, conditions=conditions, bundles=kept,
                                  planned_gpus=[v.gpu_label for v in actions.variants],
                                  storage_url=actions.storage_url, now=now)
 
@@ -474,7 +476,7 @@ async def _sign(
 async def write_status(state: State, body: Mapping[str, Any], status: Mapping[str, Any]) -> None:
     """Write ``status`` unless it is what the cache has; remember the written object until the
     index sees it, so that a reconcile in between does not decide from the older one."""
-    if not builders.status_changed(body.get("status"), status):
+    if not cache_status.status_changed(body.get("status"), status):
         return
     assert state.api is not None
     meta = body["metadata"]
@@ -557,7 +559,7 @@ def fresh_warnings(standing: frozenset[WarningEvent], current: Sequence[WarningE
     return [w for w in dict.fromkeys(current) if w not in standing]
 
 
-def failure_warning(failure: builders.Failure) -> WarningEvent:
+def failure_warning(failure: cache_status.Failure) -> WarningEvent:
     """A failure that keeps the cache from being served (InvalidSpec, SecretNotFound,
     SecretKeyMissing, NoGPUNodes) as a Warning event of the same reason."""
     return WarningEvent(failure.reason, failure.message)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from compilecache_operator import builders
+from compilecache_operator import cache_status
 from compilecache_operator.conditions import now_rfc3339
 from compilecache_operator.deletion import finalize
 from compilecache_operator.failures import describe, failure_of
@@ -150,8 +150,8 @@ async def report_failure(state: State, body: Mapping[str, Any], exc: BaseExcepti
     logger.warning("CompileCache %s: %s: %s", where, failure.reason, failure.message,
                    exc_info=exc if failure.reason == "ReconcileFailed" else None)
     generation = int(meta.get("generation") or 1)
-    status = builders.build_status(body.get("status"), generation=generation,
-                                   conditions=builders.failure_conditions(failure), bundles=None,
+    status = cache_status.build_status(body.get("status"), generation=generation,
+                                   conditions=cache_status.failure_conditions(failure), bundles=None,
                                    planned_gpus=None, storage_url=None, now=now_rfc3339())
     warning = failure_warning(failure)
     try:

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from compilecache_operator import builders
+from compilecache_operator import warmup_job
 from compilecache_operator.confinement import Confinement
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
@@ -38,7 +38,7 @@ class Settings:
     """Operator-wide settings of the controller (from the command line)."""
 
     defaults: Defaults
-    jobs: builders.JobSettings
+    jobs: warmup_job.JobSettings
     retry_seconds: float = 30.0
     """How long to wait after a problem that may fix itself (a missing Secret, no GPU node yet)."""
     namespaces: tuple[str, ...] = ()

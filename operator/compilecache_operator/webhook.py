@@ -7,7 +7,7 @@ Kopf's generic path (a deep copy of the whole pod, then a diff), which was most 
 CPU. The Kopf handler :func:`inject_pods` gives the same answer through Kopf's machinery. The webhook configuration
 selects only pods with the opt-in label and fails open
 (``failurePolicy: Ignore``). The handler computes the patch with
-:func:`builders.build_pod_patch` from the operator's in-memory index of CompileCaches, so
+:func:`podpatch.build_pod_patch` from the operator's in-memory index of CompileCaches, so
 admission never waits on the API server. A pod it does not inject gets annotations saying
 why (``compilecache.io/skipped`` and ``compilecache.io/skipped-detail``) and the answer carries
 the same as an admission warning (``kubectl`` prints it; for a Deployment's pods the ReplicaSet
@@ -29,7 +29,7 @@ from typing import Any
 
 import kopf
 from aiohttp import web
-from compilecache_operator import builders
+from compilecache_operator import cacheview, podpatch
 from compilecache_operator.names import CACHE_LABEL, PRELOAD_MODE_REASON_ANNOTATION, WEBHOOK_ID
 from compilecache_operator.state import State
 
@@ -88,10 +88,10 @@ def fill_namespace(review: Mapping[str, Any]) -> None:
             meta["namespace"] = namespace
 
 
-Views = Mapping[tuple[str, str], Collection[builders.CacheView]]
+Views = Mapping[tuple[str, str], Collection[cacheview.CacheView]]
 
 
-def pod_patch(state: State, views: Views | None, pod: Mapping[str, Any]) -> builders.PodPatch | None:
+def pod_patch(state: State, views: Views | None, pod: Mapping[str, Any]) -> podpatch.PodPatch | None:
     """The patch for an opted-in pod (None outside the watched namespaces), said once in the log
     when a cache's Sidecar request becomes an init container."""
     meta = pod.get("metadata") or {}
@@ -102,7 +102,7 @@ def pod_patch(state: State, views: Views | None, pod: Mapping[str, Any]) -> buil
     view = next(iter(views.get((namespace, cache), ()) if views is not None else ()), None)
     if view is None and state.cluster.early_views is not None:  # Kopf's index still loading: the start-up list
         view = state.cluster.early_views.get((namespace, cache))
-    result = builders.build_pod_patch(
+    result = podpatch.build_pod_patch(
         pod,
         view,
         preloader_image=state.settings.jobs.preloader_image,
@@ -120,7 +120,7 @@ def pod_patch(state: State, views: Views | None, pod: Mapping[str, Any]) -> buil
     return result
 
 
-def json_patch(pod: Mapping[str, Any], patch: builders.PodPatch) -> list[dict[str, Any]]:
+def json_patch(pod: Mapping[str, Any], patch: podpatch.PodPatch) -> list[dict[str, Any]]:
     """The RFC 6902 operations of ``patch`` on ``pod`` (``add`` replaces a member that exists)."""
     ops: list[dict[str, Any]] = [
         {"op": "add", "path": f"/spec/{name}", "value": value}
@@ -167,7 +167,7 @@ async def inject_pods(
     body: kopf.Body,
     patch: kopf.Patch,
     memo: kopf.Memo,
-    caches: kopf.Index[tuple[str, str], builders.CacheView] | None = None,
+    caches: kopf.Index[tuple[str, str], cacheview.CacheView] | None = None,
     warnings: list[str] | None = None,
     **_: Any,
 ) -> None:

@@ -328,11 +328,11 @@ def test_without_the_recorder_the_metric_counts_misses_as_unknown(monkeypatch: p
 
 def test_the_harness_copied_into_an_image_without_cachelib_records_the_factors(tmp_path: Path) -> None:
     """The warm-up Job's copy of the harness (and of this module beside it) records the same factors."""
-    from compilecache_operator import builders
+    from compilecache_operator import warmup_job
 
     beside = tmp_path / "harness"
     beside.mkdir()
-    subprocess.run([sys.executable, "-c", builders.COPY_HARNESS, str(beside / "harness.py")], check=True)
+    subprocess.run([sys.executable, "-c", warmup_job.COPY_HARNESS, str(beside / "harness.py")], check=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("TORCHINDUCTOR_")}
     argv = [sys.executable, str(beside / "harness.py"), "--target", "tiny_mlp", "--out", str(tmp_path / "out"),
             "--namespace", "default", "--name", "copied"]  # fmt: skip

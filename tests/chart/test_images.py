@@ -143,7 +143,7 @@ def test_images_run_console_scripts_the_project_declares() -> None:
 
 def test_preloader_ships_the_harness_only_as_the_installed_package() -> None:
     """The warm-up Job copies harness.py and its companions out of the installed cachelib
-    (builders.COPY_HARNESS): the image carries no second copy and no variable naming one."""
+    (warmup_job.COPY_HARNESS): the image carries no second copy and no variable naming one."""
     text = DOCKERFILES["preloader"].read_text()
     assert "/opt/compilecache" not in text and "COMPILECACHE_HARNESS" not in text
     for module in ("harness", "compilekey", "podcontract", "targets", "warmstart"):

@@ -1,6 +1,7 @@
 """The "restricted" Pod Security Standard (Kubernetes v1.37 rules, baseline included) as a pure check
-of a pod spec, for the builders' unit tests. The end-to-end tests prove the same against a real API
-server that enforces the standard; this one names the rule and the container that breaks it.
+of a pod spec, for the unit tests of the warm-up Job and the pod patch. The end-to-end tests prove the
+same against a real API server that enforces the standard; this one names the rule and the container
+that breaks it.
 
 https://kubernetes.io/docs/concepts/security/pod-security-standards/
 """

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from compilecache_operator import builders
+from compilecache_operator import cacheview, podpatch, warmup_job
 from compilecache_operator.names import CACHE_LABEL
-from compilecache_operator.plan import BundleRecord, plan_variants
+from compilecache_operator.plan import BundleRecord, Variant, plan_variants
 from compilecache_operator.sidecars import SidecarSupport
 from compilecache_operator.spec import CacheSpec, Defaults, parse_spec
 
 WITH_SIDECARS = SidecarSupport(True, "the API server is v1.30.1")
-SETTINGS = builders.JobSettings(preloader_image="ghcr.io/compilecache/preloader:1", image_pull_secrets=("regcred",))
+SETTINGS = warmup_job.JobSettings(preloader_image="ghcr.io/compilecache/preloader:1", image_pull_secrets=("regcred",))
 KEY = "cc1/team-a/mlp/0123456789abcdef/fedcba9876543210/{gpu}/{cap}/torch-2.13.0/triton-none/cuda-none/py-3.11.7"
 
 
@@ -38,8 +38,17 @@ def parsed(**overrides: Any) -> CacheSpec:
     return parse_spec(raw_spec(**overrides), Defaults())
 
 
+def job_for(gpu: str = "", **spec: Any) -> dict[str, Any]:
+    """The warm-up Job of the sample cache's one variant: ``gpu``, or the CPU."""
+    body = owner(**spec)
+    parsed_spec = parse_spec(body["spec"], Defaults())
+    variant = Variant(id="0123456789", gpu=gpu, image=parsed_spec.image)
+    return warmup_job.build_job(body, parsed_spec, variant, name="cc-mlp-0123456789-g3", job_id="cc-abc",
+                                settings=SETTINGS)
+
+
 # -- pods and the webhook's view of a cache ---------------------------------------------------------------
-def view(ready: bool = True, precompile: str = "", bytecode_files: int = 0, **spec: Any) -> builders.CacheView:
+def view(ready: bool = True, precompile: str = "", bytecode_files: int = 0, **spec: Any) -> cacheview.CacheView:
     parsed_spec = parsed(**spec)
     variants = plan_variants("team-a", "mlp", parsed_spec)
     bundles = tuple(
@@ -47,8 +56,8 @@ def view(ready: bool = True, precompile: str = "", bytecode_files: int = 0, **sp
                      job_id="cc-job", precompile=precompile, bytecode_files=bytecode_files)
         for v in variants
     )
-    return builders.CacheView(namespace="team-a", name="mlp", ready=ready, spec=parsed_spec, bundles=bundles,
-                              current_variants=frozenset(v.id for v in variants), job_id="cc-job")
+    return cacheview.CacheView(namespace="team-a", name="mlp", ready=ready, spec=parsed_spec, bundles=bundles,
+                               current_variants=frozenset(v.id for v in variants), job_id="cc-job")
 
 
 def pod(**spec: Any) -> dict[str, Any]:
@@ -59,9 +68,9 @@ def pod(**spec: Any) -> dict[str, Any]:
     return {"metadata": {"name": "p", "namespace": "team-a", "labels": {CACHE_LABEL: "mlp"}}, "spec": base}
 
 
-def inject(p: dict[str, Any], v: builders.CacheView | None,
-           sidecars: SidecarSupport = WITH_SIDECARS) -> builders.PodPatch:
-    return builders.build_pod_patch(p, v, preloader_image="ghcr.io/compilecache/preloader:1", sidecars=sidecars)
+def inject(p: dict[str, Any], v: cacheview.CacheView | None,
+           sidecars: SidecarSupport = WITH_SIDECARS) -> podpatch.PodPatch:
+    return podpatch.build_pod_patch(p, v, preloader_image="ghcr.io/compilecache/preloader:1", sidecars=sidecars)
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:

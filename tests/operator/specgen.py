@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from compilecache_operator import builders, formats
+from compilecache_operator import formats, warmup_job
 from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Settings
 from hypothesis import strategies as st
@@ -22,7 +22,7 @@ CRD = ROOT / "crds" / "compilecache.io_compilecaches.yaml"
 SECRET = "Zq7SECRETpw"
 """The credential every credential-carrying corruption holds: it must never be shown."""
 PRELOADER = "ghcr.io/compilecache/preloader:1"
-SETTINGS = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image=PRELOADER))
+SETTINGS = Settings(defaults=Defaults(), jobs=warmup_job.JobSettings(preloader_image=PRELOADER))
 
 Step = str | int
 """A property name, or 0 for a list's item, or ``{}`` for any key of a map."""

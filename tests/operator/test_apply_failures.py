@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, cast
 
 import pytest
-from compilecache_operator import builders, failures, reconcile, scheduling
+from compilecache_operator import failures, reconcile, scheduling, warmup_job
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import FINALIZER, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
@@ -26,7 +26,7 @@ from tests.infra.kube.cluster import free_port
 from tests.operator.samples import owner
 
 KEY = ("team-a", "mlp")
-SETTINGS = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=30)
+SETTINGS = Settings(defaults=Defaults(), jobs=warmup_job.JobSettings(preloader_image="p"), retry_seconds=30)
 SECRET = "hunter2-secret"
 TLS_URL = f"rediss://redis.cache:6379/0?ca={STORE_CA_FILE}"
 
@@ -240,7 +240,7 @@ def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, An
     monkeypatch.setattr(spec_module, "parse_store_url", counted("url", spec_module.parse_store_url))
     monkeypatch.setattr(confinement, "parse_store_url", counted("url", confinement.parse_store_url))
     monkeypatch.setattr(store_ca, "parse_store_url", counted("url", spec_module.parse_store_url), raising=False)
-    settings = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=30,
+    settings = Settings(defaults=Defaults(), jobs=warmup_job.JobSettings(preloader_image="p"), retry_seconds=30,
                         confinement=Confinement(store_hosts=("redis.cache:6379",)))
     api = ScriptedAPI()
     state = State(settings=settings, metrics=Metrics(), api=cast(KubeAPI, api))

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator.builders import harness_command
 from compilecache_operator.plan import plan_id, variant_id
 from compilecache_operator.spec import InvalidSpec
+from compilecache_operator.warmup_job import harness_command
 
 from cachelib import cli, harness
 from cachelib.compilekey import MODES, CompileOptions, options_from_args

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from compilecache_operator import builders
+from compilecache_operator import cacheview, podpatch
 from compilecache_operator.confinement import (
     Confinement,
     check_confinement,
@@ -88,15 +88,15 @@ def test_a_confined_cache_is_invalid_and_never_wired_into_pods() -> None:
     body["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
     from compilecache_operator.spec import Defaults
 
-    assert builders.cache_view(body, Defaults()).ready
-    refused = builders.cache_view(body, Defaults(), confined)
+    assert cacheview.cache_view(body, Defaults()).ready
+    refused = cacheview.cache_view(body, Defaults(), confined)
     assert not refused.ready and refused.spec is None
     assert inject(pod(), refused).skipped == "not-ready"
 
 
 def test_webhook_passes_the_trusted_keys_to_the_preload() -> None:
     keys = ("a" * 44, "b" * 44)
-    patch = builders.build_pod_patch(pod(), view(), preloader_image="img", trusted_keys=keys)
+    patch = podpatch.build_pod_patch(pod(), view(), preloader_image="img", trusted_keys=keys)
     assert patch.init_containers is not None
     command = patch.init_containers[0]["command"]
     assert [command[i + 1] for i, arg in enumerate(command) if arg == "--trusted-key"] == list(keys)

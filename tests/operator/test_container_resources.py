@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from compilecache_operator import builders, main
+from compilecache_operator import cacheview, main, names, results, warmup_job
 from compilecache_operator.plan import Variant
 from compilecache_operator.spec import (
     DEFAULT_HELPER_RESOURCES,
@@ -50,14 +50,14 @@ def created_containers(spec: dict[str, Any], defaults: Defaults, gpu: str = "") 
     body = owner(**spec)
     parsed = parse_spec(body["spec"], defaults)
     variant = Variant(id="0123456789", gpu=gpu, image=parsed.image)
-    job = builders.build_job(body, parsed, variant, name="cc-mlp-0123456789-g3", job_id="cc-abc", settings=SETTINGS)
+    job = warmup_job.build_job(body, parsed, variant, name="cc-mlp-0123456789-g3", job_id="cc-abc", settings=SETTINGS)
     pod_spec = job["spec"]["template"]["spec"]
     view = sample_view(**spec)
-    view = builders.CacheView(namespace=view.namespace, name=view.name, ready=view.ready, spec=parsed,
-                              bundles=view.bundles, current_variants=view.current_variants, job_id=view.job_id)
+    view = cacheview.CacheView(namespace=view.namespace, name=view.name, ready=view.ready, spec=parsed,
+                               bundles=view.bundles, current_variants=view.current_variants, job_id=view.job_id)
     patch = inject(pod(), view)
     preload = [c for c in [*(patch.init_containers or []), *(patch.containers or [])]
-               if c.get("name") == builders.PRELOAD_CONTAINER]
+               if c.get("name") == names.PRELOAD_CONTAINER]
     assert len(preload) == 1, patch
     return [*pod_spec["initContainers"], *pod_spec["containers"], *preload]
 
@@ -75,15 +75,15 @@ def assert_quota_ready(container: dict[str, Any]) -> None:
 def test_by_default_every_created_container_has_cpu_and_memory_limits(gpu: str) -> None:
     spec = {"gpuTypes": [gpu]} if gpu else {}
     made = created_containers(spec, Defaults(), gpu)
-    assert [c["name"] for c in made] == [builders.HARNESS_CONTAINER, builders.COMPILE_CONTAINER,
-                                         builders.PUBLISH_CONTAINER, builders.PRELOAD_CONTAINER]
+    assert [c["name"] for c in made] == [results.HARNESS_CONTAINER, results.COMPILE_CONTAINER,
+                                         results.PUBLISH_CONTAINER, names.PRELOAD_CONTAINER]
     for container in made:
         assert_quota_ready(container)
     by_name = {c["name"]: c["resources"] for c in made}
-    assert by_name[builders.PRELOAD_CONTAINER] == DEFAULT_PRELOAD_RESOURCES.to_dict()
+    assert by_name[names.PRELOAD_CONTAINER] == DEFAULT_PRELOAD_RESOURCES.to_dict()
     helpers = DEFAULT_HELPER_RESOURCES.to_dict()
-    assert by_name[builders.PUBLISH_CONTAINER] == by_name[builders.HARNESS_CONTAINER] == helpers
-    compile_limits = by_name[builders.COMPILE_CONTAINER]["limits"]
+    assert by_name[results.PUBLISH_CONTAINER] == by_name[results.HARNESS_CONTAINER] == helpers
+    compile_limits = by_name[results.COMPILE_CONTAINER]["limits"]
     assert compile_limits.get("nvidia.com/gpu") == ("1" if gpu else None)
     assert {k: v for k, v in compile_limits.items() if "/" not in k} == DEFAULT_WARMUP_RESOURCES.limits
 
@@ -101,10 +101,10 @@ def test_a_spec_section_replaces_the_operator_setting_whole(
     raw: dict[str, Any] = {"warmup": {k: v for k, v in (("resources", compile_), ("helperResources", helpers)) if v},
                            **({"preload": {"resources": preload}} if preload else {})}
     made = {c["name"]: c["resources"] for c in created_containers(raw, defaults)}
-    for container, chosen, setting in ((builders.COMPILE_CONTAINER, compile_, operator[0]),
-                                       (builders.HARNESS_CONTAINER, helpers, operator[1]),
-                                       (builders.PUBLISH_CONTAINER, helpers, operator[1]),
-                                       (builders.PRELOAD_CONTAINER, preload, operator[2])):
+    for container, chosen, setting in ((results.COMPILE_CONTAINER, compile_, operator[0]),
+                                       (results.HARNESS_CONTAINER, helpers, operator[1]),
+                                       (results.PUBLISH_CONTAINER, helpers, operator[1]),
+                                       (names.PRELOAD_CONTAINER, preload, operator[2])):
         assert made[container] == (chosen or setting), container
 
 

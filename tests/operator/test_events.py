@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from compilecache_operator import builders, reconcile
-from compilecache_operator.builders import JobSettings
+from compilecache_operator import cache_status, reconcile
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.results import JobState
 from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Settings, State, WarningEvent
+from compilecache_operator.warmup_job import JobSettings
 
 from tests.operator.samples import owner
 
@@ -31,7 +31,7 @@ def new_state() -> State:
 
 def test_failures_become_warnings_of_the_same_reason() -> None:
     for reason in ("InvalidSpec", "SecretNotFound", "SecretKeyMissing", "NoGPUNodes"):
-        warning = reconcile.failure_warning(builders.Failure(reason, f"spec.x: {reason}"))
+        warning = reconcile.failure_warning(cache_status.Failure(reason, f"spec.x: {reason}"))
         assert warning == WarningEvent(reason, f"spec.x: {reason}")
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 from compilecache_operator import handlers
-from compilecache_operator.builders import JobSettings
 from compilecache_operator.confinement import Confinement, check_confinement, grants_from
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
 from compilecache_operator.state import Indexes, Settings, State
+from compilecache_operator.warmup_job import JobSettings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator import builders, security
+from compilecache_operator import cacheview, podpatch, security, warmup_job
 from compilecache_operator.names import PRELOAD_CONTAINER, PRELOAD_SHARE_ANNOTATION
 from compilecache_operator.plan import BundleRecord, Variant
+from compilecache_operator.podpatch import patched_pod
 from compilecache_operator.spec import Defaults, parse_spec
 
-from tests.operator.podpatch import apply_pod_patch
 from tests.operator.restricted import restricted_violations
 from tests.operator.samples import SETTINGS, env_of, flag, inject, owner, pod, view
 from tests.operator.test_examples import EXAMPLES_DIR
@@ -29,14 +29,14 @@ def job_pod(**spec: Any) -> dict[str, Any]:
     body = owner(**spec)
     parsed_spec = parse_spec(body["spec"], Defaults())
     variant = Variant(id="0123456789", gpu="NVIDIA-L4", image=parsed_spec.image)
-    job = builders.build_job(body, parsed_spec, variant, name="cc-mlp-0123456789-g3", job_id="cc-abc",
-                             settings=SETTINGS)
+    job = warmup_job.build_job(body, parsed_spec, variant, name="cc-mlp-0123456789-g3", job_id="cc-abc",
+                               settings=SETTINGS)
     pod_spec: dict[str, Any] = job["spec"]["template"]["spec"]
     return pod_spec
 
 
 def injected(p: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    return apply_pod_patch(p, inject(p, view(**spec)))
+    return patched_pod(p, inject(p, view(**spec)))
 
 
 def preload_of(p: dict[str, Any]) -> dict[str, Any]:
@@ -218,11 +218,11 @@ def test_the_example_deployment_stays_restricted_once_injected() -> None:
     spec = parse_spec(cache["spec"], Defaults())
     bundles = tuple(BundleRecord(variant=f"v{i}", key=f"k{i}", gpu=g, image=spec.image)
                     for i, g in enumerate(spec.gpu_types))
-    cache_view = builders.CacheView(namespace="ml", name="llama-serve", ready=True, spec=spec, bundles=bundles)
+    cache_view = cacheview.CacheView(namespace="ml", name="llama-serve", ready=True, spec=spec, bundles=bundles)
     template = deployment["spec"]["template"]
     p = {"metadata": {**template["metadata"], "namespace": "ml"}, "spec": template["spec"]}
     assert restricted_violations(p["spec"]) == []
-    out = apply_pod_patch(p, builders.build_pod_patch(p, cache_view, preloader_image="p"))
+    out = patched_pod(p, podpatch.build_pod_patch(p, cache_view, preloader_image="p"))
     assert restricted_violations(out["spec"]) == []
     preload = preload_of(out)
     assert (preload["securityContext"]["runAsUser"], preload["securityContext"]["runAsGroup"]) == (1000, 1000)

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from compilecache_operator import builders, reconcile, scheduling
+from compilecache_operator import cache_status, reconcile, scheduling, warmup_job
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import GENERATION_LABEL, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
 from compilecache_operator.plan import BundleRecord, job_name, plan_variants
@@ -21,7 +21,7 @@ from compilecache_operator.storeops import DeleteReport
 from tests.infra.kube.cluster import free_port
 from tests.operator.samples import KEY, owner
 
-SETTINGS = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=7)
+SETTINGS = Settings(defaults=Defaults(), jobs=warmup_job.JobSettings(preloader_image="p"), retry_seconds=7)
 NOW = "2026-01-01T00:00:00Z"
 
 
@@ -102,7 +102,7 @@ def test_a_new_cache_creates_one_job_and_its_status_does_not_change_when_the_job
     assert conditions(status)["Warming"] == ("True", "WarmupInProgress") and actions.warming
     later = Snapshot({**body, "status": status}, jobs=(job(body, phase="active"),), pods={"job-uid": []})
     again, status_again = decided(later)
-    assert not again.create and not builders.status_changed(status, status_again)
+    assert not again.create and not cache_status.status_changed(status, status_again)
 
 
 def test_a_succeeded_job_with_an_unreadable_publish_result_fails_the_variant() -> None:

@@ -10,7 +10,6 @@ from typing import Any
 import kopf
 import pytest
 from compilecache_operator import names
-from compilecache_operator.builders import JobSettings
 from compilecache_operator.handlers import CountedPods, count_preload
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.main import parse_args, settings_from
@@ -22,6 +21,7 @@ from compilecache_operator.sidecars import (
 )
 from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Settings, State
+from compilecache_operator.warmup_job import JobSettings
 
 from tests.infra.kube.cluster import free_port
 

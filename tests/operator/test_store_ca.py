@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator import builders
+from compilecache_operator import cacheview, warmup_job
 from compilecache_operator.plan import Variant
+from compilecache_operator.podpatch import patched_pod
 from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
 from compilecache_operator.store_ca import STORE_CA_FILE
 
 from tests.chart.chart import Manifest, one, template
 from tests.infra.helm import helm_bin, helm_binaries  # noqa: F401  (fixtures)
-from tests.operator.podpatch import apply_pod_patch
 from tests.operator.restricted import restricted_violations
 from tests.operator.samples import SETTINGS, inject, owner, pod, view
 from tests.operator.test_spec import validator
@@ -32,8 +32,8 @@ STORAGE = {"url": URL, "ca": {"secretName": "redis-ca"}}
 def test_the_publish_container_gets_the_ca() -> None:
     body = owner(storage=STORAGE)
     spec = parse_spec(body["spec"], Defaults())
-    job = builders.build_job(body, spec, Variant(id="0123456789", gpu="", image=spec.image),
-                             name="cc-mlp-0123456789-g3", job_id="cc", settings=SETTINGS)  # fmt: skip
+    job = warmup_job.build_job(body, spec, Variant(id="0123456789", gpu="", image=spec.image),
+                               name="cc-mlp-0123456789-g3", job_id="cc", settings=SETTINGS)  # fmt: skip
     pod_spec = job["spec"]["template"]["spec"]
     publish = pod_spec["containers"][0]
     assert MOUNT in publish["volumeMounts"] and VOLUME in pod_spec["volumes"]
@@ -45,19 +45,19 @@ def test_the_publish_container_gets_the_ca() -> None:
 
 def test_the_injected_preload_gets_the_ca_from_a_config_map() -> None:
     v = view(storage={"url": URL, "ca": {"configMapName": "trust-bundle", "key": "bundle.pem"}})
-    out = apply_pod_patch(pod(), inject(pod(), v))
+    out = patched_pod(pod(), inject(pod(), v))
     (preload,) = out["spec"]["initContainers"]
     assert MOUNT in preload["volumeMounts"]
     assert {"name": "compilecache-store-ca",
             "configMap": {"name": "trust-bundle", "items": [{"key": "bundle.pem", "path": "ca.crt"}]}} \
         in out["spec"]["volumes"]  # fmt: skip
     assert not any(MOUNT in c.get("volumeMounts", []) for c in out["spec"]["containers"])
-    again = apply_pod_patch(out, inject(out, v))
+    again = patched_pod(out, inject(out, v))
     assert again == out  # idempotent: one volume, one mount
 
 
 def test_without_a_ca_nothing_is_added() -> None:
-    out = apply_pod_patch(pod(), inject(pod(), view()))
+    out = patched_pod(pod(), inject(pod(), view()))
     assert not [vol for vol in out["spec"]["volumes"] if vol["name"] == "compilecache-store-ca"]
 
 
@@ -119,13 +119,13 @@ def test_caches_on_the_default_store_mount_its_ca_in_warm_up_and_preload(helm_bi
     body = owner()
     del body["spec"]["storage"]  # on the default store
     spec = parse_spec(body["spec"], defaults)
-    job = builders.build_job(body, spec, Variant(id="0123456789", gpu="", image=spec.image),
-                             name="cc-mlp-0123456789-g3", job_id="cc", settings=SETTINGS)  # fmt: skip
+    job = warmup_job.build_job(body, spec, Variant(id="0123456789", gpu="", image=spec.image),
+                               name="cc-mlp-0123456789-g3", job_id="cc", settings=SETTINGS)  # fmt: skip
     pod_spec = job["spec"]["template"]["spec"]
     assert expected in pod_spec["volumes"] and MOUNT in pod_spec["containers"][0]["volumeMounts"]
-    v = builders.CacheView(namespace="team-a", name="mlp", ready=True, spec=spec, bundles=view().bundles,
-                           current_variants=view().current_variants, job_id="cc-job")
-    out = apply_pod_patch(pod(), inject(pod(), v))
+    v = cacheview.CacheView(namespace="team-a", name="mlp", ready=True, spec=spec, bundles=view().bundles,
+                            current_variants=view().current_variants, job_id="cc-job")
+    out = patched_pod(pod(), inject(pod(), v))
     assert MOUNT in out["spec"]["initContainers"][0]["volumeMounts"] and expected in out["spec"]["volumes"]
 
     own = parse_spec(owner(storage={"url": "redis://other:6379/0"})["spec"], defaults)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from compilecache_operator import builders
+from compilecache_operator import warmup_job
 from compilecache_operator.plan import Variant
 from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
 
@@ -41,7 +41,7 @@ def build(warmup: dict[str, Any]) -> dict[str, Any]:
     body = owner(warmup=warmup)
     spec = parse_spec(body["spec"], Defaults())
     variant = Variant(id="0123456789", gpu="", image=spec.image)
-    job = builders.build_job(body, spec, variant, name="cc-mlp-0123456789-g1", job_id="cc-abc", settings=SETTINGS)
+    job = warmup_job.build_job(body, spec, variant, name="cc-mlp-0123456789-g1", job_id="cc-abc", settings=SETTINGS)
     return dict(job["spec"]["template"]["spec"])
 
 

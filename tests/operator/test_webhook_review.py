@@ -10,13 +10,13 @@ from typing import Any
 import jsonpatch
 import kopf
 from compilecache_operator import webhook
-from compilecache_operator.builders import JobSettings
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import CACHE_LABEL, SKIPPED_ANNOTATION
+from compilecache_operator.podpatch import patched_pod
 from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Settings, State
+from compilecache_operator.warmup_job import JobSettings
 
-from tests.operator.podpatch import apply_pod_patch
 from tests.operator.samples import pod, view
 
 STATE = State(settings=Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p")), metrics=Metrics())
@@ -41,12 +41,8 @@ def kopf_patched(obj: dict[str, Any]) -> dict[str, Any]:
     result = webhook.pod_patch(STATE, VIEWS, obj)
     assert result is not None
     patch = kopf.Patch(body=kopf.Body(obj))  # type: ignore[arg-type]
-    if result.init_containers is not None or result.containers is not None or result.volumes is not None:
-        patch["spec"] = {k: v for k, v in (("initContainers", result.init_containers),
-                                           ("containers", result.containers), ("volumes", result.volumes))
-                         if v is not None}
-    if result.annotations:
-        patch["metadata"] = {"annotations": dict(result.annotations)}
+    for name, value in result.pod_fields().items():
+        patch[name] = value
     applied: dict[str, Any] = jsonpatch.apply_patch(obj, patch.as_json_patch())
     return applied
 
@@ -64,7 +60,7 @@ def test_the_direct_patch_equals_kopfs() -> None:
         answer = webhook.review_pod(STATE, VIEWS, review(shape))
         assert answer["response"]["allowed"] is True and answer["response"]["uid"] == "u-1"
         assert patched(shape, answer) == kopf_patched(shape)
-        assert patched(shape, answer) == apply_pod_patch(shape, webhook.pod_patch(STATE, VIEWS, shape))
+        assert patched(shape, answer) == patched_pod(shape, webhook.pod_patch(STATE, VIEWS, shape))
 
 
 def test_a_skipped_pod_carries_the_reason_and_a_warning() -> None:

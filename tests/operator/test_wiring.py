@@ -11,8 +11,7 @@ from typing import Any
 
 import kopf
 import pytest
-from compilecache_operator import builders, reasons, wiring
-from compilecache_operator.builders import JobSettings
+from compilecache_operator import cacheview, podpatch, reasons, wiring
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import (
     ENV_FROM_ANNOTATION,
@@ -20,12 +19,13 @@ from compilecache_operator.names import (
     SKIPPED_DETAIL_ANNOTATION,
 )
 from compilecache_operator.plan import BundleRecord
+from compilecache_operator.podpatch import patched_pod
 from compilecache_operator.results import parse_preload, preload_outcome
 from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Settings, State
+from compilecache_operator.warmup_job import JobSettings
 from compilecache_operator.webhook import inject_pods
 
-from tests.operator.podpatch import apply_pod_patch
 from tests.operator.samples import KEY, env_of, inject, pod, view
 
 IMAGE = "registry.example/workload:1"
@@ -66,7 +66,7 @@ def test_an_app_that_cannot_see_the_preload_is_left_alone(container: dict[str, A
     p = pod(containers=[container])
     result = inject(p, view())
     assert result.skipped == reason and reason in wiring.UNWIRED_REASONS
-    out = apply_pod_patch(p, result)
+    out = patched_pod(p, result)
     assert out["spec"] == p["spec"], "not patched: a preload the app cannot see would count as a hit"
     assert out["metadata"]["annotations"][SKIPPED_ANNOTATION] == reason
     message = out["metadata"]["annotations"][SKIPPED_DETAIL_ANNOTATION]
@@ -109,7 +109,7 @@ def test_a_pod_whose_image_has_no_bundle_is_a_miss_without_a_preload() -> None:
     p = pod(containers=[app(image="registry.example/workload:2")])
     result = inject(p, view())
     assert result.skipped == "image-mismatch"
-    out = apply_pod_patch(p, result)
+    out = patched_pod(p, result)
     assert out["spec"] == p["spec"]
     assert out["metadata"]["annotations"] == {
         SKIPPED_ANNOTATION: "image-mismatch",
@@ -124,12 +124,12 @@ def test_a_pod_whose_image_has_no_bundle_is_a_miss_without_a_preload() -> None:
 def test_keys_come_only_from_the_pods_images() -> None:
     v = view(gpuTypes=["NVIDIA-L4", "NVIDIA-A10"])
     old = BundleRecord(variant="oldvariant", key=KEY.format(gpu="nvidia-l4", cap="sm89"), image="img:old")
-    with_old = builders.CacheView(namespace=v.namespace, name=v.name, ready=True, spec=v.spec,
+    with_old = cacheview.CacheView(namespace=v.namespace, name=v.name, ready=True, spec=v.spec,
                                   bundles=(*v.bundles, old), current_variants=v.current_variants, job_id=v.job_id)
-    assert builders.keys_for_pod_images(pod(containers=[app(image="img:new")]), with_old) == []
-    assert builders.keys_for_pod_images(pod(containers=[app(image="img:old")]), with_old) == [old.key]
+    assert podpatch.keys_for_pod_images(pod(containers=[app(image="img:new")]), with_old) == []
+    assert podpatch.keys_for_pod_images(pod(containers=[app(image="img:old")]), with_old) == [old.key]
     both = pod(containers=[app(image="img:old"), app(name="b")])
-    assert len(builders.keys_for_pod_images(both, with_old)) == 3
+    assert len(podpatch.keys_for_pod_images(both, with_old)) == 3
 
 
 # -- envFrom ------------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def test_env_from_is_overridden_with_a_warning_and_an_annotation() -> None:
                                  {"name": "COMPILECACHE_PRELOAD_DONE", "value": "/d"}])])
     result = inject(p, view())
     assert result.skipped is None
-    out = apply_pod_patch(p, result)
+    out = patched_pod(p, result)
     first = out["spec"]["containers"][0]
     assert env_of(first)["TORCHINDUCTOR_CACHE_DIR"] == "/var/cache/compilecache/inductor"
     assert out["metadata"]["annotations"][ENV_FROM_ANNOTATION] == "app", "own sets every variable in env itself"
@@ -150,7 +150,7 @@ def test_env_from_is_overridden_with_a_warning_and_an_annotation() -> None:
         "(TORCHINDUCTOR_CACHE_DIR, TORCH_COMPILE_JOB_ID, COMPILECACHE_PRELOAD_DONE) take precedence over the same "
         "names there",
     )
-    plain = apply_pod_patch(pod(), inject(pod(), view()))
+    plain = patched_pod(pod(), inject(pod(), view()))
     assert ENV_FROM_ANNOTATION not in plain["metadata"]["annotations"]
 
 

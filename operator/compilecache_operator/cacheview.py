@@ -1,0 +1,80 @@
+"""What the webhook knows about one CompileCache, from the operator's index (pure): whether it is
+Ready, its checked spec, its bundles and its current plan; and what the pods it serves may be given."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from compilecache_operator import conditions as cond
+from compilecache_operator.confinement import Confinement, check_confinement
+from compilecache_operator.plan import CPU, BundleRecord, bundles_from_status, plan_id, variant_id
+from compilecache_operator.spec import PRECOMPILE_AUTO, CacheSpec, Defaults, InvalidSpec, parse_spec
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """What the webhook knows about one CompileCache (from the operator's index)."""
+
+    namespace: str
+    name: str
+    ready: bool
+    spec: CacheSpec | None
+    bundles: tuple[BundleRecord, ...] = ()
+    current_variants: frozenset[str] = frozenset()
+    job_id: str = ""
+
+
+def cache_view(body: Mapping[str, Any], defaults: Defaults, confinement: Confinement | None = None) -> CacheView:
+    """The webhook's view of a CompileCache: Ready, the parsed spec, the bundles, the current plan.
+    A spec outside the operator's allow-lists (``confinement``) counts as invalid: no pod gets its
+    store or Secret, even before the reconcile marks it InvalidSpec."""
+    meta = body.get("metadata") or {}
+    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    status = body.get("status") or {}
+    try:
+        spec: CacheSpec | None = parse_spec(body.get("spec"), defaults, name=name)
+        if confinement is not None and spec is not None:
+            check_confinement(confinement, namespace, spec)
+    except InvalidSpec:
+        spec = None
+    bundles = tuple(bundles_from_status(status))
+    current: frozenset[str] = frozenset()
+    job_id = ""
+    if spec is not None:
+        planned = [g for g in str(status.get("plannedGPUs") or "").split(",") if g]
+        current = frozenset(variant_id(namespace, name, spec, "" if g == CPU else g) for g in planned)
+        job_id = next((b.job_id for b in bundles if b.variant in current and b.job_id), "") or plan_id(
+            namespace, name, spec
+        )
+    return CacheView(
+        namespace=namespace,
+        name=name,
+        ready=cond.is_true(status.get("conditions"), cond.READY) and spec is not None,
+        spec=spec,
+        bundles=bundles,
+        current_variants=current,
+        job_id=job_id,
+    )
+
+
+def view_current_bundles(view: CacheView) -> list[BundleRecord]:
+    """The bundles of ``view``'s current plan (older generations may still be kept)."""
+    return [b for b in view.bundles if b.variant in view.current_variants]
+
+
+def precompile_verified(view: CacheView) -> bool:
+    """Whether pods of ``view`` may get TORCH_CACHING_PRECOMPILE: Auto, and every current bundle's
+    precompiled part passed the warm-up's check (a pod's GPU picks its bundle only at preload time)."""
+    if view.spec is None or view.spec.model.precompile != PRECOMPILE_AUTO:
+        return False
+    current = view_current_bundles(view)
+    return bool(current) and all(b.precompile == "Verified" for b in current)
+
+
+def bytecode_ready(view: CacheView) -> bool:
+    """Whether every current bundle of ``view`` carries a byte-code part (cachelib.bytecode): only then
+    may an app's ``PYTHONPYCACHEPREFIX`` point at it, since a prefix hides the image's own byte code."""
+    current = view_current_bundles(view)
+    return bool(current) and all(b.bytecode_files > 0 for b in current)
