@@ -210,7 +210,7 @@ def test_sidecar_mode_with_native_sidecars() -> None:
 
 def test_the_sidecar_command_is_one_the_preloader_accepts() -> None:
     """The flags the webhook writes, read by the preloader's own command line (cachelib.cli)."""
-    from cachelib.cli import build_parser
+    from cachelib.cli.parser import build_parser
 
     for mode, sidecars in (("Sidecar", WITH_SIDECARS), ("Sidecar", WITHOUT_SIDECARS), ("InitContainer", WITH_SIDECARS)):
         out = apply_pod_patch(pod(), inject(pod(), view(preload={"mode": mode}), sidecars))
@@ -482,8 +482,8 @@ def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
     cachelib."""
     subprocess.run([sys.executable, "-c", builders.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "bytecode.py", "compilekey.py", "factors.py", "harness.py", "masking.py", "podcontract.py", "precheck.py",
-        "targets.py", "triton_modules.py", "warmstart.py",
+        "bytecode.py", "compilekey.py", "compilestep.py", "factors.py", "harness.py", "masking.py", "podcontract.py",
+        "precheck.py", "precompileguard.py", "targets.py", "triton_modules.py", "warmstart.py",
     ]  # fmt: skip
     assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()
 
