@@ -150,7 +150,7 @@ def test_this_torchs_loader_can_be_guarded() -> None:
 def test_fallbacks_are_exported_for_every_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     from cachelib import runtime
 
-    monkeypatch.setattr(warmstart, "fallbacks", {"install_failed": 2})
+    monkeypatch.setattr(precompileguard, "fallbacks", {"install_failed": 2})
     text = runtime.metrics_text()
     assert 'compilecache_runtime_warm_start_fallbacks_total{reason="install_failed"} 2.0' in text
     for reason in precompileguard.FALLBACK_REASONS:
