@@ -50,7 +50,7 @@ def warm_start(cache_dir: str | None = None, *, wait: bool = True) -> warmstart.
     this process's Triton looks for them, so that it neither runs nor needs a C compiler.
 
     From here on, every graph compiled is compared with the warm-up's record of the same graph
-    (:mod:`cachelib.factors`): :func:`why` and the ``compilecache_runtime_graphs_total`` metric say
+    (:mod:`cachelib.verdict`): :func:`why` and the ``compilecache_runtime_graphs_total`` metric say
     which factor made a graph compile afresh."""
     if wait:
         wait_for_preload()
