@@ -301,7 +301,8 @@ def zstd_rate(bundle: Path) -> float:
     """Decompression rate of the bundle's stored cachedir part, in stored bytes per second."""
     import zstandard
 
-    from cachelib.bundle import CACHEDIR_PART, PREAMBLE, read_header_file
+    from cachelib.bundle import CACHEDIR_PART, PREAMBLE
+    from cachelib.bundlereader import read_header_file
 
     header = read_header_file(bundle)
     part = header.part(CACHEDIR_PART)

@@ -106,7 +106,7 @@ def child_main(argv: Sequence[str]) -> int:
 
 def _child_run(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     from bench import zoo_gpu
-    from cachelib import compilekey, harness
+    from cachelib import compilekey, compilestep
 
     out: dict[str, Any] = {"device": zoo_gpu.device(), "dtype": str(zoo_gpu.dtype(args.model))}
     training = args.model in TRAINING
@@ -117,50 +117,49 @@ def _child_run(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     out["build_s"] = time.perf_counter() - t
     if args.kind == "eager":
         fn, call_args = entries[0]
-        out["first_call_s"] = _timed(torch, lambda: harness.run_entry(fn, call_args, {}, options), fn, training)[0]
+        out["first_call_s"] = _timed(torch, lambda: compilestep.run_entry(fn, call_args, {}, options), fn, training)[0]
         out["first_output_epoch"] = time.time()
-        out["second_call_s"] = _timed(torch, lambda: harness.run_entry(fn, call_args, {}, options), fn, training)[0]
+        out["second_call_s"] = _timed(torch, lambda: compilestep.run_entry(fn, call_args, {}, options), fn, training)[0]
         return out
     t = time.perf_counter()  # the fixed imports of every compiled process, apart from the load
     import torch._dynamo
     import torch._inductor.compile_fx
 
     out["import_s"] = time.perf_counter() - t
-    from cachelib import precheck, warmstart
+    from cachelib import precheck, precompileguard
 
     t = time.perf_counter()
     if args.warm_start:
         from cachelib import runtime
 
         out["warm_start"] = runtime.warm_start(wait=False).to_dict()
-    compiled = [harness.compile_entry(fn, options) for fn, _ in entries]  # caching precompile loads here
+    compiled = [compilestep.compile_entry(fn, options) for fn, _ in entries]  # caching precompile loads here
     out["load_s"] = time.perf_counter() - t
     problems: list[str] = []
     notes: list[str] = []
     first: list[float] = []
     second: list[float] = []
     for index, ((fn, call_args), runnable) in enumerate(zip(entries, compiled, strict=True)):
-        seconds, got = _timed(torch, lambda r=runnable, a=call_args: harness.run_entry(r, a, {}, options), fn, training)
+        run = lambda r=runnable, a=call_args: compilestep.run_entry(r, a, {}, options)  # noqa: E731
+        seconds, got = _timed(torch, run, fn, training)
         first.append(seconds)
         if index == 0:
             out["first_output_epoch"] = time.time()
-        second.append(
-            _timed(torch, lambda r=runnable, a=call_args: harness.run_entry(r, a, {}, options), fn, training)[0]
-        )
-        found, note = _against_eager(torch, precheck, fn, call_args, got, training, options, harness)
+        second.append(_timed(torch, run, fn, training)[0])
+        found, note = _against_eager(torch, precheck, fn, call_args, got, training, options, compilestep)
         problems += [f"entry {index}: {f}" for f in found]
         notes += [f"entry {index}: {n}" for n in note]
     out["first_call_s"], out["second_call_s"] = sum(first), sum(second)
     other = zoo_gpu.second_inputs(args.model)
     if other is not None:  # a dynamic-shape case: another input shape through the same compiled entry
         fn = entries[0][0]
-        got = harness.run_entry(compiled[0], other, {}, options)
-        want = harness.run_entry(fn, other, {}, options)
+        got = compilestep.run_entry(compiled[0], other, {}, options)
+        want = compilestep.run_entry(fn, other, {}, options)
         problems += [f"second input: {d}" for d in precheck.compare(want, got)]
     from torch._dynamo.utils import counters
 
     out["problems"], out["notes"] = problems, notes
-    out["fallbacks"] = dict(warmstart.fallbacks)
+    out["fallbacks"] = dict(precompileguard.fallbacks)
     out["counters"] = {g: dict(counters[g]) for g in ("dynamo_cache", "frames", "inductor", "aot_autograd")}
     return out
 
@@ -187,12 +186,12 @@ def _timed(torch: Any, call: Any, fn: Any, training: bool, seed: int = 0) -> tup
 
 
 def _against_eager(
-    torch: Any, precheck: Any, fn: Any, call_args: Any, got: Any, training: bool, options: Any, harness: Any
+    torch: Any, precheck: Any, fn: Any, call_args: Any, got: Any, training: bool, options: Any, compilestep: Any
 ) -> tuple[list[str], list[str]]:
     """The compiled first call's output against eager's from the same random state (the warm-up
     check's comparison); eager once more from another state tells whether only structure counts."""
-    want = _timed(torch, lambda: harness.run_entry(fn, call_args, {}, options), fn, training)[1]
-    other = _timed(torch, lambda: harness.run_entry(fn, call_args, {}, options), fn, training, seed=1)[1]
+    want = _timed(torch, lambda: compilestep.run_entry(fn, call_args, {}, options), fn, training)[1]
+    other = _timed(torch, lambda: compilestep.run_entry(fn, call_args, {}, options), fn, training, seed=1)[1]
     found = precheck.compare(want, got)
     if precheck.compare(want, other):
         found = [f for f in found if f.startswith("output structure") or ": eager torch." in f]

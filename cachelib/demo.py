@@ -38,19 +38,19 @@ def workload(target: str, cache_dir: Path, options: dict[str, Any], job_id: str)
     """Compile ``target`` against ``cache_dir`` as a pod would; timings, counters and metrics text."""
     os.environ[CACHE_DIR_ENV] = str(cache_dir)
     os.environ[JOB_ID_ENV] = job_id
-    from cachelib import harness
+    from cachelib import compilestep, harness
     from cachelib.compilekey import CompileOptions
 
     opts = CompileOptions(
         **{**options, "inductor_config": tuple((options.get("inductor_config") or {}).items())}
     )
     harness.apply_options(opts, job_id)
-    timings = harness.run_target(target, opts)
-    counters = harness.counters_snapshot()
+    timings = compilestep.run_target(target, opts)
+    counters = compilestep.counters_snapshot()
     return {
         "targets": timings,
         "first_call_seconds": round(sum(t["seconds"] for t in timings), 4),
-        "cache": harness.cache_summary(counters),
+        "cache": compilestep.cache_summary(counters),
         "metrics": workload_metrics(),
     }
 

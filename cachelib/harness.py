@@ -1,9 +1,10 @@
 """The compilecache warm-up harness: compile models into a fresh inductor cache directory.
 
 It runs inside the user's own image, so it needs nothing but the standard library, torch
-(imported only once the cache directory is set) and ``compilecache``'s stdlib-only
-:mod:`cachelib.compilekey` (the compile options, key fields and digests the operator and the
-CLI share), which the warm-up Job copies beside it::
+(imported only once the cache directory is set) and ``compilecache``'s stdlib-only modules the
+warm-up Job copies beside it: :mod:`cachelib.compilekey` (the compile options, key fields and digests
+the operator and the CLI share), :mod:`cachelib.compilestep` (loading the target, compiling and
+running its entries) and :mod:`cachelib.podcontract`::
 
     python harness.py --target mypkg.models:warmup --out /out --namespace team-a --name llama \\
         [--mode M] [--dynamic true|false|auto] [--fullgraph] [--backend inductor] \\
@@ -37,15 +38,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import importlib
-import importlib.util
-import inspect
 import json
 import os
-import platform
 import re
-import shlex
-import subprocess
 import sys
 import time
 import traceback
@@ -55,310 +50,34 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING or __package__:  # imported as cachelib.harness
-    from cachelib import compilekey, podcontract
-else:  # run as a script in the warm-up pod: the warm-up Job copies compilekey.py and podcontract.py beside this file
+    from cachelib import compilekey, compilestep, podcontract
+else:  # run as a script in the warm-up pod: the warm-up Job copies these modules beside this file
     import compilekey
+    import compilestep
     import podcontract
+
 
 HARNESS_VERSION = "1"
 RESULT_FORMAT = 1
-
 RESULT_FILE = podcontract.RESULT_FILE
 MEGACACHE_FILE = podcontract.MEGACACHE_FILE
 CACHEDIR = podcontract.CACHEDIR
-
 CACHE_DIR_ENV = podcontract.CACHE_DIR_ENV
 PRECOMPILE_ENV = podcontract.PRECOMPILE_ENV
 JOB_ID_ENV = podcontract.JOB_ID_ENV
 CHECK_FLAG = "--check-precompile"
 """The harness in its checking role (cachelib.precheck): run by the harness itself, never by users."""
-
-EXIT_OK = 0
-EXIT_USAGE = compilekey.EXIT_USAGE
-EXIT_IMPORT = 3
-EXIT_FAILED = 4
-EXIT_SHAPE = 5
-EXIT_OUTPUT = 6
-
-COUNTER_GROUPS = ("inductor", "aot_autograd", "dynamo_cache", "compiled_autograd", "frames", "stats")
-
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
-
-
-class HarnessError(Exception):
-    """A failure with a clear message and the exit status that goes with it."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-# -- environment detection (needs torch) ---------------------------------------------------
-def detect_versions() -> dict[str, str]:
-    """torch, triton (or "none"), CUDA (or "none") and Python versions of this process."""
-    import torch
-
-    try:
-        import triton  # type: ignore[import-not-found,import-untyped,unused-ignore]
-
-        triton_version = str(triton.__version__)
-    except ImportError:
-        triton_version = compilekey.NONE
-    cuda = torch.version.cuda or (f"hip{torch.version.hip}" if getattr(torch.version, "hip", None) else None)
-    return {
-        "torch": str(torch.__version__),
-        "triton": triton_version,
-        "cuda": str(cuda) if cuda else compilekey.NONE,
-        "python": platform.python_version(),
-    }
-
-
-def detect_device() -> dict[str, Any]:
-    """The accelerator compiled for: CUDA device product and compute capability, or the CPU."""
-    import torch
-
-    if torch.cuda.is_available():
-        index = torch.cuda.current_device()
-        major, minor = torch.cuda.get_device_capability(index)
-        return {
-            "type": "cuda",
-            "product": torch.cuda.get_device_name(index),
-            "capability": f"{major}.{minor}",
-            "count": torch.cuda.device_count(),
-        }
-    return {"type": compilekey.CPU, "product": compilekey.CPU, "capability": None, "count": 0}
-
-
-def counters_snapshot() -> dict[str, dict[str, int]]:
-    """torch's compile counters (``torch._dynamo.utils.counters``) for the groups that matter."""
-    from torch._dynamo.utils import counters
-
-    return {group: {k: int(v) for k, v in counters[group].items()} for group in COUNTER_GROUPS if group in counters}
-
-
-def cache_summary(counters: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
-    """FX-graph and AOTAutograd cache hits and misses out of a counters snapshot."""
-    inductor = counters.get("inductor", {})
-    aot = counters.get("aot_autograd", {})
-    return {
-        "fxgraph_hit": int(inductor.get("fxgraph_cache_hit", 0)),
-        "fxgraph_miss": int(inductor.get("fxgraph_cache_miss", 0)),
-        "fxgraph_bypass": int(inductor.get("fxgraph_cache_bypass", 0)),
-        "aotautograd_hit": int(aot.get("autograd_cache_hit", 0)),
-        "aotautograd_miss": int(aot.get("autograd_cache_miss", 0)),
-        "aotautograd_bypass": int(aot.get("autograd_cache_bypass", 0)),
-    }
-
-
-# -- targets --------------------------------------------------------------------------------
-Entry = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
 def load_precheck() -> Any:
     """``cachelib.precheck``, or ``precheck.py`` beside this file (a warm-up container)."""
-    return _import("cachelib.precheck")
+    return compilestep.load_companion("cachelib.precheck")
 
 
 def load_warmstart() -> Any:
     """``cachelib.warmstart``, or ``warmstart.py`` beside this file (a warm-up container)."""
-    return _import("cachelib.warmstart")
-
-
-def load_target(target: str) -> Callable[..., Any]:
-    """Import ``module:function``; the built-in targets also load from ``targets.py`` beside this file."""
-    spec = compilekey.canonical_target(target)
-    module_name, _, function_name = spec.partition(":")
-    try:
-        module = _import(module_name)
-    except Exception as exc:  # any import-time failure of the user's module
-        raise HarnessError(f"cannot import target {target!r}: {type(exc).__name__}: {exc}", EXIT_IMPORT) from exc
-    function = getattr(module, function_name, None)
-    if function is None or not callable(function):
-        raise HarnessError(
-            f"cannot import target {target!r}: {module_name} has no function {function_name!r}", EXIT_IMPORT
-        )
-    return function  # type: ignore[no-any-return]
-
-
-def _import(module_name: str) -> Any:
-    copied = {
-        compilekey.BUILTIN_MODULE: "targets",
-        "cachelib.warmstart": "warmstart",
-        "cachelib.precheck": "precheck",
-        "cachelib.bytecode": "bytecode",
-        "cachelib.triton_modules": "triton_modules",
-        "cachelib.factors": "factors",
-    }
-    try:
-        return importlib.import_module(module_name)
-    except ImportError:
-        beside = Path(__file__).with_name(f"{copied.get(module_name, '')}.py")
-        if module_name not in copied or not beside.is_file():
-            raise
-    spec = importlib.util.spec_from_file_location(f"compilecache_{copied[module_name]}", beside)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
-
-
-def normalise_entries(target: str, returned: Any) -> list[Entry] | None:
-    """Check what a target returned: ``None`` or a list of (callable, args[, kwargs])."""
-    if returned is None:
-        return None
-    expected = "a list of (callable_or_module, example_args[, example_kwargs]) or None"
-    if not isinstance(returned, list | tuple) or not returned:
-        raise HarnessError(f"target {target!r} returned {type(returned).__name__}; expected {expected}", EXIT_SHAPE)
-    entries: list[Entry] = []
-    for index, item in enumerate(returned):
-        where = f"target {target!r} item {index}"
-        if not isinstance(item, list | tuple) or len(item) not in (2, 3):
-            raise HarnessError(f"{where} is {type(item).__name__}; expected {expected}", EXIT_SHAPE)
-        fn, args = item[0], item[1]
-        kwargs = item[2] if len(item) == 3 else {}
-        if not callable(fn):
-            raise HarnessError(f"{where}: {type(fn).__name__} is not callable", EXIT_SHAPE)
-        if not isinstance(args, list | tuple):
-            raise HarnessError(f"{where}: example_args is {type(args).__name__}, expected a tuple", EXIT_SHAPE)
-        if not isinstance(kwargs, dict):
-            raise HarnessError(f"{where}: example_kwargs is {type(kwargs).__name__}, expected a dict", EXIT_SHAPE)
-        entries.append((fn, tuple(args), kwargs))
-    return entries
-
-
-def make_compile(options: compilekey.CompileOptions) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``torch.compile`` with the options applied (the function given to self-running targets)."""
-    import torch
-
-    kwargs = options.compile_kwargs()
-
-    def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
-        return torch.compile(fn, **kwargs)
-
-    return compile_fn
-
-
-def _scalar_loss(output: Any) -> Any:
-    """The sum of every floating tensor in ``output`` (tensors, sequences, dicts, dataclasses)."""
-    import torch
-
-    total = None
-    stack = [output]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            if item.is_floating_point() or item.is_complex():
-                total = item.sum() if total is None else total + item.sum()
-        elif isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    if total is None:
-        raise HarnessError("--backward: the target's output holds no floating tensor to take a loss from", EXIT_SHAPE)
-    return total
-
-
-def eager_entry(fn: Callable[..., Any], options: compilekey.CompileOptions) -> Callable[..., Any]:
-    """What one entry runs, before compiling: with compiled autograd, a whole training step."""
-    if not options.compiled_autograd:
-        return fn
-
-    def train_step(*args: Any, **kwargs: Any) -> Any:
-        loss = _scalar_loss(fn(*args, **kwargs))
-        loss.backward()
-        return loss
-
-    return train_step
-
-
-def compile_entry(fn: Callable[..., Any], options: compilekey.CompileOptions) -> Callable[..., Any]:
-    """The compiled callable for one entry; with compiled autograd, a whole training step."""
-    return make_compile(options)(eager_entry(fn, options))
-
-
-def run_entry(
-    compiled: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: compilekey.CompileOptions
-) -> Any:
-    """One call: inference under no_grad, or forward and backward; its output."""
-    import torch
-
-    if options.compiled_autograd:
-        output = compiled(*args, **kwargs)
-    elif options.backward:
-        output = compiled(*args, **kwargs)
-        _scalar_loss(output).backward()
-    else:
-        with torch.no_grad():
-            output = compiled(*args, **kwargs)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return output
-
-
-def describe(fn: Callable[..., Any]) -> str:
-    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
-
-
-def run_target(
-    target: str, options: compilekey.CompileOptions, function: Callable[..., Any] | None = None
-) -> list[dict[str, Any]]:
-    """Import (unless given) and run a target; the first-call seconds of each compiled entry."""
-    function = function or load_target(target)
-    takes_compile = _required_params(function) >= 1
-    started = time.perf_counter()
-    try:
-        returned = function(make_compile(options)) if takes_compile else function()
-    except HarnessError:
-        raise
-    except Exception as exc:
-        traceback.print_exc()
-        raise HarnessError(f"target {target!r} failed: {type(exc).__name__}: {exc}", EXIT_FAILED) from exc
-    entries = normalise_entries(target, returned)
-    if entries is None:
-        seconds = round(time.perf_counter() - started, 4)
-        return [{"index": 0, "name": compilekey.canonical_target(target), "seconds": seconds}]
-    timings = []
-    for index, (fn, args, kwargs) in enumerate(entries):
-        try:
-            compiled = compile_entry(fn, options)
-            t0 = time.perf_counter()
-            run_entry(compiled, args, kwargs, options)
-            seconds = time.perf_counter() - t0
-        except HarnessError:
-            raise
-        except Exception as exc:
-            traceback.print_exc()
-            raise HarnessError(
-                f"target {target!r} item {index} ({describe(fn)}) failed to compile or run: "
-                f"{type(exc).__name__}: {exc}",
-                EXIT_FAILED,
-            ) from exc
-        timings.append({"index": index, "name": describe(fn), "seconds": round(seconds, 4)})
-    return timings
-
-
-def _required_params(function: Callable[..., Any]) -> int:
-    try:
-        params = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return 0
-    return sum(1 for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-
-
-def run_command(command: str, env: Mapping[str, str]) -> list[dict[str, Any]]:
-    """Run the user's command with the cache environment; its wall seconds."""
-    argv = shlex.split(command)
-    if not argv:
-        raise HarnessError("--command is empty", EXIT_USAGE)
-    started = time.perf_counter()
-    try:
-        status = subprocess.run(argv, env=dict(env), check=False).returncode
-    except OSError as exc:
-        raise HarnessError(f"--command {argv[0]!r} cannot be started: {exc.strerror or exc}", EXIT_FAILED) from exc
-    if status != 0:
-        raise HarnessError(f"--command exited with status {status}: {command}", EXIT_FAILED)
-    return [{"index": 0, "name": argv[0], "seconds": round(time.perf_counter() - started, 4)}]
+    return compilestep.load_companion("cachelib.warmstart")
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -380,7 +99,7 @@ class Request:
 def prepare_environment(request: Request, job_id: str) -> dict[str, str]:
     """Point inductor (and triton under it) at the cache directory, set the job id; before torch loads."""
     if "torch._inductor" in sys.modules:
-        raise HarnessError("torch's inductor was imported before the harness could set its cache directory")
+        raise compilestep.HarnessError("torch's inductor was imported before the harness could set its cache directory")
     request.cache_path.mkdir(parents=True, exist_ok=True)
     os.environ[CACHE_DIR_ENV] = str(request.cache_path)
     os.environ[JOB_ID_ENV] = job_id
@@ -401,7 +120,9 @@ def apply_options(options: compilekey.CompileOptions, job_id: str) -> None:
 
     for name, value in options.inductor_config:
         if not hasattr(inductor_config, name.split(".")[0]):
-            raise HarnessError(f"--inductor-config {name}: torch._inductor.config has no such option", EXIT_USAGE)
+            raise compilestep.HarnessError(
+                f"--inductor-config {name}: torch._inductor.config has no such option", compilestep.EXIT_USAGE
+            )
         target: Any = inductor_config
         *parents, leaf = name.split(".")
         for part in parents:
@@ -426,27 +147,27 @@ def warm_up(request: Request) -> dict[str, Any]:
     options_digest = request.options.digest()
     job_id = os.environ.get(JOB_ID_ENV) or compilekey.default_job_id(request.namespace, request.name)
     env = prepare_environment(request, job_id)
-    function = load_target(request.target) if request.target is not None else None
+    function = compilestep.load_target(request.target) if request.target is not None else None
     apply_options(request.options, job_id)
-    versions = detect_versions()
-    device = detect_device()
+    versions = compilestep.detect_versions()
+    device = compilestep.detect_device()
     fields = compilekey.key_fields(request.namespace, request.name, model, options_digest, device, versions)
-    factors = _import("cachelib.factors")
+    factors = compilestep.load_companion("cachelib.factors")
     factors.install()  # what decides torch's cache keys, per graph (cachelib.factors)
 
     started = time.perf_counter()
     if request.command is not None:
-        timings = run_command(request.command, env)
+        timings = compilestep.run_command(request.command, env)
         counters: dict[str, dict[str, int]] | None = None
     else:
         assert request.target is not None
         timings, precompile_failure = run_target_with_fallback(request, function)
-        counters = counters_snapshot()
+        counters = compilestep.counters_snapshot()
     total = time.perf_counter() - started
     recorded = write_factors(request.cache_path, factors)
     megacache = save_megacache(request.out)  # with caching precompile, also writes Dynamo's entries
     bytecode = write_bytecode(request)
-    triton_modules = _import("cachelib.triton_modules").collect(request.cache_path).to_dict()
+    triton_modules = compilestep.load_companion("cachelib.triton_modules").collect(request.cache_path).to_dict()
     precompile = write_warm_start(request) if request.options.precompile == "auto" else None
     if precompile is not None and request.target is not None and precompile_failure is not None:
         _record_check(request.cache_path, {"verified": False, "reason": precompile_failure})
@@ -470,7 +191,7 @@ def warm_up(request: Request) -> dict[str, Any]:
         "targets": timings,
         "compile_seconds": round(total, 4),
         "counters": counters,
-        "cache": cache_summary(counters) if counters is not None else None,
+        "cache": compilestep.cache_summary(counters) if counters is not None else None,
         "megacache": megacache,
         "precompile": precompile,
         "bytecode": bytecode,
@@ -488,7 +209,8 @@ def write_factors(cache_path: Path, factors: Any) -> dict[str, Any]:
     try:
         factors.write_json(cache_path / factors.FACTORS_NAME, document)
     except OSError as exc:
-        raise HarnessError(f"cannot write {factors.FACTORS_NAME}: {exc.strerror or exc}", EXIT_OUTPUT) from exc
+        message = f"cannot write {factors.FACTORS_NAME}: {exc.strerror or exc}"
+        raise compilestep.HarnessError(message, compilestep.EXIT_OUTPUT) from exc
     return {"file": factors.FACTORS_NAME, "graphs": len(document["graphs"]), "problem": document["problem"]}
 
 
@@ -501,9 +223,9 @@ def run_target_with_fallback(
     says why; the key stays the cache's (the options are unchanged)."""
     assert request.target is not None
     try:
-        return run_target(request.target, request.options, function), None
-    except HarnessError as exc:
-        if request.options.precompile != "auto" or exc.exit_code != EXIT_FAILED:
+        return compilestep.run_target(request.target, request.options, function), None
+    except compilestep.HarnessError as exc:
+        if request.options.precompile != "auto" or exc.exit_code != compilestep.EXIT_FAILED:
             raise
         reason = f"compiling with Dynamo's caching precompile failed: {(str(exc).splitlines() or [''])[0][:300]}"
     print(f"harness: {reason}; compiling again without it", file=sys.stderr)
@@ -511,7 +233,7 @@ def run_target_with_fallback(
 
     torch._dynamo.reset()
     load_warmstart().disable_caching_precompile()
-    return run_target(request.target, request.options, function), reason
+    return compilestep.run_target(request.target, request.options, function), reason
 
 
 def write_bytecode(request: Request) -> dict[str, Any]:
@@ -520,7 +242,7 @@ def write_bytecode(request: Request) -> dict[str, Any]:
     if request.target is None:
         return {"files": 0, "bytes": 0, "sources": 0, "skipped": "a --command warm-up imports in its own process"}
     started = time.perf_counter()
-    module = _import("cachelib.bytecode")
+    module = compilestep.load_companion("cachelib.bytecode")
     tree = module.write_tree(module.imported_sources(), request.cache_path).to_dict()
     tree["seconds"] = round(time.perf_counter() - started, 3)
     return dict(tree)
@@ -537,7 +259,7 @@ def prove_precompiled(request: Request, job_id: str, compile_seconds: float) -> 
         argv = [sys.executable, str(Path(__file__).absolute()), CHECK_FLAG, "--target", request.target,
                 "--namespace", request.namespace, "--name", request.name, *request.options.harness_args()]  # fmt: skip
         timeout = max(600.0, 4 * compile_seconds)
-        pycache = _import("cachelib.bytecode").PYCACHE_DIR
+        pycache = compilestep.load_companion("cachelib.bytecode").PYCACHE_DIR
         verdict = precheck.check_in_fresh_process(argv, request.cache_path, job_id, timeout, pycache)
     check = verdict.to_dict()
     if not verdict.verified:
@@ -591,19 +313,20 @@ def check_precompiled(request: Request) -> int:
     options = request.options
     job_id = os.environ.get(JOB_ID_ENV) or compilekey.default_job_id(request.namespace, request.name)
     prepared = warmstart.prepare(request.cache_path)  # what cachelib.runtime.warm_start() does in a pod
-    function = load_target(request.target or "")
+    function = compilestep.load_target(request.target or "")
     apply_options(dataclasses.replace(options, precompile="off"), job_id)  # prepare() decided precompile
     import torch
 
     torch.manual_seed(precheck.SEED)
     try:
-        returned = function(make_compile(options)) if _required_params(function) >= 1 else function()
-        entries = normalise_entries(request.target or "", returned) or []
+        takes_compile = compilestep.required_params(function) >= 1
+        returned = function(compilestep.make_compile(options)) if takes_compile else function()
+        entries = compilestep.normalise_entries(request.target or "", returned) or []
         problems, notes = precheck.check_entries(
             entries,
-            lambda fn: compile_entry(fn, options),
-            lambda fn: eager_entry(fn, options),
-            lambda fn, args, kwargs: run_entry(fn, args, kwargs, options),
+            lambda fn: compilestep.compile_entry(fn, options),
+            lambda fn: compilestep.eager_entry(fn, options),
+            lambda fn, args, kwargs: compilestep.run_entry(fn, args, kwargs, options),
             training=options.backward or options.compiled_autograd,
         )
     except Exception as exc:
@@ -611,7 +334,7 @@ def check_precompiled(request: Request) -> int:
         first_line = (str(exc).strip().splitlines() or [""])[0][:300]
         problems, notes = [f"{precheck.RAISED}{type(exc).__name__}: {first_line}"], []
         entries = []
-    counters = counters_snapshot()
+    counters = compilestep.counters_snapshot()
     fell_back = [d.split(": fell back ", 1)[1] for d in prepared.declined if ": fell back " in d]
     reason = precheck.judge(counters, fell_back, problems)
     if not entries and reason is None:
@@ -620,7 +343,7 @@ def check_precompiled(request: Request) -> int:
         "verified": reason is None, "reason": reason, "notes": notes, "entries": len(entries),
         "prepared": prepared.to_dict(), "counters": {g: counters.get(g, {}) for g in ("dynamo_cache", "frames")},
     })  # fmt: skip
-    return EXIT_OK
+    return compilestep.EXIT_OK
 
 
 def write_warm_start(request: Request) -> dict[str, Any]:
@@ -630,7 +353,8 @@ def write_warm_start(request: Request) -> dict[str, Any]:
     try:
         warmstart.write_manifest(request.cache_path, manifest)
     except OSError as exc:
-        raise HarnessError(f"cannot write the warm-start manifest: {exc.strerror or exc}", EXIT_OUTPUT) from exc
+        message = f"cannot write the warm-start manifest: {exc.strerror or exc}"
+        raise compilestep.HarnessError(message, compilestep.EXIT_OUTPUT) from exc
     return {
         "manifest": warmstart.MANIFEST_NAME,
         "dynamo_entries": warmstart.dynamo_entries(request.cache_path),
@@ -644,7 +368,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         partial.write_bytes(data)
         os.replace(partial, path)
     except OSError as exc:
-        raise HarnessError(f"cannot write {path}: {exc.strerror or exc}", EXIT_OUTPUT) from exc
+        raise compilestep.HarnessError(f"cannot write {path}: {exc.strerror or exc}", compilestep.EXIT_OUTPUT) from exc
 
 
 def write_termination_log(message: Mapping[str, Any]) -> None:
@@ -686,14 +410,14 @@ def request_from_args(args: argparse.Namespace) -> Request:
         compilekey.canonical_target(args.target)
     for label, value in (("namespace", args.namespace), ("name", args.name)):
         if not _K8S_NAME.fullmatch(value) or (label == "namespace" and "." in value):
-            raise HarnessError(f"--{label} {value!r} is not a Kubernetes name", EXIT_USAGE)
+            raise compilestep.HarnessError(f"--{label} {value!r} is not a Kubernetes name", compilestep.EXIT_USAGE)
     out = args.out.absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise HarnessError(f"--out {out}: exists and is not an empty directory", EXIT_USAGE)
+        raise compilestep.HarnessError(f"--out {out}: exists and is not an empty directory", compilestep.EXIT_USAGE)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise HarnessError(f"--out {out}: {exc.strerror or exc}", EXIT_OUTPUT) from exc
+        raise compilestep.HarnessError(f"--out {out}: {exc.strerror or exc}", compilestep.EXIT_OUTPUT) from exc
     return Request(
         out=out,
         namespace=args.namespace,
@@ -713,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.check_precompile:
             return check_precompiled(request_from_args(args))
         result = warm_up(request_from_args(args))
-    except (HarnessError, compilekey.UsageError) as exc:
+    except (compilestep.HarnessError, compilekey.UsageError) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         write_termination_log({"result": "error", "stage": "compile", "reason": str(exc)})
         return exc.exit_code
@@ -726,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "megacache_bytes": result["megacache"]["bytes"],
     }
     print(json.dumps(summary, sort_keys=True))
-    return EXIT_OK
+    return compilestep.EXIT_OK
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ def describe(store: Store, entry: Entry) -> dict[str, Any]:
     """What a person recognises a bundle by, from its header: the target (or command) it was
     compiled from and its compile options. Reads only the header; a bundle that cannot be
     read is described by the error (``ls`` goes on with the others)."""
-    from cachelib.bundle import BundleError, read_header
+    from cachelib.bundle import BundleError
+    from cachelib.bundlereader import read_header
     from cachelib.stores import StoreError
 
     try:

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BundleError, BundleReader
+from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BundleError
+from cachelib.bundlereader import BundleReader
 from cachelib.keyformat import CacheKey, InvalidKey, cache_prefix, gpu_slug
 from cachelib.podcontract import CACHE_DIR_ENV, GPU_ENV
 from cachelib.progress import Watch, unwatched

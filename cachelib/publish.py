@@ -26,11 +26,9 @@ from cachelib.bundle import (
     MEGACACHE_PART,
     HashingWriter,
     WrittenBundle,
-    bundle_digest_file,
-    read_header_file,
-    verify_bundle_file,
     write_bundle_file,
 )
+from cachelib.bundlereader import bundle_digest_file, read_header_file, verify_bundle_file
 from cachelib.keyformat import CacheKey, InvalidKey
 from cachelib.podcontract import CACHEDIR, MEGACACHE_FILE, RESULT_FILE
 from cachelib.progress import Watch, unwatched

@@ -4,7 +4,7 @@ A bundle's sha256 proves nothing about who wrote it: anyone who can write to the
 recompute it. A signature can only be made with the private key, which the operator holds and
 which never reaches a warm-up pod. What is signed is the message
 ``compilecache-bundle-signature/v1 NUL <key> NUL <bundle digest>``, where the bundle digest is the
-sha256 of the bundle's preamble and header (:func:`cachelib.bundle.read_header_and_digest`): the
+sha256 of the bundle's preamble and header (:func:`cachelib.bundlereader.read_header_and_digest`): the
 header carries every part's sha256, and a reader checks each part against it before it installs
 anything, so the digest stands for every byte of the bundle. The key is signed too, so a signed
 bundle cannot be replayed under another cache's or another variant's key.

@@ -2,7 +2,7 @@
 
 A workload that calls ``cachelib.runtime.warm_start()`` decides, after each graph it compiles,
 whether torch's caches had it and, when not, which factor differed from the warm-up
-(:mod:`cachelib.factors`). It writes that verdict as one JSON line,
+(:mod:`cachelib.verdict`). It writes that verdict as one JSON line,
 ``{"compilecache_why": {"result", "cause", "reason"}}``, into its container's termination-message
 file, which the kubelet copies into the pod's status when the container ends. The operator already
 reads pod statuses, so this needs no permission in the user's namespace beyond what it has.
@@ -22,8 +22,8 @@ from typing import Any
 from compilecache_operator.conditions import Condition
 from compilecache_operator.results import ResultError, parse_json_message
 
-from cachelib.factors import CAUSES, WHY_KEY
 from cachelib.masking import mask_text
+from cachelib.verdict import CAUSES, WHY_KEY
 
 CONDITION = "ColdStarts"
 MIN_PODS = 2

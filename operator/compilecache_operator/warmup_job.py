@@ -38,8 +38,8 @@ COPY_HARNESS = (
     "import importlib.util, os, shutil, sys; "
     "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
     "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) "
-    "for m in ('harness', 'compilekey', 'podcontract', 'targets', 'warmstart', 'precheck', 'bytecode', "
-    "'triton_modules', 'factors', 'masking')]"
+    "for m in ('harness', 'compilekey', 'compilestep', 'podcontract', 'targets', 'warmstart', 'precompileguard', "
+    "'precheck', 'bytecode', 'triton_modules', 'factors', 'masking')]"
 )
 
 

@@ -18,7 +18,6 @@ from cachelib.bundle import (
     MEGACACHE_PART,
     PREAMBLE,
     BadMagic,
-    BundleReader,
     CorruptHeader,
     CorruptPart,
     DigestMismatch,
@@ -27,11 +26,10 @@ from cachelib.bundle import (
     TruncatedBundle,
     UnsupportedCodec,
     UnsupportedVersion,
-    read_header,
-    verify_bundle_file,
     write_bundle,
     write_bundle_file,
 )
+from cachelib.bundlereader import BundleReader, read_header, verify_bundle_file
 from tests.cachelib.helpers import make_key
 
 CACHEDIR_BYTES = b"tar-like payload " * 5000

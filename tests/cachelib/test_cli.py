@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cachelib.cli import build_parser, main
+from cachelib.cli import main
+from cachelib.cli.parser import build_parser
 from cachelib.inventory import Entry, format_age, parse_duration, plan_gc
 from cachelib.publish import pack, publish
 from cachelib.stores import open_store

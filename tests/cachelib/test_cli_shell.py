@@ -16,12 +16,13 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from cachelib import cli, completion, yamltext
+from cachelib import completion, yamltext
+from cachelib.cli.parser import build_parser
 from cachelib.publish import publish
 from cachelib.stores import CREDENTIALS, open_store
 from tests.cachelib.helpers import make_key, make_outdir, run_cli
 
-PARSER = cli.build_parser()
+PARSER = build_parser()
 COMMANDS = completion._subparsers(PARSER)
 
 

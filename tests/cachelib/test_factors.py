@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachelib import factors
+from cachelib import factors, verdict
 from tests.zoo.test_zoo import interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,7 +159,7 @@ def workload(warm: Warm, tmp_path: Path, change: Change | None) -> dict[str, Any
         model_dir = tmp_path / "model"
         model_dir.mkdir()
         (model_dir / "whymodel.py").write_text(MODEL.replace(*change.source))
-    ours = {"TORCHINDUCTOR_CACHE_DIR": str(cache), factors.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
+    ours = {"TORCHINDUCTOR_CACHE_DIR": str(cache), verdict.TERMINATION_LOG_ENV: str(tmp_path / "termination-log")}
     env = _env(model_dir, ours | (change.env if change else {}))
     config = json.dumps(change.config if change else {})
     run = subprocess.run([warm.python, str(warm.out.parent / "workload.py"), config, str(cache)],
@@ -253,10 +253,10 @@ def test_compare_names_exactly_the_one_changed_factor(base: dict[tuple[str, str]
     key = data.draw(st.sampled_from(sorted(before)))
     new = data.draw(texts.filter(lambda t: t != before[key]))
     after = before | {key: new}
-    diagnosis = factors.compare(_doc(_graph("M.forward", "miss", **before)), _doc(_graph("M.forward", "miss", **after)))
+    diagnosis = verdict.compare(_doc(_graph("M.forward", "miss", **before)), _doc(_graph("M.forward", "miss", **after)))
     cause, _, name = key.partition(":")
     assert diagnosis.cause == cause
-    assert diagnosis.graphs[0].differences == (f"{factors.LABELS[cause]} {name}: {before[key]} → {new}",)
+    assert diagnosis.graphs[0].differences == (f"{verdict.LABELS[cause]} {name}: {before[key]} → {new}",)
 
 
 def test_compare_prefers_primary_factors_over_derived_ones() -> None:
@@ -268,42 +268,42 @@ def test_compare_prefers_primary_factors_over_derived_ones() -> None:
         _graph("M.forward", "miss", **{"source:graph code": "b", "shape:l_x_": "[4]"}),
         **{"torch_version:version": "2.13.1"},
     )
-    assert factors.compare(warm, pod).graphs[0].differences == ("torch version: 2.13.0 → 2.13.1",)
+    assert verdict.compare(warm, pod).graphs[0].differences == ("torch version: 2.13.0 → 2.13.1",)
     alone = _doc(
         _graph("M.forward", "miss", **{"source:graph code": "b", "shape:l_x_": "[4]"}),
         **{"torch_version:version": "2.13.0"},
     )
-    verdict = factors.compare(warm, alone)
-    assert verdict.cause == "source" and verdict.graphs[0].differences == ("source graph code: a → b",)
+    found = verdict.compare(warm, alone)
+    assert found.cause == "source" and found.graphs[0].differences == ("source graph code: a → b",)
 
 
 def test_an_unexplained_environment_variable_is_said_only_when_nothing_else_differs() -> None:
     warm = _doc(_graph("M.forward", "miss", **{"inductor_config:max_autotune": "False"}), **{"env:TORCH_X": "1"})
     pod = _doc(_graph("M.forward", "miss", **{"inductor_config:max_autotune": "True"}), **{"env:TORCH_X": "2"})
-    assert factors.compare(warm, pod).graphs[0].differences == ("inductor config max_autotune: False → True",)
+    assert verdict.compare(warm, pod).graphs[0].differences == ("inductor config max_autotune: False → True",)
     same = _doc(_graph("M.forward", "miss", **{"inductor_config:max_autotune": "False"}), **{"env:TORCH_X": "2"})
-    assert factors.compare(warm, same).graphs[0].differences == ("env TORCH_X: 1 → 2",)
+    assert verdict.compare(warm, same).graphs[0].differences == ("env TORCH_X: 1 → 2",)
 
 
 def test_without_a_record_the_cause_is_unknown_and_a_hit_stays_a_hit() -> None:
     pod = _doc(_graph("M.forward", "miss"), _graph("M.other", "hit"))
-    diagnosis = factors.compare(None, pod)
+    diagnosis = verdict.compare(None, pod)
     assert diagnosis.cause == "unknown" and factors.FACTORS_NAME in diagnosis.reason
     assert [g.result for g in diagnosis.graphs] == ["miss", "hit"]
-    unrecorded = factors.compare(_doc(), pod | {"recorded": False, "problem": "torch 3.0 is outside"})
+    unrecorded = verdict.compare(_doc(), pod | {"recorded": False, "problem": "torch 3.0 is outside"})
     assert unrecorded.cause == "unknown" and "torch 3.0 is outside" in unrecorded.reason
-    assert factors.compare(_doc(), _doc()).result == "none"
+    assert verdict.compare(_doc(), _doc()).result == "none"
 
 
 def test_a_graph_the_warm_up_never_compiled() -> None:
-    diagnosis = factors.compare(_doc(_graph("M.forward", "miss")), _doc(_graph("M.helper", "miss")))
+    diagnosis = verdict.compare(_doc(_graph("M.forward", "miss")), _doc(_graph("M.helper", "miss")))
     assert diagnosis.cause == "new_graph" and "M.helper (m.py:10)" in diagnosis.reason
 
 
 def test_stack_lines_and_base_functions() -> None:
     trace = '  File "/x/m.py", line 3, in f\n    return x.relu()\n  File "/x/n.py", line 9, in g\n    y = f(x)\n'
     assert factors.stack_lines(trace) == {"m.py:3": "return x.relu()", "n.py:9": "y = f(x)"}
-    assert factors.base_function("M.torch_dynamo_resume_in_torch_dynamo_resume_in_forward_at_5_at_9") == "M.forward"
+    assert verdict.base_function("M.torch_dynamo_resume_in_torch_dynamo_resume_in_forward_at_5_at_9") == "M.forward"
     assert factors.value_text(lambda: 1) is None and factors.value_text(object()) is None
     assert factors.value_text(b"\x01") == "01" and factors.value_text(True) == "True"
 
@@ -317,12 +317,12 @@ def test_secret_named_variables_are_recorded_as_digests() -> None:
 
 
 def test_without_the_recorder_the_metric_counts_misses_as_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cachelib import runtime
+    from cachelib import metrics
 
     monkeypatch.setattr(factors.recorder, "installed", False)
-    counts = runtime.graph_counts({"inductor": {"fxgraph_cache_hit": 2, "fxgraph_cache_miss": 3}})
+    counts = metrics.graph_counts({"inductor": {"fxgraph_cache_hit": 2, "fxgraph_cache_miss": 3}})
     assert counts[("hit", "none")] == 2 and counts[("miss", "unknown")] == 3
-    assert set(counts) == {("hit", "none")} | {("miss", c) for c in factors.CAUSES if c != "none"}
+    assert set(counts) == {("hit", "none")} | {("miss", c) for c in verdict.CAUSES if c != "none"}
     assert sum(counts.values()) == 5
 
 
@@ -351,9 +351,9 @@ def test_the_harness_copied_into_an_image_without_cachelib_records_the_factors(t
 
 def test_precompiled_entries_loaded_are_hits() -> None:
     """With caching precompile, a frame loaded from Dynamo's entry is neither traced nor compiled."""
-    loaded = factors.compare(_doc(_graph("M.forward", "miss")), _doc() | {"precompiled": 2})
+    loaded = verdict.compare(_doc(_graph("M.forward", "miss")), _doc() | {"precompiled": 2})
     assert loaded.result == "hit" and loaded.cause == "none" and "2 precompiled" in loaded.reason
-    assert factors.compare(None, _doc() | {"precompiled": 1}).result == "hit"
+    assert verdict.compare(None, _doc() | {"precompiled": 1}).result == "hit"
 
 
 PLAIN = """import json, torch
@@ -386,11 +386,11 @@ def test_recording_in_the_warm_up_leaves_torch_s_keys_alone(warm: Warm, tmp_path
 def test_the_verdict_never_replaces_a_termination_message_the_workload_wrote(tmp_path: Path, theirs: str) -> None:
     log = tmp_path / "termination-log"
     log.write_text("")
-    factors.write_verdict(environ={factors.TERMINATION_LOG_ENV: str(log)})
+    verdict.write_verdict(environ={verdict.TERMINATION_LOG_ENV: str(log)})
     ours = log.read_text()
-    assert ours.startswith('{"' + factors.WHY_KEY + '"')
-    factors.write_verdict(environ={factors.TERMINATION_LOG_ENV: str(log)})  # our own line is refreshed
-    assert log.read_text().startswith('{"' + factors.WHY_KEY + '"')
+    assert ours.startswith('{"' + verdict.WHY_KEY + '"')
+    verdict.write_verdict(environ={verdict.TERMINATION_LOG_ENV: str(log)})  # our own line is refreshed
+    assert log.read_text().startswith('{"' + verdict.WHY_KEY + '"')
     log.write_text(theirs)  # the workload's own message, written after ours
-    factors.write_verdict(environ={factors.TERMINATION_LOG_ENV: str(log)})
+    verdict.write_verdict(environ={verdict.TERMINATION_LOG_ENV: str(log)})
     assert log.read_text() == theirs

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from cachelib import compilekey, harness, keyformat, podcontract, triton_modules
+from cachelib import compilekey, compilestep, harness, keyformat, podcontract, triton_modules
 from cachelib.compilekey import CompileOptions, UsageError
-from cachelib.harness import HarnessError
+from cachelib.compilestep import HarnessError
 from tests.cachelib.conftest import WARM_NAME, WARM_NAMESPACE, Warmed
 
 PAYLOADS: list[Any] = [
@@ -94,7 +94,7 @@ def test_targets_and_model_digest() -> None:
     for bad in ("nocolon", "mod:", ":fn", "mod:not-an-identifier"):
         with pytest.raises(UsageError, match="module:function") as caught:
             compilekey.canonical_target(bad)
-        assert caught.value.exit_code == harness.EXIT_USAGE
+        assert caught.value.exit_code == compilestep.EXIT_USAGE
 
 
 def test_job_id_is_stable_per_cache() -> None:
@@ -116,13 +116,13 @@ def test_job_id_is_stable_per_cache() -> None:
 )
 def test_wrong_target_shapes(returned: Any, match: str) -> None:
     with pytest.raises(HarnessError, match=match) as caught:
-        harness.normalise_entries("m:f", returned)
-    assert caught.value.exit_code == harness.EXIT_SHAPE
+        compilestep.normalise_entries("m:f", returned)
+    assert caught.value.exit_code == compilestep.EXIT_SHAPE
 
 
 def test_right_target_shapes() -> None:
-    assert harness.normalise_entries("m:f", None) is None
-    assert harness.normalise_entries("m:f", [(len, [1]), (max, (1, 2), {"default": 0})]) == [
+    assert compilestep.normalise_entries("m:f", None) is None
+    assert compilestep.normalise_entries("m:f", [(len, [1]), (max, (1, 2), {"default": 0})]) == [
         (len, (1,), {}),
         (max, (1, 2), {"default": 0}),
     ]
@@ -130,10 +130,10 @@ def test_right_target_shapes() -> None:
 
 def test_import_failures_are_named() -> None:
     with pytest.raises(HarnessError, match=r"cannot import target 'no_such_module_xyz:f'.*ModuleNotFound") as e:
-        harness.load_target("no_such_module_xyz:f")
-    assert e.value.exit_code == harness.EXIT_IMPORT
+        compilestep.load_target("no_such_module_xyz:f")
+    assert e.value.exit_code == compilestep.EXIT_IMPORT
     with pytest.raises(HarnessError, match="has no function 'nothing'"):
-        harness.load_target("json:nothing")
+        compilestep.load_target("json:nothing")
 
 
 def test_detect_device_reads_cuda_when_present(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,7 +146,7 @@ def test_detect_device_reads_cuda_when_present(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
-    device = harness.detect_device()
+    device = compilestep.detect_device()
     assert device == {"type": "cuda", "product": "NVIDIA H100 80GB HBM3", "capability": "9.0", "count": 8}
 
 
@@ -178,7 +178,7 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
 def test_target_that_cannot_be_imported_exits_3_and_says_why(tmp_path: Path) -> None:
     log = tmp_path / "termination-log"
     proc = run_harness(tmp_path, "--target", "missing_module_abc:warm", env={"COMPILECACHE_TERMINATION_LOG": str(log)})
-    assert proc.returncode == harness.EXIT_IMPORT
+    assert proc.returncode == compilestep.EXIT_IMPORT
     assert proc.stderr.strip().splitlines()[-1] == (
         "harness: error: cannot import target 'missing_module_abc:warm': "
         "ModuleNotFoundError: No module named 'missing_module_abc'"
@@ -199,11 +199,11 @@ def test_target_with_the_wrong_shape_exits_5_and_failing_target_exits_4(tmp_path
     """)
     )
     proc = run_harness(tmp_path, "--target", "usermod:shape")
-    assert proc.returncode == harness.EXIT_SHAPE, proc.stderr
+    assert proc.returncode == compilestep.EXIT_SHAPE, proc.stderr
     assert "target 'usermod:shape' returned dict; expected a list of" in proc.stderr
     (tmp_path / "out").rename(tmp_path / "out-shape")
     proc = run_harness(tmp_path, "--target", "usermod:boom")
-    assert proc.returncode == harness.EXIT_FAILED
+    assert proc.returncode == compilestep.EXIT_FAILED
     assert proc.stderr.strip().splitlines()[-1] == (
         "harness: error: target 'usermod:boom' failed: RuntimeError: no weights here"
     )
@@ -225,7 +225,7 @@ def test_command_runs_with_the_cache_environment(tmp_path: Path) -> None:
     assert result["key"]["model"] == compilekey.model_digest(command=result["command"])
     out.rename(tmp_path / "out-ok")
     proc = run_harness(tmp_path, "--command", f"{sys.executable} -c 'raise SystemExit(7)'")
-    assert proc.returncode == harness.EXIT_FAILED and "exited with status 7" in proc.stderr
+    assert proc.returncode == compilestep.EXIT_FAILED and "exited with status 7" in proc.stderr
 
 
 @pytest.mark.slow
@@ -251,17 +251,20 @@ def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None
 
 
 CONTRACT = {"cachelib.podcontract", "podcontract"}
-COMPANIONS = {"cachelib.harness": {"cachelib.compilekey", "compilekey"} | CONTRACT, "cachelib.compilekey": set(),
-              "cachelib.targets": set(), "cachelib.warmstart": CONTRACT, "cachelib.podcontract": set(),
-              "cachelib.triton_modules": set()}
+KEYS = {"cachelib.compilekey", "compilekey"}
+COMPANIONS = {"cachelib.harness": KEYS | CONTRACT | {"cachelib.compilestep", "compilestep"},
+              "cachelib.compilekey": set(), "cachelib.compilestep": KEYS, "cachelib.targets": set(),
+              "cachelib.warmstart": CONTRACT | {"cachelib.precompileguard", "precompileguard"},
+              "cachelib.precompileguard": set(), "cachelib.podcontract": set(), "cachelib.triton_modules": set()}
 
 
 @pytest.mark.parametrize(
-    "module", [harness, compilekey, podcontract, triton_modules, pytest.importorskip("cachelib.targets"),
-               pytest.importorskip("cachelib.warmstart")]
+    "module", [harness, compilekey, compilestep, podcontract, triton_modules, pytest.importorskip("cachelib.targets"),
+               pytest.importorskip("cachelib.warmstart"), pytest.importorskip("cachelib.precompileguard")]
 )
 def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> None:
-    """harness.py, compilekey.py, podcontract.py, targets.py and warmstart.py are copied into users' images:
+    """harness.py, compilekey.py, compilestep.py, podcontract.py, targets.py, warmstart.py and precompileguard.py are
+    copied into users' images:
     nothing else of ours, nothing else at all (they import each other from beside themselves, or from cachelib)."""
     import ast
 
@@ -280,20 +283,22 @@ def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> Non
 
 @pytest.mark.slow
 def test_built_in_targets_load_from_beside_the_harness_without_cachelib(tmp_path: Path) -> None:
-    """In a user's image only harness.py, compilekey.py, podcontract.py, targets.py and warmstart.py exist, side by
-    side: short names and --precompile still work."""
+    """In a user's image only harness.py, compilekey.py, compilestep.py, podcontract.py, targets.py, warmstart.py and
+    precompileguard.py exist, side by side: short names and --precompile still work."""
     import shutil
 
-    from cachelib import targets, warmstart
+    from cachelib import precompileguard, targets, warmstart
 
     shutil.copy(harness.__file__, tmp_path / "harness.py")
     shutil.copy(compilekey.__file__, tmp_path / "compilekey.py")
+    shutil.copy(compilestep.__file__, tmp_path / "compilestep.py")
     shutil.copy(podcontract.__file__, tmp_path / "podcontract.py")
     shutil.copy(targets.__file__, tmp_path / "targets.py")
     shutil.copy(warmstart.__file__, tmp_path / "warmstart.py")
+    shutil.copy(precompileguard.__file__, tmp_path / "precompileguard.py")
     code = (
-        "import sys; sys.modules['cachelib'] = None; import harness; "
-        "entries = harness.normalise_entries('tiny_mlp', harness.load_target('tiny_mlp')()); "
+        "import sys; sys.modules['cachelib'] = None; import harness, compilestep; "
+        "entries = compilestep.normalise_entries('tiny_mlp', compilestep.load_target('tiny_mlp')()); "
         "print(type(entries[0][0]).__name__, tuple(entries[0][1][0].shape), harness.load_warmstart().MANIFEST_NAME)"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)

@@ -1,5 +1,5 @@
 """The warm-up's check of its precompiled part (cachelib.precheck) and the guarded loader of the
-workload (cachelib.warmstart.guard_precompile_loader).
+workload (cachelib.precompileguard.guard_precompile_loader).
 
 The pure parts (tolerances, output comparison, the verdict) are tested with real tensors. The
 guard is tested on the CPU with real ``torch.compile``: a warm-up with ``--precompile auto`` of a
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from cachelib import harness, precheck, warmstart
+from cachelib import harness, precheck, precompileguard, warmstart
 from tests.cachelib.helpers import ROOT, last_json
 
 
@@ -134,26 +134,26 @@ def test_stripping_removes_entries_and_keeps_the_dynamic_shape_profile(tmp_path:
     ],
 )
 def test_fallback_reasons_are_bounded(stage: str, message: str, reason: str) -> None:
-    assert warmstart.fallback_reason(stage, RuntimeError(message)) == reason
-    assert reason in warmstart.FALLBACK_REASONS
+    assert precompileguard.fallback_reason(stage, RuntimeError(message)) == reason
+    assert reason in precompileguard.FALLBACK_REASONS
 
 
 @pytest.mark.parametrize(("text", "release"), [("2.13.0+cu130", (2, 13)), ("2.15.0", (2, 15)), ("dev", None)])
 def test_torch_release(text: str, release: tuple[int, int] | None) -> None:
-    assert warmstart.torch_release(text) == release
+    assert precompileguard.torch_release(text) == release
 
 
 def test_this_torchs_loader_can_be_guarded() -> None:
-    assert warmstart.precompile_loader_problem() is None
+    assert precompileguard.precompile_loader_problem() is None
 
 
 def test_fallbacks_are_exported_for_every_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     from cachelib import runtime
 
-    monkeypatch.setattr(warmstart, "fallbacks", {"install_failed": 2})
+    monkeypatch.setattr(precompileguard, "fallbacks", {"install_failed": 2})
     text = runtime.metrics_text()
     assert 'compilecache_runtime_warm_start_fallbacks_total{reason="install_failed"} 2.0' in text
-    for reason in warmstart.FALLBACK_REASONS:
+    for reason in precompileguard.FALLBACK_REASONS:
         assert f'compilecache_runtime_warm_start_fallbacks_total{{reason="{reason}"}}' in text
 
 
@@ -185,7 +185,7 @@ def scale(t):
 POD = """
 import json, sys
 import torch
-from cachelib import runtime, warmstart
+from cachelib import precompileguard, runtime
 import zoomodel
 prepared = runtime.warm_start(wait=False).to_dict()
 [(model, args)] = zoomodel.build()
@@ -193,7 +193,7 @@ compiled = torch.compile(model)
 with torch.no_grad():
     got, want = compiled(*args), model(*args)
 from torch._dynamo.utils import counters
-print(json.dumps({"prepared": prepared, "fallbacks": warmstart.fallbacks,
+print(json.dumps({"prepared": prepared, "fallbacks": precompileguard.fallbacks,
                   "same": bool(torch.allclose(got, want, atol=1e-5)),
                   "counters": {g: dict(counters[g]) for g in ("dynamo_cache", "frames", "inductor")}}))
 """

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cachelib.bundle import CACHEDIR_PART, PREAMBLE, read_header
+from cachelib.bundle import CACHEDIR_PART, PREAMBLE
+from cachelib.bundlereader import read_header
 from cachelib.keyformat import CacheKey
 from cachelib.preload import (
     PreloadFailed,

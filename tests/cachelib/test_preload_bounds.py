@@ -341,7 +341,7 @@ def test_deadline_flag_validation(tmp_path: Path) -> None:
 
 def test_the_lying_header_passes_every_header_check(bomb: Path, tmp_path: Path) -> None:
     """Guards the streaming test: its bundle's declared ratio is within the limit it runs with."""
-    from cachelib.bundle import read_header
+    from cachelib.bundlereader import read_header
 
     header = read_header(io.BytesIO(lying_bundle(bomb, tmp_path / "l.ccb").read_bytes()))
     part = header.part(CACHEDIR_PART)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BadMagic, BundleReader, verify_bundle_file
+from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BadMagic
+from cachelib.bundlereader import BundleReader, verify_bundle_file
 from cachelib.keyformat import CacheKey
 from cachelib.publish import PackError, inspect_bundle, pack, publish
 from cachelib.stores import open_store

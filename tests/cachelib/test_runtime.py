@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from cachelib import runtime
+from cachelib import metrics, runtime
 from testsupport.servers import free_port
 
 
@@ -32,18 +32,18 @@ def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str
 
 
 def test_cache_events_table() -> None:
-    events = runtime.cache_events(fake_counters())
+    events = metrics.cache_events(fake_counters())
     assert events[("fxgraph", "hit")] == 3 and events[("fxgraph", "miss")] == 1
     assert events[("aotautograd", "hit")] == 2 and events[("aotautograd", "miss")] == 0
     assert events[("aotautograd", "bypass")] == 1 and events[("aotautograd", "saved")] == 4
     assert events[("async_compile", "hit")] == 2
-    assert runtime.cache_events({}) == dict.fromkeys(runtime.PRIMARY, 0)
+    assert metrics.cache_events({}) == dict.fromkeys(metrics.PRIMARY, 0)
 
 
 def test_collector_reads_at_scrape_time() -> None:
     counters = fake_counters()
     registry = CollectorRegistry()
-    registry.register(runtime.TorchCompileCacheCollector(lambda: counters))
+    registry.register(metrics.TorchCompileCacheCollector(lambda: counters))
     first = samples(registry)
     events = "compilecache_runtime_cache_events_total"
     assert first[(events, (("cache", "fxgraph"), ("result", "hit")))] == 3
@@ -57,7 +57,7 @@ def test_collector_reads_at_scrape_time() -> None:
 
 def test_without_torch_loaded_there_is_nothing_to_report(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "torch._dynamo.utils", raising=False)
-    assert runtime.torch_counters() == {}
+    assert metrics.torch_counters() == {}
     text = runtime.metrics_text()
     assert 'compilecache_runtime_cache_events_total{cache="fxgraph",result="hit"} 0.0' in text
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cachelib.bundle import BundleReader
+from cachelib.bundlereader import BundleReader
 from cachelib.preload import preload
 from cachelib.publish import publish
 from cachelib.signing import (

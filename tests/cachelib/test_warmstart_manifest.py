@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cachelib import harness, warmstart
+from cachelib import harness, precompileguard, warmstart
 from tests.cachelib.helpers import ROOT, last_json, run_cli
 
 HERE_VERSIONS = {"torch": "2.13.0", "triton": "none", "python": "3.11.2", "platform": "linux-x86_64"}
@@ -404,11 +404,11 @@ def test_dynamo_names_from_another_process_move_the_counter_forward_only() -> No
     from torch._dynamo import bytecode_transformation
 
     names = ["__builtins_dict___7", "__compiled_fn_3_0b1c2d3e_4f50_6172_8394_a5b6c7d8e9f0", "__resume_at_30_2", "x_99"]
-    assert warmstart.highest_unique_id(names) == 7
-    assert warmstart.highest_unique_id(["plain", "__no_number_"]) == -1
+    assert precompileguard.highest_unique_id(names) == 7
+    assert precompileguard.highest_unique_id(["plain", "__no_number_"]) == -1
     start = int(bytecode_transformation.unique_id("probe").rsplit("_", 1)[1])
-    warmstart.advance_unique_ids([dict.fromkeys(names)])
+    precompileguard.advance_unique_ids([dict.fromkeys(names)])
     after = int(bytecode_transformation.unique_id("probe").rsplit("_", 1)[1])
     assert after >= max(start + 1, 8)
-    warmstart.advance_unique_ids([{"__builtins_dict___0": None}])  # never backwards
+    precompileguard.advance_unique_ids([{"__builtins_dict___0": None}])  # never backwards
     assert int(bytecode_transformation.unique_id("probe").rsplit("_", 1)[1]) == after + 1

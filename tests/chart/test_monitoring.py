@@ -48,11 +48,11 @@ def runtime_series() -> dict[str, set[str]]:
     """Series name -> label names of the workloads' runtime metrics as the PodMonitor stores them."""
     from prometheus_client import CollectorRegistry
 
-    from cachelib import handoff, runtime
+    from cachelib import handoff, metrics
 
     registry = CollectorRegistry()
     counters = {"inductor": {"fxgraph_cache_hit": 1}, "frames": {"ok": 1}, "graph_break": {"x": 1}}
-    registry.register(runtime.TorchCompileCacheCollector(lambda: counters, lambda: handoff.Waited("hit", 0.5)))
+    registry.register(metrics.TorchCompileCacheCollector(lambda: counters, lambda: handoff.Waited("hit", 0.5)))
     out: dict[str, set[str]] = {}
     for family in registry.collect():
         for sample in family.samples:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cachelib import harness
+from cachelib import compilestep
 from cachelib.stores import open_store
 from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
 from tests.infra.kube.rest import KubeClient
@@ -71,7 +71,7 @@ def test_warm_up_publish_inject_preload_hit_and_count(
     assert condition(cache, "Warming")["status"] == "False" and condition(cache, "Degraded")["status"] == "False"
     (bundle,) = status["bundles"]
     assert bundle["key"].startswith(f"cc1/{ns}/mlp/") and "/cpu/cpu/torch-" in bundle["key"]
-    installed = harness.detect_versions()  # the warm-up ran with this very installation
+    installed = compilestep.detect_versions()  # the warm-up ran with this very installation
     assert bundle["gpu"] == "cpu" and bundle["torch"] == installed["torch"] and bundle["python"]
     assert bundle["triton"] == installed["triton"]
     assert len(bundle["digest"]) == 64 and bundle["bytes"] > 0 and bundle["compileSeconds"] > 0

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cachelib.bundle import BundleReader
+from cachelib.bundlereader import BundleReader
 from cachelib.signing import Signer, check_stored, signature_key, write_signature
 from cachelib.stores import open_store
 from tests.cachelib.helpers import make_outdir

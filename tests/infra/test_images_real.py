@@ -65,7 +65,7 @@ def test_context_files_are_those_the_real_ignore_files_let_in() -> None:
     for name in images.IMAGE_NAMES:
         image = images.recipe(name)
         files = {str(f) for f in images.context_files(images.REPO_ROOT, image.ignore_file.read_text())}
-        assert {"pyproject.toml", "README.md", "cachelib/cli.py", "images/slim.py"} <= files
+        assert {"pyproject.toml", "README.md", "cachelib/cli/__init__.py", "images/slim.py"} <= files
         assert any(f.startswith("operator/compilecache_operator/") for f in files)
         assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc") or f.startswith((".venv", "tests/"))]
 

@@ -182,11 +182,11 @@ class OperatorProcess:
 # set) and reports torch's own cache counters, who it ran as and where, through its termination message.
 COMPILE_TINY_MLP = """
 import json, os, pathlib
-from cachelib import compilekey, harness
+from cachelib import compilekey, compilestep, harness
 options = compilekey.CompileOptions()
 harness.apply_options(options, os.environ.get("TORCH_COMPILE_JOB_ID", "not-injected"))
-harness.run_target("tiny_mlp", options)
-report = {"cache": harness.cache_summary(harness.counters_snapshot()), "uid": os.getuid(), "gid": os.getgid(),
+compilestep.run_target("tiny_mlp", options)
+report = {"cache": compilestep.cache_summary(compilestep.counters_snapshot()), "uid": os.getuid(), "gid": os.getgid(),
           "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "job_id": os.environ.get("TORCH_COMPILE_JOB_ID")}
 pathlib.Path("/dev/termination-log").write_text(json.dumps(report))
 """

@@ -23,15 +23,15 @@ from compilecache_operator.warmup_job import JobSettings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachelib import factors
+from cachelib.verdict import CAUSES, WHY_KEY
 from tests.infra.kube.cluster import free_port
 
-MISSES = [c for c in factors.CAUSES if c != "none"]
+MISSES = [c for c in CAUSES if c != "none"]
 
 
 def message(result: str, cause: str, reason: str) -> str:
     verdict = {"result": result, "cause": cause, "reason": reason}
-    return "some output of the app\n" + json.dumps({factors.WHY_KEY: verdict})
+    return "some output of the app\n" + json.dumps({WHY_KEY: verdict})
 
 
 def pod(*, state: dict[str, Any] | None = None, last: dict[str, Any] | None = None) -> dict[str, Any]:

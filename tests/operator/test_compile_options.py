@@ -12,7 +12,8 @@ from compilecache_operator.plan import plan_id, variant_id
 from compilecache_operator.spec import InvalidSpec
 from compilecache_operator.warmup_job import harness_command
 
-from cachelib import cli, harness
+from cachelib import harness
+from cachelib.cli.parser import build_parser
 from cachelib.compilekey import MODES, CompileOptions, options_from_args
 from tests.operator.samples import parsed
 from tests.operator.test_spec import CRD
@@ -32,7 +33,7 @@ def harness_options(argv: list[str]) -> CompileOptions:
 
 
 def warmup_options(argv: list[str]) -> CompileOptions:
-    return options_from_args(cli.build_parser().parse_args(["warmup", *argv]))
+    return options_from_args(build_parser().parse_args(["warmup", *argv]))
 
 
 @pytest.mark.parametrize("compile_spec", COMPILE_SPECS)
@@ -68,7 +69,7 @@ def test_the_parsers_take_the_same_options() -> None:
             if a.option_strings and a.dest not in ("help", "out", "namespace", "name", "cache_dir", "check_precompile")
         }
 
-    warmup = cli.build_parser()._subparsers._group_actions[0].choices["warmup"]  # type: ignore[union-attr]
+    warmup = build_parser()._subparsers._group_actions[0].choices["warmup"]  # type: ignore[union-attr]
     ours = compile_flags(warmup)
     for only_warmup in ("--store", "--out", "--level", "--log-format", "--verbose"):  # the last two: global flags
         ours.pop(only_warmup, None)
@@ -83,7 +84,7 @@ def test_the_parsers_take_the_same_options() -> None:
                                   ["--inductor-config", "bad-name=1"], ["--dynamic", "maybe"]])
 def test_warmup_refuses_what_the_harness_refuses(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--target", "tiny_mlp", "--name", "mlp"]
-    for parse in (lambda: cli.build_parser().parse_args(["warmup", *base, *argv]),
+    for parse in (lambda: build_parser().parse_args(["warmup", *base, *argv]),
                   lambda: harness.build_parser().parse_args([*base, "--out", "/o", "--namespace", "n", *argv])):
         with pytest.raises(SystemExit) as caught:
             parse()

@@ -117,7 +117,7 @@ def test_sidecar_mode_with_native_sidecars() -> None:
 
 def test_the_sidecar_command_is_one_the_preloader_accepts() -> None:
     """The flags the webhook writes, read by the preloader's own command line (cachelib.cli)."""
-    from cachelib.cli import build_parser
+    from cachelib.cli.parser import build_parser
 
     for mode, sidecars in (("Sidecar", WITH_SIDECARS), ("Sidecar", WITHOUT_SIDECARS), ("InitContainer", WITH_SIDECARS)):
         out = patched_pod(pod(), inject(pod(), view(preload={"mode": mode}), sidecars))

@@ -98,7 +98,7 @@ def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
     cachelib."""
     subprocess.run([sys.executable, "-c", warmup_job.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "bytecode.py", "compilekey.py", "factors.py", "harness.py", "masking.py", "podcontract.py", "precheck.py",
-        "targets.py", "triton_modules.py", "warmstart.py",
+        "bytecode.py", "compilekey.py", "compilestep.py", "factors.py", "harness.py", "masking.py", "podcontract.py",
+        "precheck.py", "precompileguard.py", "targets.py", "triton_modules.py", "warmstart.py",
     ]  # fmt: skip
     assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()

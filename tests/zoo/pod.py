@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from cachelib import compilekey, harness, precheck, warmstart
+from cachelib import compilekey, compilestep, precheck, precompileguard
 from testsupport import models
 
 
@@ -39,22 +39,23 @@ def main(argv: list[str] | None = None) -> int:
     entries = [(fn, tuple(a), {}) for fn, a in getattr(models, args.target)()]
     problems, notes = precheck.check_entries(
         entries,
-        lambda fn: harness.compile_entry(fn, options),
-        lambda fn: harness.eager_entry(fn, options),
-        lambda fn, a, k: harness.run_entry(fn, a, k, options),
+        lambda fn: compilestep.compile_entry(fn, options),
+        lambda fn: compilestep.eager_entry(fn, options),
+        lambda fn, a, k: compilestep.run_entry(fn, a, k, options),
         training=args.backward,
     )
     second = models.SECOND_INPUTS.get(args.target)
     if second is not None:
         fn = entries[0][0]
-        compiled = harness.compile_entry(fn, options)
+        compiled = compilestep.compile_entry(fn, options)
         other: Any = second()
+        run = compilestep.run_entry
         problems += [f"second input: {p}" for p in precheck.compare(
-            harness.run_entry(fn, other, {}, options), harness.run_entry(compiled, other, {}, options))]  # fmt: skip
+            run(fn, other, {}, options), run(compiled, other, {}, options))]  # fmt: skip
     from torch._dynamo.utils import counters
 
     print(json.dumps({
-        "prepared": prepared, "problems": problems, "notes": notes, "fallbacks": dict(warmstart.fallbacks),
+        "prepared": prepared, "problems": problems, "notes": notes, "fallbacks": dict(precompileguard.fallbacks),
         "counters": {g: dict(counters[g]) for g in ("dynamo_cache", "frames", "inductor", "aot_autograd")},
         "torch": torch.__version__,
     }))  # fmt: skip

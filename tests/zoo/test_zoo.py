@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from cachelib import harness, warmstart
+from cachelib import harness, precompileguard, warmstart
 from tests.cachelib.helpers import ROOT, last_json, run_cli
 from testsupport.servers import missing
 
@@ -206,5 +206,5 @@ def test_the_newest_torch_is_the_one_claimed() -> None:
     python = interpreter("newest")
     proc = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
     assert proc.stdout.startswith(f"{NEWEST_TORCH}."), proc.stdout
-    high = ".".join(map(str, warmstart.PROVEN_TORCH[1]))
+    high = ".".join(map(str, precompileguard.PROVEN_TORCH[1]))
     assert high == NEWEST_TORCH, "the zoo's newest end and the guard's proven range disagree"

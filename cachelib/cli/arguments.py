@@ -1,0 +1,135 @@
+"""What the command line's arguments mean: their checks, and the store, keys and versions they name."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING
+
+from cachelib.stores.base import MAX_SEGMENT_LENGTH
+from cachelib.units import parse_size
+
+if TYPE_CHECKING:
+    from cachelib.signing import PublicKey
+
+
+
+STORE_ENV = "COMPILECACHE_STORE"
+
+
+class CommandError(Exception):
+    """A failure to report as one line, with an exit status."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def parse_size_arg(text: str) -> int:
+    """``1073741824``, ``512M``, ``10Gi``, ``2GB`` -> bytes (binary units)."""
+    try:
+        return parse_size(text, what="--max-bytes")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def store_url(args: argparse.Namespace) -> str:
+    url: str | None = args.store or os.environ.get(STORE_ENV)
+    if not url:
+        raise CommandError(f"no store: give --store URL (or set {STORE_ENV})", 2)
+    return url
+
+
+def trusted_keys_of(args: argparse.Namespace) -> tuple[PublicKey, ...]:
+    """--trusted-key values, else $COMPILECACHE_TRUSTED_KEYS (comma-separated); empty: none."""
+    from cachelib.signing import TRUSTED_KEYS_ENV, KeyFormatError, parse_public_keys
+
+    texts = args.trusted_key or [os.environ.get(TRUSTED_KEYS_ENV, "")]
+    try:
+        return parse_public_keys(texts)
+    except KeyFormatError as exc:
+        raise CommandError(f"--trusted-key: {exc}", 2) from None
+
+
+def versions_of(args: argparse.Namespace) -> dict[str, str | None]:
+    return {"torch": args.torch, "triton": args.triton, "cuda": args.cuda, "py": args.py}
+
+
+def parse_owner_arg(text: str) -> tuple[int, int]:
+    from cachelib.unpack import parse_owner
+
+    try:
+        return parse_owner(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_cache_arg(text: str) -> str:
+    """``NS/NAME`` as given; anything else is a bad argument (exit status 2)."""
+    from cachelib.keyformat import InvalidKey
+    from cachelib.preload import parse_cache_ref
+
+    try:
+        parse_cache_ref(text)
+    except InvalidKey:
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/NAME, got {text!r}") from None
+    return text
+
+
+def parse_namespace_arg(text: str) -> str:
+    """A Kubernetes namespace name (a DNS label)."""
+    from cachelib.keyformat import InvalidKey, check_cache_ref
+
+    try:
+        check_cache_ref(text, "x")
+    except InvalidKey as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("namespace: ")) from None
+    return text
+
+
+def parse_name_arg(text: str) -> str:
+    """A cache name: a Kubernetes object name that fits one segment of a store key."""
+    from cachelib.keyformat import InvalidKey, check_cache_ref
+
+    try:
+        check_cache_ref("x", text)
+    except InvalidKey as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("name: ")) from None
+    if len(text) > MAX_SEGMENT_LENGTH:
+        raise argparse.ArgumentTypeError(
+            f"{len(text)} characters: a cache name is one segment of every store key, at most {MAX_SEGMENT_LENGTH}"
+        )
+    return text
+
+
+def parse_level_arg(text: str) -> int:
+    """A zstd compression level, 1 to 22."""
+    try:
+        level = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= level <= 22:
+        raise argparse.ArgumentTypeError(f"{level} is not a zstd level from 1 to 22")
+    return level
+
+
+def parse_seconds(text: str) -> float:
+    """A non-negative number of seconds (0: none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds such as 30 (0: none), got {text!r}")
+    return value
+
+
+def parse_ratio(text: str) -> float:
+    """A compression ratio of at least 1 (0: no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value == 0 or 1 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a ratio of at least 1 such as 200 (0: no limit), got {text!r}")
+    return value

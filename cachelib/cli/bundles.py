@@ -1,0 +1,174 @@
+"""The commands that make and examine bundles: ``warmup``, ``pack``, ``publish``, ``inspect``, ``why``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cachelib.cli.arguments import CommandError, store_url, trusted_keys_of
+from cachelib.cli.output import log, print_json
+from cachelib.compilekey import options_from_args
+from cachelib.masking import mask_command, mask_text
+from cachelib.progress import stderr_bar
+
+if TYPE_CHECKING:
+    from cachelib.signing import PublicKey, Signature
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from cachelib.publish import pack
+
+    written = pack(Path(args.outdir), Path(args.bundle), level=args.level)
+    print_json(
+        {
+            "key": str(written.header.key),
+            "bundle": str(args.bundle),
+            "bytes": written.bytes,
+            "sha256": written.sha256,
+            "parts": {p.name: {"size": p.size, "stored_size": p.stored_size} for p in written.header.parts},
+        }
+    )
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from cachelib.podcontract import write_termination_message
+    from cachelib.publish import publish
+
+    try:
+        published = publish(Path(args.source), store_url(args), level=args.level, watch=stderr_bar)
+    except Exception as exc:
+        write_termination_message({"result": "error", "stage": "publish", "reason": f"{type(exc).__name__}: {exc}"})
+        raise
+    payload = published.to_dict()
+    print_json(payload)
+    write_termination_message(payload)
+    return 0
+
+
+def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
+    """The harness command line for ``compilecache warmup``'s options."""
+    from cachelib import harness
+
+    argv = [sys.executable, harness.__file__]
+    argv += ["--target", args.target] if args.target else ["--command", args.command]
+    argv += ["--out", str(out), "--namespace", args.namespace, "--name", args.name]
+    return argv + options_from_args(args).harness_args()
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    from cachelib.publish import publish
+    from cachelib.stores import StoreURLError, parse_store_url
+
+    url = store_url(args)
+    try:  # every argument is checked before anything compiles
+        parse_store_url(url)
+    except StoreURLError as exc:
+        raise CommandError(f"--store: {exc}", 2) from None
+    with tempfile.TemporaryDirectory(prefix="compilecache-warmup-") as scratch:
+        out = Path(args.out) if args.out else Path(scratch) / "out"
+        argv = harness_argv(args, out)
+        log.info("running the harness: %s", " ".join(mask_command(argv)))
+        status = subprocess.run(argv, stdout=sys.stderr, check=False).returncode
+        if status != 0:
+            raise CommandError(f"the warm-up harness failed (exit status {status}); see its message above", status)
+        published = publish(out, url, level=args.level, watch=stderr_bar)
+    print_json(published.to_dict())
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from cachelib.bundlereader import BundleReader, bundle_digest_file
+    from cachelib.publish import inspect_bundle
+    from cachelib.signing import read_signature
+    from cachelib.stores import open_store
+
+    trusted = trusted_keys_of(args)
+    if args.store:
+        with open_store(args.store) as store:
+            with store.get(args.bundle) as stream:
+                reader = BundleReader(stream)
+                if args.verify:
+                    reader.verify_all()
+            header, digest = reader.header.to_dict(), reader.digest
+            if args.verify:
+                header["signature"] = signature_report(lambda: read_signature(store, args.bundle), digest, trusted)
+    else:
+        path = Path(args.bundle)
+        if not path.is_file():
+            raise CommandError(
+                f"{path}: no such bundle file (to inspect a stored bundle, give --store URL and its key)"
+            )
+        header, digest = inspect_bundle(path, verify=args.verify), bundle_digest_file(path)
+        if args.verify:
+            header["signature"] = signature_report(lambda: _signature_file(path, header["key"]), digest, trusted)
+    header["digest"] = digest
+    if args.verify:
+        header["verified"] = True
+    print(json.dumps(header, indent=2, sort_keys=True))
+    if args.verify and trusted and not header["signature"]["verified"]:
+        raise CommandError(f"{args.bundle}: {header['signature']['reason']}")
+    return 0
+
+
+def cmd_why(args: argparse.Namespace) -> int:
+    from cachelib import factors, verdict
+
+    path = Path(args.path)
+    pod_verdict = None
+    try:
+        if path.is_dir():
+            warmup = factors.read_document(path / factors.FACTORS_NAME)
+            pod = path / verdict.WHY_NAME
+            pod_verdict = json.loads(pod.read_text()) if pod.is_file() else None
+        elif path.is_file():
+            warmup = verdict.read_bundle_document(path)
+        else:
+            raise CommandError(f"{path}: neither a cache directory nor a bundle file")
+    except (factors.FactorsError, ValueError) as exc:
+        raise CommandError(str(exc)) from exc
+    try:
+        here = factors.process_factors()
+    except ImportError as exc:
+        raise CommandError(f"this process cannot import torch to compare with: {exc}") from exc
+    report = verdict.explain(warmup, here, pod_verdict)
+    if args.output == "json":
+        print_json(report)
+    else:
+        for line in verdict.explain_lines(report):
+            print(mask_text(line))
+    return 0
+
+
+def _signature_file(path: Path, key: str) -> Signature:
+    from cachelib.signing import SIGNATURE_SUFFIX, Signature, SignatureError
+
+    where = Path(f"{path}{SIGNATURE_SUFFIX}")
+    if not where.is_file():
+        raise SignatureError(f"bundle {key} is not signed (no {where})")
+    return Signature.from_json(where.read_bytes(), str(where))
+
+
+def signature_report(
+    read: Callable[[], Signature], digest: str, trusted: Sequence[PublicKey]
+) -> dict[str, Any]:
+    """Who signed the bundle (key id), and whether that verifies with the trusted keys (None: no
+    --trusted-key given, so only the claimed signer is shown)."""
+    from cachelib.signing import SignatureError, verify
+
+    try:
+        signature = read()
+    except SignatureError as exc:
+        return {"key_id": None, "verified": False if trusted else None, "reason": str(exc)}
+    if not trusted:
+        return {"key_id": signature.key_id, "verified": None, "reason": "not checked: no --trusted-key given"}
+    try:
+        return {"key_id": verify(signature, signature.key, digest, trusted), "verified": True, "reason": None}
+    except SignatureError as exc:
+        return {"key_id": signature.key_id, "verified": False, "reason": str(exc)}
