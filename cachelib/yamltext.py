@@ -11,6 +11,8 @@ from typing import Any
 
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _RESERVED = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
+_SIMPLE_KEY_MAX = 1024
+"""YAML allows an implicit key of at most 1024 characters; a longer one is written as an explicit key (``? key``)."""
 
 
 def _key(key: str) -> str:
@@ -57,7 +59,11 @@ def _lines(value: Any, indent: int) -> list[str]:
         out = []
         for key in sorted(value, key=str):
             item = value[key]
-            head = f"{pad}{_key(str(key))}:"
+            text = _key(str(key))
+            if len(text) >= _SIMPLE_KEY_MAX:  # "? key" on its own line, then ":" starts the value
+                out.append(f"{pad}? {text}")
+                text = ""
+            head = f"{pad}{text}:"
             if isinstance(item, Mapping | list | tuple) and item:
                 out += [head, *_lines(item, indent + 2)]
             else:

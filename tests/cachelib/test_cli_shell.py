@@ -115,6 +115,7 @@ JSON_VALUES = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(JSON_VALUES)
 @example([1e16, -2.5e-300, 0.1, "𐀀\x7f\"\\", {"on": "null", "": [{}]}])
+@example([{"\u0300" * 200: {"k": ["\u0300" * 200]}}, {"\u0300" * 200: []}])  # keys past YAML's 1024 characters
 def test_yaml_text_reads_back_as_the_value(value: object) -> None:
     assert yaml.safe_load(yamltext.dump(value)) == value
 
