@@ -37,6 +37,12 @@ def store_url(args: argparse.Namespace) -> str:
     url: str | None = args.store or os.environ.get(STORE_ENV)
     if not url:
         raise CommandError(f"no store: give --store URL (or set {STORE_ENV})", 2)
+    from cachelib.stores import StoreURLError, parse_store_url
+
+    try:  # a URL that cannot name a store is a bad argument (exit 2), for every command alike
+        parse_store_url(url)
+    except StoreURLError as exc:
+        raise CommandError(f"--store: {exc}", 2) from None
     return url
 
 

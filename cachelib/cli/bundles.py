@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachelib.cli.arguments import CommandError, store_url, trusted_keys_of
-from cachelib.cli.output import log, print_json
+from cachelib.cli.output import log, masked, print_json
 from cachelib.compilekey import options_from_args
 from cachelib.masking import mask_command, mask_text
 from cachelib.progress import stderr_bar
@@ -64,13 +64,8 @@ def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
 
 def cmd_warmup(args: argparse.Namespace) -> int:
     from cachelib.publish import publish
-    from cachelib.stores import StoreURLError, parse_store_url
 
-    url = store_url(args)
-    try:  # every argument is checked before anything compiles
-        parse_store_url(url)
-    except StoreURLError as exc:
-        raise CommandError(f"--store: {exc}", 2) from None
+    url = store_url(args)  # every argument is checked before anything compiles
     with tempfile.TemporaryDirectory(prefix="compilecache-warmup-") as scratch:
         out = Path(args.out) if args.out else Path(scratch) / "out"
         argv = harness_argv(args, out)
@@ -91,7 +86,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     trusted = trusted_keys_of(args)
     if args.store:
-        with open_store(args.store) as store:
+        with open_store(store_url(args)) as store:
             with store.get(args.bundle) as stream:
                 reader = BundleReader(stream)
                 if args.verify:
@@ -140,6 +135,10 @@ def cmd_why(args: argparse.Namespace) -> int:
     report = verdict.explain(warmup, here, pod_verdict)
     if args.output == "json":
         print_json(report)
+    elif args.output == "yaml":
+        from cachelib import yamltext
+
+        print(yamltext.dump(masked(report)), end="", flush=True)
     else:
         for line in verdict.explain_lines(report):
             print(mask_text(line))

@@ -81,7 +81,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     try:
         older_than = parse_duration(args.older_than) if args.older_than else None
-        if args.keep == 0 and older_than is None and not args.yes:
+        if args.keep == 0 and older_than is None and not args.yes and not args.dry_run:
             raise ValueError("--keep 0 without --older-than deletes every bundle: refusing without --yes")
         now = time.time()
         with open_listed_store(args) as store:

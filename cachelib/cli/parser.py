@@ -180,6 +180,8 @@ HELP_EXIT_AND_ENV = (
     "  0  done (preload and load: also a miss or a bad bundle, unless --strict)\n"
     "  1  failed: the store, the bundle or the command's work (one line on stderr says why)\n"
     "  2  bad arguments, before anything runs\n"
+    "  3-6  warmup: the harness's own status (3 the target cannot be imported, 4 it failed to compile or run,\n"
+    "       5 it returned something other than (function, example inputs) entries, 6 its output cannot be written)\n"
     "  130  interrupted; 141  the reader of stdout went away (as SIGPIPE)\n\n"
     "credentials (environment only, never printed):\n" + _credential_variables() +
     "  COMPILECACHE_STORE  default --store; COMPILECACHE_TRUSTED_KEYS  default --trusted-key"
@@ -355,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
         "  compilecache why $TORCHINDUCTOR_CACHE_DIR\n  compilecache why /tmp/demo.ccb -o json",
     )
     p.add_argument("path", help="a cache directory, or a bundle file")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
+    p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text",
+                   help="text (default), json or yaml")
 
     p = _add(
         sub,
@@ -400,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--older-than", metavar="AGE", help="e.g. 7d, 12h, 30m")
     p.add_argument("--keep", type=int, metavar="N", help="keep the N most recently published per group")
     p.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
-    p.add_argument("--yes", action="store_true", help="confirm --keep 0 without --older-than (deletes every bundle)")
+    p.add_argument("--yes", action="store_true",
+                   help="confirm --keep 0 without --older-than (deletes every bundle; --dry-run needs none)")
 
     p = _add(
         sub,

@@ -260,3 +260,14 @@ def test_demo_without_prometheus_client_still_starts_warm(tmp_path: Path) -> Non
     assert "warm start: every FX-graph lookup hit." in proc.stdout
     assert "not shown, prometheus_client is not installed" in proc.stdout
     assert "pip install 'compilecache[metrics]'" in proc.stdout
+
+
+@pytest.mark.parametrize("url", ["ftp://host/x", "redis://:pa#hunter2@h", "s3://b", "file://relative"])
+@pytest.mark.parametrize("command", [["ls"], ["gc", "--keep", "1"], ["inspect", "default/demo"]])
+def test_a_store_url_that_names_no_store_is_a_bad_argument_for_every_command(command: list[str], url: str) -> None:
+    """Exit status 2 with the URL's problem on stderr, whichever command reads the store, and no credential
+    (preload and load instead fail open: exit 0 with result "error", unless --strict)."""
+    proc = run_cli(*command, "--store", url)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"compilecache {command[0]}: error: --store"), proc.stderr
+    assert "hunter2" not in proc.stderr and proc.stdout == ""

@@ -126,6 +126,9 @@ def test_gc_keep_zero_needs_yes_as_a_bare_gc_refuses(store: str) -> None:
 
     bare = run_cli("gc", "--store", store)
     assert bare.returncode == 2 and "refusing to delete everything" in bare.stderr
+    dry = run_cli("gc", "--store", store, "--keep", "0", "--dry-run")  # deletes nothing: no --yes needed
+    assert dry.returncode == 0, dry.stderr
+    assert len(dry.stdout.splitlines()) == 3 and count() == 3
     refused = run_cli("gc", "--store", store, "--keep", "0")
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "--keep 0 without --older-than deletes every bundle" in refused.stderr and "--yes" in refused.stderr

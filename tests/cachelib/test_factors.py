@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -206,6 +207,12 @@ def test_an_unchanged_workload_hits_and_names_no_cause(warm: Warm, tmp_path: Pat
     metric = graphs_metric(report["metrics"])
     assert metric[("hit", "none")] == len(why["graphs"])
     assert all(v == 0 for k, v in metric.items() if k[0] == "miss")
+    argv = [warm.python, "-m", "cachelib.cli", "why", str(report["cache"])]
+    env = _env(warm.out.parent / "model")
+    as_json, as_yaml = (subprocess.run([*argv, "-o", out], env=env, capture_output=True, text=True, timeout=300)
+                        for out in ("json", "yaml"))  # fmt: skip
+    assert as_json.returncode == 0 and as_yaml.returncode == 0, as_json.stderr + as_yaml.stderr
+    assert yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout)
 
 
 @pytest.mark.parametrize("change", CHANGES, ids=[c.name for c in CHANGES])
