@@ -43,7 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from compilecache_operator.plan import BundleRecord, plan_variants  # noqa: E402
-from compilecache_operator.spec import Defaults, parse_spec  # noqa: E402
+from compilecache_operator.spec import Defaults  # noqa: E402
+from compilecache_operator.spec_parse import parse_spec  # noqa: E402
 
 from tests.infra.kube.cluster import LocalCluster, free_port  # noqa: E402
 from tests.infra.kube.rest import KubeAPIError, KubeClient  # noqa: E402

@@ -67,8 +67,8 @@ from compilecache_operator.spec import (
     RemoteCacheSpec,
     Resources,
     StorageSpec,
-    parse_spec,
 )
+from compilecache_operator.spec_parse import parse_spec
 from compilecache_operator.wiring import CACHE_DIR_ENV, cache_mount_point, env_from_overrides, unwired_containers
 
 from cachelib.bytecode import PYCACHE_DIR, PYCACHE_ENV

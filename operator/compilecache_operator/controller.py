@@ -61,7 +61,8 @@ from compilecache_operator.results import (
 )
 from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.signing import Signing, sign_records
-from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec, StorageSpec, parse_spec
+from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec, StorageSpec
+from compilecache_operator.spec_parse import parse_spec
 
 from cachelib.keyformat import cache_prefix
 from cachelib.stores import Store, StoreError, in_store_thread

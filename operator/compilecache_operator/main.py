@@ -37,9 +37,8 @@ from compilecache_operator.spec import (
     Defaults,
     InvalidSpec,
     Resources,
-    parse_ca_setting,
-    parse_resources,
 )
+from compilecache_operator.spec_parse import parse_ca_setting, parse_resources
 from compilecache_operator.store_ca import STORE_CA_FILE
 from compilecache_operator.webhook import PodWebhookServer
 from prometheus_client import start_http_server

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
+from compilecache_operator.spec import Defaults, InvalidSpec
+from compilecache_operator.spec_parse import parse_spec
 
 from tests.chart.test_crd_descriptions import fields
 from tests.infra.helm import helm_binaries, kubectl_bin  # noqa: F401  (fixtures)

@@ -219,7 +219,7 @@ def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, An
     """The spec is parsed and checked once per reconcile (the fingerprint, the snapshot and the decisions
     share it), and the store URL once within that parse (the allow-list check reads the parsed one)."""
     from compilecache_operator import confinement
-    from compilecache_operator import spec as spec_module
+    from compilecache_operator import spec_parse as spec_module
     from compilecache_operator.confinement import Confinement
 
     counts = {"spec": 0, "url": 0}

@@ -24,7 +24,8 @@ from compilecache_operator.names import (
 from compilecache_operator.plan import BundleRecord, Variant, plan_variants
 from compilecache_operator.results import JobState
 from compilecache_operator.sidecars import SidecarSupport
-from compilecache_operator.spec import Defaults, parse_spec
+from compilecache_operator.spec import Defaults
+from compilecache_operator.spec_parse import parse_spec
 
 from tests.operator.podpatch import apply_pod_patch
 from tests.operator.samples import (

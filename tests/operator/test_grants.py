@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from compilecache_operator import handlers
 from compilecache_operator.confinement import Confinement, check_confinement, grants_from
-from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
+from compilecache_operator.spec import Defaults, InvalidSpec
+from compilecache_operator.spec_parse import parse_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

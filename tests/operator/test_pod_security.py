@@ -10,7 +10,8 @@ import yaml
 from compilecache_operator import builders, security
 from compilecache_operator.names import PRELOAD_CONTAINER, PRELOAD_SHARE_ANNOTATION
 from compilecache_operator.plan import BundleRecord, Variant
-from compilecache_operator.spec import Defaults, parse_spec
+from compilecache_operator.spec import Defaults
+from compilecache_operator.spec_parse import parse_spec
 
 from tests.operator.podpatch import apply_pod_patch
 from tests.operator.restricted import restricted_violations

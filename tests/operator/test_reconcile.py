@@ -14,7 +14,8 @@ from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import GENERATION_LABEL, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
 from compilecache_operator.plan import BundleRecord, job_name, plan_variants
 from compilecache_operator.results import PUBLISH_CONTAINER
-from compilecache_operator.spec import Defaults, parse_spec
+from compilecache_operator.spec import Defaults
+from compilecache_operator.spec_parse import parse_spec
 from compilecache_operator.storeops import DeleteReport
 
 from tests.infra.kube.cluster import free_port
