@@ -15,10 +15,11 @@ import pytest
 from compilecache_operator import coldstarts, names
 from compilecache_operator.builders import JobSettings, build_status
 from compilecache_operator.controller import Settings, State
-from compilecache_operator.handlers import CountedPods, count_cold_start
+from compilecache_operator.handlers import count_cold_start
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.spec import Defaults
+from compilecache_operator.startup import CountedPods
 from hypothesis import given
 from hypothesis import strategies as st
 

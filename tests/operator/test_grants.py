@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from compilecache_operator import handlers
+from compilecache_operator import startup
 from compilecache_operator.confinement import Confinement, check_confinement, grants_from
 from compilecache_operator.spec import Defaults, InvalidSpec
 from compilecache_operator.spec_parse import parse_spec
@@ -85,10 +85,10 @@ class FakeState:
 def test_a_change_unsettles_the_caches_of_the_namespaces_it_touches() -> None:
     state = FakeState([("a", "one"), ("b", "two"), ("c", "three")])
     grants, _ = grants_from([configmap("g", namespaces="a,b", storeHosts="r:1")])
-    asyncio.run(handlers.apply_grants(state, grants))  # type: ignore[arg-type]
+    asyncio.run(startup.apply_grants(state, grants))  # type: ignore[arg-type]
     assert state.settings.confinement.grants == grants
     assert set(state.settled) == {("c", "three")}  # a and b are reconciled again; c is untouched
     state.settled = {k: ("fingerprint",) for k in state.indexes.caches}
     narrower, _ = grants_from([configmap("g", namespaces="b", storeHosts="r:1")])
-    asyncio.run(handlers.apply_grants(state, narrower))  # type: ignore[arg-type]
+    asyncio.run(startup.apply_grants(state, narrower))  # type: ignore[arg-type]
     assert set(state.settled) == {("b", "two"), ("c", "three")}  # only a lost its grant

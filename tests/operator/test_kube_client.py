@@ -21,8 +21,8 @@ import pytest
 import yaml
 from aiohttp import web
 from compilecache_operator import kubeconfig
-from compilecache_operator.handlers import login
 from compilecache_operator.kube import KubeAPI, KubeError, backoff, retry_after
+from compilecache_operator.startup import login
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -12,7 +12,7 @@ import pytest
 from compilecache_operator import names
 from compilecache_operator.builders import JobSettings
 from compilecache_operator.controller import Settings, State
-from compilecache_operator.handlers import CountedPods, count_preload
+from compilecache_operator.handlers import count_preload
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.main import parse_args, settings_from
 from compilecache_operator.metrics import Metrics
@@ -22,6 +22,7 @@ from compilecache_operator.sidecars import (
     sidecar_support,
 )
 from compilecache_operator.spec import Defaults
+from compilecache_operator.startup import CountedPods
 
 from tests.infra.kube.cluster import free_port
 
