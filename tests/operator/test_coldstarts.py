@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cachelib import factors
-from tests.infra.kube.cluster import free_port
+from testsupport.servers import free_port
 
 MISSES = [c for c in factors.CAUSES if c != "none"]
 

@@ -120,7 +120,7 @@ def test_a_401_logs_in_again_once() -> None:
 
 def test_a_dropped_connection_is_retried_then_named() -> None:
     async def run() -> KubeError:
-        from tests.infra.kube.cluster import free_port
+        from testsupport.servers import free_port
 
         api = KubeAPI(kopf.ConnectionInfo(server=f"http://127.0.0.1:{free_port()}"), attempts=2)
         try:

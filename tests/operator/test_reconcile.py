@@ -18,8 +18,8 @@ from compilecache_operator.spec import Defaults
 from compilecache_operator.spec_parse import parse_spec
 from compilecache_operator.storeops import DeleteReport
 
-from tests.infra.kube.cluster import free_port
 from tests.operator.samples import KEY, owner
+from testsupport.servers import free_port
 
 SETTINGS = Settings(defaults=Defaults(), jobs=builders.JobSettings(preloader_image="p"), retry_seconds=7)
 NOW = "2026-01-01T00:00:00Z"

@@ -24,7 +24,7 @@ from compilecache_operator.sidecars import (
 from compilecache_operator.spec import Defaults
 from compilecache_operator.startup import CountedPods
 
-from tests.infra.kube.cluster import free_port
+from testsupport.servers import free_port
 
 
 # -- the API server's version ------------------------------------------------------------------------
