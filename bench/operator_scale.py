@@ -1,7 +1,7 @@
 """The operator at scale on a real API server: N CompileCaches, what the operator costs at rest and on restart.
 
 It starts its own control plane (etcd, kube-apiserver with an audit log, kube-controller-manager, from
-tests/infra/kube), creates N CompileCaches whose bundles are already recorded in status (as after their
+testsupport/kube), creates N CompileCaches whose bundles are already recorded in status (as after their
 warm-ups), and runs ``compilecache-operator`` as its own process with its own identity, then measures:
 
   observed      start → every cache Ready with its generation observed (first start, nothing settled)
@@ -42,12 +42,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from compilecache_operator.cache_status import without_empty_strings  # noqa: E402
 from compilecache_operator.plan import BundleRecord, plan_variants  # noqa: E402
-from compilecache_operator.spec import Defaults, parse_spec  # noqa: E402
+from compilecache_operator.spec import Defaults  # noqa: E402
+from compilecache_operator.spec_parse import parse_spec  # noqa: E402
 
-from tests.infra.kube.cluster import LocalCluster, free_port  # noqa: E402
-from tests.infra.kube.rest import KubeAPIError, KubeClient  # noqa: E402
-from tests.operator.e2e_support import CC_API, install_crd  # noqa: E402
+from testsupport.kube.cluster import LocalCluster  # noqa: E402
+from testsupport.kube.crd import CC_API, install_crd  # noqa: E402
+from testsupport.kube.rest import KubeAPIError, KubeClient  # noqa: E402
+from testsupport.servers import free_port  # noqa: E402
 
 NS = "bench"
 USER = "compilecache-operator"
@@ -62,13 +65,13 @@ def spec(mode: str = "default") -> dict[str, Any]:
 
 
 def settled_status(name: str, body: dict[str, Any]) -> dict[str, Any]:
-    """The status a finished warm-up leaves: the bundle of the planned variant."""
+    """The status a finished warm-up leaves: the bundle of the planned variant, as the operator writes it."""
     parsed = parse_spec(body["spec"], Defaults())
     (variant,) = plan_variants(NS, name, parsed)
     record = BundleRecord(variant=variant.id, key=KEY.format(name=name), gpu=variant.gpu_label, image=IMAGE,
                           generation=1, job_id="job", job=f"cc-{name}", created="2026-01-01T00:00:00Z",
                           digest="0" * 64, bytes=1000)
-    return {"bundles": [record.to_status()], "bundleCount": 1, "plannedGPUs": "cpu"}
+    return {"bundles": [without_empty_strings(record.to_status())], "bundleCount": 1, "plannedGPUs": "cpu"}
 
 
 def create_caches(client: KubeClient, count: int, workers: int = 8) -> None:

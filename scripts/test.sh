@@ -23,7 +23,7 @@ ensure_newest_torch_venv
 ensure_triton_target
 
 log "kube-apiserver, kube-controller-manager and etcd (built once from Go modules, then cached)"
-bash tests/infra/kube/build.sh
+bash testsupport/kube/build.sh
 log "kubelet, kube-scheduler, containerd, crictl and the pause image (built once from Go modules, then cached)"
 bash tests/infra/node/build.sh
 log "helm and kubectl (fetched once, then cached)"

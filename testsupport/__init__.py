@@ -1,1 +1,2 @@
-"""Support the tests and the benchmarks share: real servers on loopback and the model zoo (not shipped)."""
+"""Support the tests and the benchmarks share (not shipped): real servers on loopback, a local Kubernetes
+control plane, the model zoo."""

@@ -203,7 +203,7 @@ def start_redis_cluster(
     tls_ports = [free_port() for _ in range(primaries)] if tls else []
     tls_args: list[tuple[str, ...]] = [() for _ in range(primaries)]
     if tls:
-        from tests.infra.kube.pki import CertificateAuthority
+        from testsupport.kube.pki import CertificateAuthority
 
         ca = CertificateAuthority(directory / "pki", "compilecache-test-redis-ca")
         ca_path = ca.cert_path

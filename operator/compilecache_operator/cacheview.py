@@ -10,7 +10,8 @@ from typing import Any
 from compilecache_operator import conditions as cond
 from compilecache_operator.confinement import Confinement, check_confinement
 from compilecache_operator.plan import CPU, BundleRecord, bundles_from_status, plan_id, variant_id
-from compilecache_operator.spec import PRECOMPILE_AUTO, CacheSpec, Defaults, InvalidSpec, parse_spec
+from compilecache_operator.spec import PRECOMPILE_AUTO, CacheSpec, Defaults, InvalidSpec
+from compilecache_operator.spec_parse import parse_spec
 
 
 @dataclass(frozen=True)

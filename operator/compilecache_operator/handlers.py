@@ -1,7 +1,8 @@
 """The Kopf handlers: thin wrappers that call the controller, the webhook and the metrics.
 
-They are registered at import, in Kopf's default registry; the settings they need are read at
-start-up into the memo (``memo["state"]``, ``memo["intervals"]``):
+They are registered at import, in Kopf's default registry; each reads what it needs from its memo, the
+operator's :class:`~compilecache_operator.startup.Runtime` (through :func:`~compilecache_operator.startup.runtime_of`),
+which ``main`` builds and whose :meth:`~compilecache_operator.startup.Runtime.start` runs at Kopf's start-up:
 
 - indexes (Kopf keeps them current from its watches): the CompileCaches (the webhook's view and
   the objects), their warm-up Jobs, the Nodes' labels. A reconcile reads them, not the API.
@@ -28,36 +29,13 @@ start-up into the memo (``memo["state"]``, ``memo["intervals"]``):
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
 import logging
-import os
-import signal
-import socket
-import threading
-import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any
 
 import kopf
-from compilecache_operator import (
-    cacheview,
-    certs,
-    coldstarts,
-    kubeconfig,
-    leader,
-    probes,
-    scheduling,
-    servingcert,
-    signingkey,
-    tlsreload,
-)
+from compilecache_operator import cacheview, coldstarts, scheduling, startup
 from compilecache_operator.conditions import find, merge_conditions, now_rfc3339
-from compilecache_operator.confinement import ALLOW_LABEL, Confinement, grants_from
-from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import WEBHOOK_HANDLER, cache_gpus, instrumented
 from compilecache_operator.names import (
     CACHE_LABEL,
@@ -67,103 +45,20 @@ from compilecache_operator.names import (
     GROUP,
     KIND,
     PLURAL,
-    PREFIX,
     RECORDED_ANNOTATION,
     VERSION,
     WARMUP_LABEL,
     WEBHOOK_ID,
 )
 from compilecache_operator.results import job_condition, preload_outcome
-from compilecache_operator.sidecars import detect_native_sidecars
-from compilecache_operator.signing import Signing
-from compilecache_operator.state import Indexes, State, owner_uids
-from compilecache_operator.webhook import PodWebhookServer, inject_pods, review_pod
+from compilecache_operator.startup import CountedPods, emit, runtime_of
+from compilecache_operator.state import State, owner_uids
+from compilecache_operator.webhook import inject_pods
 
 from cachelib.keyformat import gpu_slug
 
 logger = logging.getLogger(__name__)
-MAX_COUNTED = 100_000
 CC = (GROUP, VERSION, PLURAL)
-
-
-@dataclass(frozen=True)
-class Intervals:
-    resync_seconds: float = 60.0
-    """How often the caches with something to look at are reconciled again."""
-    watch_server_timeout: int = 300
-
-
-@dataclass
-class Admission:
-    """The webhook server and, in managed mode, the webhook configuration's name; where its certificate
-    comes from and how it is reloaded."""
-
-    server: kopf.WebhookServer | None = None
-    managed: str | None = None
-    reloader: tlsreload.Reloader | None = None
-    serving: servingcert.Target | None = None
-    """The operator's own serving certificate Secret (None: files, or self-signed)."""
-    policy: servingcert.Policy = dataclasses.field(default_factory=servingcert.Policy)
-    check_seconds: float = 10.0
-    cert_ready: bool = True
-    """The certificate served is the one to serve (with ``serving``: once the Secret's is loaded)."""
-    watch_files: bool = False
-    """Whether the certificate files may be renewed (a mounted Secret)."""
-
-
-@dataclass(frozen=True)
-class SigningSecret:
-    """The signing key's Secret (see :mod:`compilecache_operator.signingkey`)."""
-
-    namespace: str
-    name: str
-    extra_trusted: tuple[str, ...]
-    labels: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class Election:
-    """The Lease that decides which replica acts (see :mod:`compilecache_operator.leader`)."""
-
-    namespace: str
-    name: str = "compilecache-operator"
-
-
-@dataclass(frozen=True)
-class Probes:
-    """Where ``/healthz`` and ``/readyz`` are served (port 0: not at all)."""
-
-    address: str = "0.0.0.0"
-    port: int = 0
-
-
-class CountedPods:
-    """Pod uids already counted, so a burst of events before the annotation lands counts once."""
-
-    def __init__(self, limit: int = MAX_COUNTED) -> None:
-        self._seen: OrderedDict[str, None] = OrderedDict()
-        self._limit = limit
-
-    def add(self, uid: str) -> bool:
-        """True when ``uid`` was not counted before."""
-        if uid in self._seen:
-            return False
-        self._seen[uid] = None
-        while len(self._seen) > self._limit:
-            self._seen.popitem(last=False)
-        return True
-
-
-def _state(memo: kopf.Memo) -> State:
-    return cast(State, memo["state"])
-
-
-def _intervals(memo: kopf.Memo) -> Intervals:
-    return cast(Intervals, memo.get("intervals") or Intervals())
-
-
-def _emit(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
 
 
 def plain(body: kopf.Body) -> dict[str, Any]:
@@ -173,194 +68,27 @@ def plain(body: kopf.Body) -> dict[str, Any]:
     return {**raw, "metadata": meta}
 
 
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """The pod's service account in a cluster (at KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT, as
-    client-go), else the kubeconfig (``KUBECONFIG``), running its ``exec`` credential plugin where the user
-    has one."""
-    if os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"):
-        in_pod = kopf.login_with_service_account(**kwargs)
-        server = kubeconfig.in_cluster_server(os.environ)
-        return dataclasses.replace(in_pod, server=server) if in_pod is not None and server else in_pod
-    info = kopf.login_with_kubeconfig(**kwargs)
-    if info is None:
-        return None
-    try:
-        fields = kubeconfig.exec_credentials(kubeconfig.current_user())
-    except kubeconfig.ExecCredentialError as exc:
-        raise kopf.LoginError(str(exc)) from exc
-    return dataclasses.replace(info, **fields) if fields else info
-
-
 # -- start-up and shut-down ---------------------------------------------------------------------------
 @kopf.on.login(id="login")
 def login_handler(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    return login(**kwargs)
+    return startup.login(**kwargs)
 
 
 @kopf.on.startup(id="configure")
-async def configure(
-    settings: kopf.OperatorSettings,
-    memo: kopf.Memo,
-    **indexes: Any,
-) -> None:
-    intervals = _intervals(memo)
-    # No Kopf handler needs a finalizer or stores progress: the controller manages its own finalizer
-    # (compilecache.io/bundles). Kopf's is named so that it never matches one on an object.
-    settings.persistence.finalizer = f"{PREFIX}/kopf-unused"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.watching.server_timeout = intervals.watch_server_timeout
-    settings.watching.client_timeout = intervals.watch_server_timeout + 30
-    settings.watching.connect_timeout = 30
-    # Server-side selection: the API server sends only warm-up Jobs and opted-in pods.
-    settings.watching.label_selectors["batch", "jobs"] = WARMUP_LABEL
-    settings.watching.label_selectors["", "pods"] = CACHE_LABEL
-    settings.peering.standalone = True
-    # Kopf turns its log lines about objects into Kubernetes Events from this level: handler failures only
-    # (one Event per handled event would be a request per change). The operator's own events are posted as such.
-    settings.posting.level = logging.WARNING
-    admission: Admission = memo["admission"]
-    settings.admission.server = admission.server
-    settings.admission.managed = admission.managed
-    info = login(settings=settings)
-    if info is None:
-        raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
-    state = _state(memo)
-    state.cluster.indexes = Indexes(
-        caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
-    )
-    state.api = KubeAPI(info, relogin=lambda: login(settings=settings))
-    try:
-        listed = await state.api.list_caches(state.settings.namespaces)
-        state.cluster.early_views = {
-            (str(c["metadata"].get("namespace", "")), str(c["metadata"]["name"])):
-            cacheview.cache_view(c, state.settings.defaults, state.settings.confinement) for c in listed
-        }
-    except KubeError as exc:  # readiness then waits for Kopf's index
-        logger.warning("could not list the CompileCaches: %s", exc)
-    if isinstance(admission.server, PodWebhookServer):
-        views = indexes["caches"]
-
-        def answer(review: Mapping[str, Any]) -> dict[str, Any]:
-            with state.metrics.timed(WEBHOOK_HANDLER):
-                return review_pod(state, views, review)
-
-        admission.server.answer = answer
-        admission.server.draining = lambda: state.lifecycle.draining
-    state.injection.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
-    logger.info("native sidecars %s: %s", "available" if state.injection.sidecars.available else "not available",
-                state.injection.sidecars.basis)
-    where: Probes = memo.get("probes") or Probes()
-    if where.port:
-        memo["probes_server"] = await probes.serve(where.address, where.port,
-                                                   readiness(state, admission.server, admission))
-    memo["resync"] = asyncio.create_task(resync_loop(state, intervals.resync_seconds))
-    if state.settings.operator_namespace and state.settings.confinement != Confinement():
-        memo["grants"] = asyncio.create_task(grants_loop(state, state.settings.operator_namespace))
-    election: Election | None = memo.get("election")
-    if election is not None:
-        elector = leader.Elector(state.api, election.namespace, election.name, identity(),
-                                 lambda leading: lead(state, leading))
-        state.lifecycle.leading = False
-        memo["elector"] = elector
-        memo["election_task"] = asyncio.create_task(elector.run())
-    memo["cert_task"] = start_certificates(state, admission)
-    key_secret: SigningSecret | None = memo.get("signing_secret")
-    if key_secret is not None:
-        memo["signing_task"] = await start_signing(state, key_secret)
-
-
-def start_certificates(state: State, admission: Admission) -> asyncio.Task[None] | None:
-    """Keep the operator's serving certificate Secret (leader) and serve it (every replica), or watch the
-    mounted files for a renewal."""
-    reloader = admission.reloader
-    if reloader is None:
-        return None
-    if admission.serving is not None and state.api is not None:
-        directory = reloader.files.cert.parent
-
-        def serve(material: servingcert.Material) -> None:
-            certs.write_files(directory, material.cert, material.key, material.ca)
-            if reloader.check():
-                admission.cert_ready = True
-
-        return asyncio.create_task(servingcert.keep(state.api, admission.serving, admission.policy,
-                                                    leading=lambda: state.lifecycle.leading, serve=serve,
-                                                    interval=admission.check_seconds))
-    if admission.watch_files:
-        return asyncio.create_task(reloader.watch(admission.check_seconds))
-    return None
-
-
-async def start_signing(state: State, where: SigningSecret) -> asyncio.Task[None]:
-    """Read the signing key from its Secret (the leader creating it on the first start), then follow
-    its rotations."""
-    assert state.api is not None
-    keys = signingkey.KeySecret(state.api, where.namespace, where.name, where.labels, where.extra_trusted)
-    signing = await keys.first(lambda: state.lifecycle.leading)
-    state.settings = dataclasses.replace(state.settings, signing=signing)
-
-    def changed(new: Signing) -> None:
-        state.settings = dataclasses.replace(state.settings, signing=new)
-
-    return asyncio.create_task(keys.keep(lambda: state.lifecycle.leading, changed, signing))
-
-
-def readiness(state: State, server: kopf.WebhookServer | None,
-              admission: Admission | None = None) -> Callable[[], bool]:
-    """What ``/readyz`` answers: the caches are known and, where this replica serves the webhook,
-    its endpoint accepts connections with the certificate to serve; not while shutting down."""
-    if not isinstance(server, PodWebhookServer):
-        return state.serving
-    webhook = server
-    certified = admission or Admission()
-    return lambda: state.serving() and webhook.listening and certified.cert_ready
-
-
-def identity() -> str:
-    """This replica's name in the Lease: its pod (host) name and a random part."""
-    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-
-
-def lead(state: State, leading: bool) -> None:
-    """Start or stop acting; a new leader looks at every cache once (nothing is settled for it)."""
-    state.lifecycle.leading = leading
-    state.scheduler.settled.clear()
-    for handle in state.scheduler.retries.values():
-        handle.cancel()
-    state.scheduler.retries.clear()
-    if leading:
-        task = asyncio.get_running_loop().create_task(scheduling.resync(state, _emit))
-        state.scheduler.background.add(task)
-        task.add_done_callback(state.scheduler.background.discard)
+async def configure(settings: kopf.OperatorSettings, memo: object, **indexes: Any) -> None:
+    await runtime_of(memo).start(settings, indexes)
 
 
 @kopf.on.cleanup(id="close")
-async def close(memo: kopf.Memo, **_: Any) -> None:
-    for task_name in ("resync", "election_task", "cert_task", "signing_task", "grants"):
-        task: asyncio.Task[None] | None = memo.get(task_name)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    elector: leader.Elector | None = memo.get("elector")
-    if elector is not None:
-        try:
-            await elector.release()
-        except Exception as exc:  # the Lease expires by itself
-            logger.warning("could not release the Lease: %s", exc)
-    server: probes.Server | None = memo.get("probes_server")
-    if server is not None:
-        await server.cleanup()
-    api = _state(memo).api
-    if api is not None:
-        await api.close()
+async def close(memo: object, **_: Any) -> None:
+    await runtime_of(memo).stop()
 
 
 # -- indexes --------------------------------------------------------------------------------------------
 @kopf.index(*CC, id="caches")
-def caches(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[Any, Any]:
+def caches(namespace: str | None, name: str, body: kopf.Body, memo: object, **_: Any) -> dict[Any, Any]:
     """The webhook's view of each CompileCache."""
-    settings = _state(memo).settings
+    settings = runtime_of(memo).state.settings
     return {(namespace or "", name): cacheview.cache_view(body, settings.defaults, settings.confinement)}
 
 
@@ -383,46 +111,23 @@ def node_labels(labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
     return dict(labels)
 
 
-@kopf.on.event("v1", "nodes", id="ready-nodes", when=lambda memo, **_: not _state(memo).cluster.ready)
-@kopf.on.event(*CC, id="ready-caches", when=lambda memo, **_: not _state(memo).cluster.ready)
-async def mark_ready(memo: kopf.Memo, **_: Any) -> None:
+@kopf.on.event("v1", "nodes", id="ready-nodes", when=lambda memo, **_: not runtime_of(memo).state.cluster.ready)
+@kopf.on.event(*CC, id="ready-caches", when=lambda memo, **_: not runtime_of(memo).state.cluster.ready)
+async def mark_ready(memo: object, **_: Any) -> None:
     """Kopf runs this only after every index is loaded: from now on the webhook knows every cache."""
-    state = _state(memo)
-    if not state.cluster.ready:
-        state.cluster.ready = True
-        state.cluster.early_views = None
-        logger.info("indexes loaded: %d CompileCache(s); ready", len(state.cluster.indexes.caches))
-        stop: threading.Event | None = memo.get("stop")
-        if stop is not None:
-            drain_on_sigterm(state, stop, float(memo.get("shutdown_delay") or 0.0))
-
-
-def drain_on_sigterm(state: State, stop: threading.Event, delay: float) -> None:
-    """On SIGTERM, report not ready at once and stop ``delay`` seconds later: the webhook goes on
-    answering while the Service's endpoints (and the API server) stop sending admissions here."""
-    loop = asyncio.get_running_loop()
-
-    def on_term() -> None:
-        if state.lifecycle.draining:
-            stop.set()  # a second SIGTERM: now
-            return
-        state.lifecycle.draining = True
-        logger.info("SIGTERM: not ready; stopping in %.1fs", delay)
-        loop.call_later(delay, stop.set)
-
-    loop.add_signal_handler(signal.SIGTERM, on_term)
+    runtime_of(memo).mark_ready()
 
 
 # -- CompileCaches and their Jobs ------------------------------------------------------------------------
 @kopf.on.event(*CC, id="cache-events")
 @instrumented("reconcile")
 async def cache_event(
-    type: str, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+    type: str, namespace: str | None, name: str, body: kopf.Body, memo: object, **_: Any
 ) -> None:
     """A created, changed or deleted CompileCache: reconcile it if what it reads changed, finish its
     deletion, or forget it. Plain events (no Kopf change handlers) keep Kopf from writing anything
     to the objects, so standby replicas can watch them too."""
-    state = _state(memo)
+    state = runtime_of(memo).state
     key = (namespace or "", name)
     if type == "DELETED":
         state.forget(key)
@@ -431,22 +136,22 @@ async def cache_event(
     node_gpus = state.cluster.indexes.nodes.get(state.settings.defaults.gpu_label_key, ())
     state.metrics.know_cache(*key, cache_gpus(body.get("status"), node_gpus))  # its counters at 0, before events
     if state.lifecycle.leading:
-        await scheduling.handle(state, key, _emit)
+        await scheduling.handle(state, key, emit)
 
 
 @kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT})
 @instrumented("jobs")
-async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: object, **_: Any) -> None:
     """A warm-up Job finished: record its result at once."""
     finished = job_condition(body, "Complete") or job_condition(body, "Failed")
     if type == "DELETED" or not finished or RECORDED_ANNOTATION in body.metadata.annotations:
         return
-    state = _state(memo)
+    state = runtime_of(memo).state
     if not state.lifecycle.leading:
         return
     for ref in body.metadata.get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-            await scheduling.handle(state, (namespace or "", str(ref["name"])), _emit)
+            await scheduling.handle(state, (namespace or "", str(ref["name"])), emit)
 
 
 # -- opted-in pods ---------------------------------------------------------------------------------------
@@ -454,20 +159,20 @@ async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: kop
     "v1", "pods",
     id="count-preloads",
     labels={CACHE_LABEL: kopf.PRESENT},
-    when=lambda memo, **_: _state(memo).lifecycle.leading,
+    when=lambda memo, **_: runtime_of(memo).state.lifecycle.leading,
 )
 @instrumented("count-preloads")
 async def pod_event(
-    type: str, body: kopf.Body, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
+    type: str, body: kopf.Body, namespace: str | None, name: str, uid: str, memo: object, **_: Any
 ) -> None:
     """An opted-in pod changed: count its preload's result, then its workload's verdict, each once
     (the annotations say what was counted; Kopf filters on them on its side, so one handler)."""
+    runtime = runtime_of(memo)
     annotations = body.metadata.annotations
     if COUNTED_ANNOTATION not in annotations:
-        await count_preload(_state(memo), memo["counted"], type, body, namespace or "", name, uid)
+        await count_preload(runtime.state, runtime.counted, type, body, namespace or "", name, uid)
     if COLD_COUNTED_ANNOTATION not in annotations:
-        counted = memo.setdefault("cold_counted", CountedPods())
-        await count_cold_start(_state(memo), counted, type, body, namespace or "", name, uid)
+        await count_cold_start(runtime.state, runtime.cold_counted, type, body, namespace or "", name, uid)
 
 
 async def count_cold_start(
@@ -500,7 +205,7 @@ async def count_cold_start(
             patch["conditions"] = merge_conditions(conditions, [wanted], generation=generation, now=now_rfc3339())
             before = find(conditions, coldstarts.CONDITION)
             if wanted.status and (before is None or before.get("status") != "True"):
-                _emit(current, "Warning", wanted.reason, wanted.message)
+                emit(current, "Warning", wanted.reason, wanted.message)
         await state.api.patch_cache_status(namespace, cache, patch)
         if event_type != "DELETED":
             await state.api.annotate_pod(namespace, name, {COLD_COUNTED_ANNOTATION: verdict.cause})
@@ -555,55 +260,3 @@ async def count_preload(
             await state.api.annotate_pod(namespace, name, {COUNTED_ANNOTATION: outcome.result})
         except Exception as exc:  # counted in memory; only a restart before the retry could recount
             logger.warning("could not mark pod %s/%s as counted: %s", namespace, name, exc)
-
-
-GRANTS_SECONDS = 5.0
-"""How often the grant ConfigMaps of the operator's namespace are read."""
-
-
-async def grants_loop(state: State, namespace: str, interval: float = GRANTS_SECONDS) -> None:
-    """Keep the confinement's grants those of the ConfigMaps labelled ``compilecache.io/allow`` in the operator's
-    namespace; on a change, reconcile at once the CompileCaches of every namespace whose grants changed. A
-    ConfigMap that cannot be read as a grant grants nothing and is logged (once per content)."""
-    assert state.api is not None
-    said: set[str] = set()
-    while True:
-        try:
-            listed = await state.api.list_all(f"/api/v1/namespaces/{namespace}/configmaps",
-                                              {"labelSelector": ALLOW_LABEL})
-            grants, refused = grants_from(listed)
-            for message in refused:
-                if message not in said:
-                    logger.warning("grant refused: %s", message)
-            said = set(refused)
-            await apply_grants(state, grants)
-        except KubeError as exc:
-            logger.warning("could not read the grant ConfigMaps of %s: %s", namespace, exc)
-        await asyncio.sleep(interval)
-
-
-async def apply_grants(state: State, grants: tuple[Any, ...]) -> None:
-    old = state.settings.confinement
-    if grants == old.grants:
-        return
-    new = dataclasses.replace(old, grants=grants)
-    changed = {ns for ns in old.namespaces_granted() | new.namespaces_granted()
-               if old.for_namespace(ns) != new.for_namespace(ns)}
-    state.settings = dataclasses.replace(state.settings, confinement=new)
-    logger.info("grants now: %s", ", ".join(f"{g.source} -> {','.join(g.namespaces)}" for g in grants) or "none")
-    for key in [k for k in list(state.cluster.indexes.caches) if isinstance(k, tuple) and k[0] in changed]:
-        state.scheduler.settled.pop(key, None)
-        if state.lifecycle.leading:
-            await scheduling.handle(state, key, _emit)
-
-
-async def resync_loop(state: State, interval: float) -> None:
-    """Once the indexes are loaded, reconcile what is unsettled, then again every ``interval``
-    seconds; errors are logged, never fatal."""
-    while not state.cluster.ready:
-        await asyncio.sleep(0.1)
-    while True:
-        count = await scheduling.resync(state, _emit) if state.lifecycle.leading else 0
-        if count:
-            logger.debug("resync: reconciled %d CompileCache(s)", count)
-        await asyncio.sleep(interval)

@@ -35,9 +35,9 @@ from compilecache_operator.spec import (
     Defaults,
     InvalidSpec,
     Resources,
-    parse_ca_setting,
-    parse_resources,
 )
+from compilecache_operator.spec_parse import parse_ca_setting, parse_resources
+from compilecache_operator.startup import Admission, Election, Intervals, Probes, Runtime, SigningSecret
 from compilecache_operator.state import Settings, State
 from compilecache_operator.store_ca import STORE_CA_FILE
 from compilecache_operator.warmup_job import JobSettings
@@ -350,10 +350,10 @@ def confinement_from(a: argparse.Namespace) -> Confinement:
     )
 
 
-def admission_from(options: Options, scratch: Path, metrics: Metrics) -> handlers.Admission:
+def admission_from(options: Options, scratch: Path, metrics: Metrics) -> Admission:
     a = options.args
     if a.webhook_config == "off":
-        return handlers.Admission()
+        return Admission()
     names = [a.webhook_host or "", a.webhook_listen_address, "localhost", "127.0.0.1"]
     files = certs.from_directory(Path(a.webhook_cert_dir)) if a.webhook_cert_dir is not None \
         else certs.self_signed(names, scratch)  # until the Secret's certificate is read, with --webhook-cert-secret
@@ -383,7 +383,7 @@ def admission_from(options: Options, scratch: Path, metrics: Metrics) -> handler
         renew_before=timedelta(days=a.webhook_cert_renew_before_days),
         overlap=timedelta(seconds=a.webhook_cert_overlap_seconds),
     )
-    return handlers.Admission(server=server, managed=managed, reloader=reloader, serving=serving, policy=policy,
+    return Admission(server=server, managed=managed, reloader=reloader, serving=serving, policy=policy,
                               check_seconds=a.webhook_cert_check_seconds, cert_ready=serving is None,
                               watch_files=a.webhook_cert_dir is not None)
 
@@ -398,33 +398,36 @@ def run(options: Options) -> None:
     metrics = Metrics()
     if a.metrics_port:
         start_http_server(a.metrics_port, addr=a.metrics_address, registry=metrics.registry)
-    state = State(settings=settings_from(options), metrics=metrics)
     with tempfile.TemporaryDirectory(prefix="compilecache-webhook-") as scratch:
-        admission = admission_from(options, Path(scratch), metrics)
-        if admission.server is not None:
+        runtime = runtime_from(options, State(settings=settings_from(options), metrics=metrics),
+                               admission_from(options, Path(scratch), metrics))
+        if runtime.admission.server is not None:
             handlers.register_webhook()
-        stop = threading.Event()
-        memo = kopf.Memo(
-            state=state,
-            stop=stop,
-            shutdown_delay=a.shutdown_delay,
-            admission=admission,
-            counted=handlers.CountedPods(),
-            intervals=handlers.Intervals(resync_seconds=a.resync_seconds),
-            probes=handlers.Probes(address=a.health_address, port=a.health_port),
-            signing_secret=handlers.SigningSecret(a.operator_namespace, a.signing_key_secret,
-                                                  tuple(_csv(a.trusted_public_keys)), OWNED_LABELS)
-            if a.signing_key_secret else None,
-            election=handlers.Election(a.leader_election_namespace, a.leader_election_name)
-            if a.leader_election_namespace else None,
-        )
         kopf.run(
             clusterwide=not options.namespaces,
             namespaces=list(options.namespaces),
             standalone=True,
-            memo=memo,
-            stop_flag=stop,
+            memo=runtime,
+            stop_flag=runtime.stop_flag,
         )
+
+
+def runtime_from(options: Options, state: State, admission: Admission) -> Runtime:
+    """What the operator runs with: the State, the webhook's server, and where the options say the probes
+    listen, the signing key and the Lease are; Kopf hands it to every handler as the memo."""
+    a = options.args
+    return Runtime(
+        state=state,
+        intervals=Intervals(resync_seconds=a.resync_seconds),
+        admission=admission,
+        probes=Probes(address=a.health_address, port=a.health_port),
+        signing_secret=SigningSecret(a.operator_namespace, a.signing_key_secret, tuple(_csv(a.trusted_public_keys)),
+                                     OWNED_LABELS) if a.signing_key_secret else None,
+        election=Election(a.leader_election_namespace, a.leader_election_name)
+        if a.leader_election_namespace else None,
+        stop_flag=threading.Event(),
+        shutdown_delay=a.shutdown_delay,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,7 +46,8 @@ from compilecache_operator.results import (
     publish_message,
 )
 from compilecache_operator.signing import Signing, sign_records
-from compilecache_operator.spec import CacheSpec, InvalidSpec, StorageSpec, parse_spec
+from compilecache_operator.spec import CacheSpec, InvalidSpec, StorageSpec
+from compilecache_operator.spec_parse import parse_spec
 from compilecache_operator.state import Emit, Key, Settings, State, WarningEvent
 
 from cachelib.stores import Store, StoreError, in_store_thread

@@ -173,7 +173,7 @@ async def inject_pods(
 ) -> None:
     """Kopf's handler: add the preload container, the cache volume and the cache environment; say
     in the admission response's ``warnings`` what the pod's author should know."""
-    result = pod_patch(memo["state"], caches, _plain(body))
+    result = pod_patch(memo.state, caches, _plain(body))
     if result is None:
         return
     if warnings is not None:

@@ -15,9 +15,9 @@ import pytest
 
 from tests.chart.chart import CHART_DIR, helm, parse_manifests
 from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.namespaces import create_namespace, delete_namespace
-from tests.infra.kube.rest import KubeClient
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.namespaces import create_namespace, delete_namespace
+from testsupport.kube.rest import KubeClient
 
 __all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]
 

@@ -12,8 +12,8 @@ from prometheus_client import start_http_server
 
 from tests.chart.chart import CHART_DIR, NAMESPACE, RELEASE, Manifest, helm, one, operator_container, template
 from tests.infra.prometheus import PrometheusServer, operator_job
-from tests.infra.wait import wait_for
 from testsupport.servers import free_port
+from testsupport.wait import wait_for
 
 pytestmark = pytest.mark.helm
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.chart.chart import one, template
-from tests.infra.kube.pki import CertificateAuthority
+from testsupport.kube.pki import CertificateAuthority
 from testsupport.servers import LOOPBACK, RedisServer, S3Server, s3_server, start_redis
 
 __all__ = ["s3_server"]

@@ -15,8 +15,8 @@ import yaml
 
 from cachelib import __version__
 from tests.chart.chart import CHART_DIR, helm, of_kind, parse_manifests, template
-from tests.infra.kube.cluster import versions
 from tests.infra.linters import TOOLS
+from testsupport.kube.cluster import versions
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "docs" / "install.md"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 from compilecache_operator.confinement import Confinement, check_confinement
-from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
+from compilecache_operator.spec import Defaults, InvalidSpec
+from compilecache_operator.spec_parse import parse_spec
 
 from tests.chart.chart import CHART_DIR
 

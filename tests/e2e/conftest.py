@@ -1,7 +1,7 @@
 """End-to-end fixtures: a real control plane on loopback and a real node (kubelet + containerd).
 
 - ``kube_cluster`` (session): a started ``LocalCluster``; skipped when the binaries are absent, unless
-  CI=true, where their absence is an error. Build them with ``tests/infra/kube/build.sh``.
+  CI=true, where their absence is an error. Build them with ``testsupport/kube/build.sh``.
 - ``kube_client`` (session): a dict-based admin ``KubeClient`` (``kube_cluster.api()`` gives the
   ``kubernetes`` client instead).
 - ``real_node`` (session): the node ``REAL_NODE_NAME``, a real kubelet with containerd and runc, its
@@ -32,9 +32,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra.kube.cluster import BinariesMissing, LocalCluster, find_binaries
-from tests.infra.kube.namespaces import create_namespace, delete_namespace
-from tests.infra.kube.rest import KubeClient
 from tests.infra.node import (
     GATEWAY,
     PROJECT_TAGS,
@@ -45,6 +42,9 @@ from tests.infra.node import (
     ensure_workload_image,
 )
 from tests.infra.relay import TcpRelay
+from testsupport.kube.cluster import BinariesMissing, LocalCluster, find_binaries
+from testsupport.kube.namespaces import create_namespace, delete_namespace
+from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer, start_redis
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -30,10 +30,10 @@ from tests.chart.e2e_fixtures import (
     kubectl_bin,
     release_namespace,
 )
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeAPIError, KubeClient
-from tests.infra.wait import wait_for
-from tests.operator.e2e_support import CRD_NAME, install_crd
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.crd import CRD_NAME, install_crd
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.wait import wait_for
 
 __all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "kubectl_bin", "release_namespace"]
 

@@ -34,13 +34,13 @@ from tests.chart.e2e_fixtures import (
     release_namespace,
 )
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeClient
 from tests.infra.node import GATEWAY, RealNode
 from tests.infra.podspec import restricted
-from tests.infra.wait import wait_for
 from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, pod_terminated, wait_condition
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer, start_redis
+from testsupport.wait import wait_for
 
 __all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "kubectl_bin", "release_namespace"]
 

@@ -23,10 +23,8 @@ import yaml
 
 from tests.chart.e2e_fixtures import Release, helm_bin, helm_binaries, helm_env, install, release_namespace
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.node import GATEWAY, PROJECT_TAGS, RealNode
 from tests.infra.podspec import restricted
-from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     COMPILE_TINY_MLP,
     cache_path,
@@ -36,7 +34,9 @@ from tests.operator.e2e_support import (
     terminated_message,
     wait_condition,
 )
+from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
+from testsupport.wait import wait_for
 
 __all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "release_namespace"]
 

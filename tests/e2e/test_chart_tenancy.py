@@ -20,10 +20,10 @@ from tests.chart.e2e_fixtures import (
     release_namespace,
 )
 from tests.e2e.test_chart_install import allowed
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.podspec import restricted
-from tests.infra.wait import wait_for
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.wait import wait_for
 
 __all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "kubectl_bin", "release_namespace"]
 

@@ -16,12 +16,12 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.pki import CertificateAuthority
-from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
-from tests.infra.wait import wait_for
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.pki import CertificateAuthority
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 

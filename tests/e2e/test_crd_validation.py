@@ -16,14 +16,15 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
+from compilecache_operator.spec import Defaults, InvalidSpec
+from compilecache_operator.spec_parse import parse_spec
 
 from tests.chart.test_crd_descriptions import fields
 from tests.infra.helm import helm_binaries, kubectl_bin  # noqa: F401  (fixtures)
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeAPIError, KubeClient
-from tests.operator.e2e_support import CC_API, CRD_NAME, install_crd
 from tests.operator.test_examples import QUICK_START_STORE
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.crd import CC_API, CRD_NAME, install_crd
+from testsupport.kube.rest import KubeAPIError, KubeClient
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 CRDS_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"

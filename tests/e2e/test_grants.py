@@ -13,12 +13,12 @@ import pytest
 from compilecache_operator.formats import DEFAULT_NODE_CACHE_ROOTS
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeClient
 from tests.infra.node import RealNode
-from tests.infra.wait import wait_for
 from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, condition, crd, jobs_of
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
+from testsupport.wait import wait_for
 
 __all__ = ["crd"]
 

@@ -1,5 +1,5 @@
 """The chart on the oldest Kubernetes it supports: ``helm install`` against a control plane of
-versions.env's KUBE_OLDEST_VERSION (built by tests/infra/kube/build.sh beside the newest; etcd shared),
+versions.env's KUBE_OLDEST_VERSION (built by testsupport/kube/build.sh beside the newest; etcd shared),
 the CRD's validation rules in force there, and what that version lacks (the admission policy) left out."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from tests.chart.chart import CHART_DIR, helm, parse_manifests, scenario_files
 from tests.chart.e2e_fixtures import CC_API, CRDS_API
 from tests.e2e.test_chart_server_dry_run import assert_the_server_accepts
 from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
-from tests.infra.kube.cluster import BinariesMissing, LocalCluster, find_binaries, versions
-from tests.infra.kube.namespaces import create_namespace
-from tests.infra.kube.rest import KubeAPIError, KubeClient
-from tests.infra.wait import wait_for
-from tests.operator.e2e_support import CRD_NAME
+from testsupport.kube.cluster import BinariesMissing, LocalCluster, find_binaries, versions
+from testsupport.kube.crd import CRD_NAME
+from testsupport.kube.namespaces import create_namespace
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.wait import wait_for
 
 __all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]
 

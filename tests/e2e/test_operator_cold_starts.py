@@ -16,9 +16,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.kube.rest import KubeClient
 from tests.infra.podspec import restricted
-from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     OperatorProcess,
     cache_path,
@@ -29,7 +27,9 @@ from tests.operator.e2e_support import (
     terminated_message,
     wait_condition,
 )
+from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
+from testsupport.wait import wait_for
 
 __all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 

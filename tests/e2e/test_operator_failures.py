@@ -14,10 +14,7 @@ import pytest
 from cachelib.keyformat import cache_prefix
 from cachelib.stores import open_store
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.kube.cluster import free_port
-from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.podspec import restricted
-from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     OperatorProcess,
     cache_path,
@@ -28,7 +25,9 @@ from tests.operator.e2e_support import (
     operator,
     wait_condition,
 )
-from testsupport.servers import RedisServer
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.servers import RedisServer, free_port
+from testsupport.wait import wait_for
 
 __all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 

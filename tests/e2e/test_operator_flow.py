@@ -16,9 +16,7 @@ import pytest
 from cachelib import compilestep
 from cachelib.stores import open_store
 from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
-from tests.infra.kube.rest import KubeClient
 from tests.infra.podspec import restricted
-from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     COMPILE_TINY_MLP,
     OperatorProcess,
@@ -32,7 +30,9 @@ from tests.operator.e2e_support import (
     terminated_message,
     wait_condition,
 )
+from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
+from testsupport.wait import wait_for
 
 __all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 

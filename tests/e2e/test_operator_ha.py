@@ -30,12 +30,12 @@ import pytest
 from compilecache_operator import certs
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.podspec import restricted
 from tests.infra.relay import TcpRelay
-from tests.infra.wait import wait_for
 from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, crd
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.wait import wait_for
 
 __all__ = ["crd"]
 

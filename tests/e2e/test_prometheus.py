@@ -27,12 +27,9 @@ import pytest
 from tests.chart.chart import CHART_DIR, one, template
 from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
 from tests.infra.helm import helm_bin, helm_binaries
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeClient
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
 from tests.infra.prometheus import PodDiscovery, PrometheusServer, operator_job, pod_monitor_job, rule_groups
-from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     COMPILE_TINY_MLP,
     OperatorProcess,
@@ -43,7 +40,10 @@ from tests.operator.e2e_support import (
     pod_terminated,
     wait_condition,
 )
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
+from testsupport.wait import wait_for
 
 __all__ = ["crd", "helm_bin", "helm_binaries", "operator"]  # redis_server: the e2e conftest's
 

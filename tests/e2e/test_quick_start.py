@@ -35,11 +35,11 @@ from compilecache_operator.certs import self_signed
 from tests.chart.e2e_fixtures import CRDS_API, MWC_API
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.namespaces import delete_namespace
-from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.node import RealNode
 from tests.operator.e2e_support import OperatorProcess
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.namespaces import delete_namespace
+from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 
 __all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]

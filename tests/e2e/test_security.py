@@ -26,11 +26,8 @@ from cachelib.stores import open_store
 from tests.cachelib.helpers import make_outdir
 from tests.chart.e2e_fixtures import CC_API, Release, helm_bin, helm_binaries, helm_env, install, release_namespace
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
-from tests.infra.wait import wait_for
 from tests.operator.e2e_support import (
     OperatorProcess,
     cache_path,
@@ -42,7 +39,10 @@ from tests.operator.e2e_support import (
     terminated_message,
     wait_condition,
 )
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
+from testsupport.wait import wait_for
 
 # redis_server: the e2e conftest's, reachable from pods
 __all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "release_namespace"]

@@ -20,11 +20,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from cachelib.signing import Signer
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.podspec import restricted
-from tests.infra.wait import wait_for
 from tests.operator.e2e_support import OperatorProcess, crd
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.wait import wait_for
 
 pytestmark = [pytest.mark.e2e]
 __all__ = ["crd"]

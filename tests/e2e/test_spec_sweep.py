@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.kube.rest import KubeAPIError, KubeClient
-from tests.infra.wait import wait_for
 from tests.operator import e2e_support as e2e
 from tests.operator.specgen import SECRET, URL_FORMS, Case, body_of, cases, dotted, job_problems
 from tests.operator.test_spec import validator
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.wait import wait_for
 
 crd, operator = e2e.crd, e2e.operator  # fixtures
 __all__ = ["crd", "operator"]

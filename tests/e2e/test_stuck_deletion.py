@@ -25,19 +25,13 @@ from tests.cachelib.helpers import make_key, make_outdir
 from tests.chart.e2e_fixtures import CRDS_API
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.helm import helm_binaries, kubectl_bin
-from tests.infra.kube.cluster import LocalCluster
-from tests.infra.kube.rest import KubeClient
 from tests.infra.node import RealNode
-from tests.infra.wait import wait_for
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    install_crd,
-    operator,
-)
+from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, crd, operator
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.crd import install_crd
+from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
+from testsupport.wait import wait_for
 
 __all__ = ["crd", "helm_binaries", "kubectl_bin", "operator"]
 

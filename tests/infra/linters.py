@@ -11,11 +11,11 @@ version (a warm machine, and CI's fresh clone on it, builds nothing)::
 
 kubeconform validates against JSON schemas it normally downloads; here they are made offline, from
 Go modules in the same module cache (``$COMPILECACHE_TEST_CACHE/go/mod``, shared with
-tests/infra/kube/build.sh):
+testsupport/kube/build.sh):
 
 - ``tools-schemas-kubernetes-<version>/``: every built-in kind, from ``api/openapi-spec/swagger.json``
   of ``k8s.io/kubernetes`` at the control plane's version and at the oldest supported one
-  (``KUBE_VERSION`` and ``KUBE_OLDEST_VERSION`` of tests/infra/kube/versions.env), made
+  (``KUBE_VERSION`` and ``KUBE_OLDEST_VERSION`` of testsupport/kube/versions.env), made
   standalone (the definitions a kind uses are embedded) and strict (no unknown fields), named as
   kubeconform looks them up (``<kind>-<group>-<version>.json``).
 - ``tools-schemas-prometheus-operator-<version>/`` and ``tools-schemas-cert-manager-<version>/``: the
@@ -51,7 +51,7 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-KUBE_VERSIONS_ENV = REPO_ROOT / "tests" / "infra" / "kube" / "versions.env"
+KUBE_VERSIONS_ENV = REPO_ROOT / "testsupport" / "kube" / "versions.env"
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def cache_root() -> Path:
 
 def kube_version(name: str = "KUBE_VERSION") -> str:
     """The control plane's Kubernetes version (or the oldest supported: ``KUBE_OLDEST_VERSION``), from
-    tests/infra/kube/versions.env."""
+    testsupport/kube/versions.env."""
     for line in KUBE_VERSIONS_ENV.read_text().splitlines():
         if line.startswith(f"{name}="):
             return line.split("=", 1)[1].strip()

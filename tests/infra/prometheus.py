@@ -34,9 +34,10 @@ from typing import Any
 
 import yaml
 
-from tests.infra.kube.cluster import ManagedProcess, free_port
-from tests.infra.kube.rest import KubeClient
-from tests.infra.wait import wait_for
+from testsupport.kube.cluster import ManagedProcess
+from testsupport.kube.rest import KubeClient
+from testsupport.servers import free_port
+from testsupport.wait import wait_for
 
 JSON = dict[str, Any]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.infra import containers, podspec
-from tests.infra.kube.cluster import versions
+from testsupport.kube.cluster import versions
 
 
 def pod(context: dict[str, object] | None = None) -> dict[str, object]:

@@ -21,39 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from compilecache_operator.formats import DEFAULT_NODE_CACHE_ROOTS
 
-from tests.infra.kube.cluster import LocalCluster, free_port
-from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.node import RealNode
-from tests.infra.wait import wait_for
+from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.crd import CC_API, install_crd
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.servers import free_port
+from testsupport.wait import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CRD_PATH = REPO_ROOT / "crds" / "compilecache.io_compilecaches.yaml"
-CRD_NAME = "compilecaches.compilecache.io"
-CC_API = "/apis/compilecache.io/v1alpha1"
 PRELOADER_IMAGE = "ghcr.io/compilecache/preloader:e2e"
-
-
-def install_crd(client: KubeClient) -> None:
-    """Create or replace the canonical CRD and wait until it is established."""
-    crd = yaml.safe_load(CRD_PATH.read_text())
-    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-    try:
-        client.post(path, crd)
-    except KubeAPIError as error:
-        if error.status != 409:
-            raise
-        current = client.get(f"{path}/{CRD_NAME}")
-        crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        client.request("PUT", f"{path}/{CRD_NAME}", body=crd)
-
-    def established() -> bool:
-        conditions = client.get(f"{path}/{CRD_NAME}").get("status", {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_for(established, 30, "the CompileCache CRD to be established")
 
 
 class OperatorProcess:

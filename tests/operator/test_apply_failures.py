@@ -22,8 +22,8 @@ from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Indexes, Settings, State
 from compilecache_operator.store_ca import STORE_CA_FILE
 
-from tests.infra.kube.cluster import free_port
 from tests.operator.samples import owner
+from testsupport.servers import free_port
 
 KEY = ("team-a", "mlp")
 SETTINGS = Settings(defaults=Defaults(), jobs=warmup_job.JobSettings(preloader_image="p"), retry_seconds=30)
@@ -225,7 +225,7 @@ def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, An
     share it), and the store URL once within that parse (the allow-list check and the store CA's check read
     the parsed one)."""
     from compilecache_operator import confinement, store_ca
-    from compilecache_operator import spec as spec_module
+    from compilecache_operator import spec_parse as spec_module
     from compilecache_operator.confinement import Confinement
 
     counts = {"spec": 0, "url": 0}

@@ -14,17 +14,18 @@ import kopf
 import pytest
 from compilecache_operator import coldstarts, names
 from compilecache_operator.cache_status import build_status
-from compilecache_operator.handlers import CountedPods, count_cold_start
+from compilecache_operator.handlers import count_cold_start
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.spec import Defaults
+from compilecache_operator.startup import CountedPods
 from compilecache_operator.state import Settings, State
 from compilecache_operator.warmup_job import JobSettings
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cachelib.verdict import CAUSES, WHY_KEY
-from tests.infra.kube.cluster import free_port
+from testsupport.servers import free_port
 
 MISSES = [c for c in CAUSES if c != "none"]
 

@@ -20,9 +20,9 @@ from compilecache_operator.spec import (
     Defaults,
     InvalidSpec,
     Resources,
-    parse_spec,
-    quantity_value,
 )
+from compilecache_operator.spec_fields import quantity_value
+from compilecache_operator.spec_parse import parse_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator.spec import Defaults, parse_spec
+from compilecache_operator.spec import Defaults
+from compilecache_operator.spec_parse import parse_spec
 
 from tests.operator.test_spec import validator
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from aiohttp import web
 from compilecache_operator import kubeconfig
-from compilecache_operator.handlers import login
 from compilecache_operator.kube import KubeAPI, KubeError, backoff, retry_after
+from compilecache_operator.startup import login
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -120,7 +120,7 @@ def test_a_401_logs_in_again_once() -> None:
 
 def test_a_dropped_connection_is_retried_then_named() -> None:
     async def run() -> KubeError:
-        from tests.infra.kube.cluster import free_port
+        from testsupport.servers import free_port
 
         api = KubeAPI(kopf.ConnectionInfo(server=f"http://127.0.0.1:{free_port()}"), attempts=2)
         try:

@@ -11,7 +11,8 @@ from compilecache_operator import cacheview, podpatch, security, warmup_job
 from compilecache_operator.names import PRELOAD_CONTAINER, PRELOAD_SHARE_ANNOTATION
 from compilecache_operator.plan import BundleRecord, Variant
 from compilecache_operator.podpatch import patched_pod
-from compilecache_operator.spec import Defaults, parse_spec
+from compilecache_operator.spec import Defaults
+from compilecache_operator.spec_parse import parse_spec
 
 from tests.operator.restricted import restricted_violations
 from tests.operator.samples import SETTINGS, env_of, flag, inject, owner, pod, view

@@ -14,12 +14,13 @@ from compilecache_operator.names import GENERATION_LABEL, RECORDED_ANNOTATION, V
 from compilecache_operator.plan import BundleRecord, job_name, plan_variants
 from compilecache_operator.reconcile import Actions, Snapshot
 from compilecache_operator.results import PUBLISH_CONTAINER
-from compilecache_operator.spec import Defaults, parse_spec
+from compilecache_operator.spec import Defaults
+from compilecache_operator.spec_parse import parse_spec
 from compilecache_operator.state import Indexes, KeyedLocks, Settings, State
 from compilecache_operator.storeops import DeleteReport
 
-from tests.infra.kube.cluster import free_port
 from tests.operator.samples import KEY, owner
+from testsupport.servers import free_port
 
 SETTINGS = Settings(defaults=Defaults(), jobs=warmup_job.JobSettings(preloader_image="p"), retry_seconds=7)
 NOW = "2026-01-01T00:00:00Z"

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from compilecache_operator import certs, reconcile
-from compilecache_operator.handlers import CountedPods
 from compilecache_operator.main import admission_from, parse_args, settings_from
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.plan import BundleRecord, Variant
@@ -22,6 +21,7 @@ from compilecache_operator.results import (
     publish_message,
 )
 from compilecache_operator.spec import SecretKey, StorageSpec
+from compilecache_operator.startup import CountedPods
 from compilecache_operator.webhook import fill_namespace
 
 KEY = "cc1/team-a/mlp/0123456789abcdef/fedcba9876543210/nvidia-l4/sm89/torch-2.13.0/triton-3.6.0/cuda-12.8/py-3.11.7"

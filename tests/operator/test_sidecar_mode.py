@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 import pytest
 from compilecache_operator import names
-from compilecache_operator.handlers import CountedPods, count_preload
+from compilecache_operator.handlers import count_preload
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.main import parse_args, settings_from
 from compilecache_operator.metrics import Metrics
@@ -20,10 +20,11 @@ from compilecache_operator.sidecars import (
     sidecar_support,
 )
 from compilecache_operator.spec import Defaults
+from compilecache_operator.startup import CountedPods
 from compilecache_operator.state import Settings, State
 from compilecache_operator.warmup_job import JobSettings
 
-from tests.infra.kube.cluster import free_port
+from testsupport.servers import free_port
 
 
 # -- the API server's version ------------------------------------------------------------------------

@@ -9,16 +9,11 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
-from compilecache_operator.spec import (
-    MAX_NAME_LENGTH,
-    Defaults,
-    InvalidSpec,
-    is_target,
-    parse_spec,
-    quantity_bytes,
-)
+from compilecache_operator.spec import MAX_NAME_LENGTH, Defaults, InvalidSpec
+from compilecache_operator.spec_fields import quantity_bytes
+from compilecache_operator.spec_parse import parse_spec
 
-from cachelib.compilekey import BUILTIN_TARGETS, dynamic_text
+from cachelib.compilekey import BUILTIN_TARGETS, dynamic_text, is_target
 from cachelib.keyformat import CacheKey
 from cachelib.stores.base import MAX_SEGMENT_LENGTH, InvalidObjectKey, check_key
 from tests.operator.samples import parsed, raw_spec

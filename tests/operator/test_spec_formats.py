@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 from compilecache_operator import formats
-from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
+from compilecache_operator.spec import Defaults, InvalidSpec
+from compilecache_operator.spec_parse import parse_spec
 
 from tests.operator.samples import raw_spec
 from tests.operator.test_spec import validator

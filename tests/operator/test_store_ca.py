@@ -11,7 +11,8 @@ import pytest
 from compilecache_operator import cacheview, warmup_job
 from compilecache_operator.plan import Variant
 from compilecache_operator.podpatch import patched_pod
-from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
+from compilecache_operator.spec import Defaults, InvalidSpec
+from compilecache_operator.spec_parse import parse_spec
 from compilecache_operator.store_ca import STORE_CA_FILE
 
 from tests.chart.chart import Manifest, one, template

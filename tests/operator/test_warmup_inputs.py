@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from compilecache_operator import warmup_job
 from compilecache_operator.plan import Variant
-from compilecache_operator.spec import Defaults, InvalidSpec, parse_spec
+from compilecache_operator.spec import Defaults, InvalidSpec
+from compilecache_operator.spec_parse import parse_spec
 
 from tests.operator.restricted import restricted_violations
 from tests.operator.samples import SETTINGS, owner

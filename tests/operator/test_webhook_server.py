@@ -11,7 +11,7 @@ import contextlib
 from typing import Any
 
 import aiohttp
-from compilecache_operator import handlers
+from compilecache_operator import startup
 from compilecache_operator.webhook import PodWebhookServer
 
 from tests.operator.test_reconcile import cache, state_with
@@ -33,7 +33,7 @@ def test_ready_only_once_the_endpoint_listens_and_a_drain_closes_each_connection
     server.answer = lambda review: {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                     "response": {"uid": review["request"]["uid"], "allowed": True}}
     server.draining = lambda: state.lifecycle.draining  # as the operator's start-up wires it
-    ready = handlers.readiness(state, server)
+    ready = startup.readiness(state, server)
 
     async def run() -> list[tuple[bool, str | None]]:
         assert not ready(), "the caches are known, but nothing listens on the webhook port yet"
@@ -68,4 +68,4 @@ def test_ready_only_once_the_endpoint_listens_and_a_drain_closes_each_connection
 def test_an_operator_without_a_webhook_is_ready_on_the_caches_alone() -> None:
     state = state_with(cache())
     state.cluster.ready = True
-    assert handlers.readiness(state, None)()
+    assert startup.readiness(state, None)()

@@ -52,9 +52,9 @@ from typing import Any
 
 import yaml
 
-from tests.infra.kube.cluster import LocalCluster, ManagedProcess, cache_dir, versions
-from tests.infra.kube.rest import KubeAPIError, KubeClient
-from tests.infra.wait import wait_for
+from testsupport.kube.cluster import LocalCluster, ManagedProcess, cache_dir, versions
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.wait import wait_for
 
 BUILD_COMMAND = "tests/infra/node/build.sh"
 NAMESPACE = "k8s.io"  # containerd's namespace for CRI

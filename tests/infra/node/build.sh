@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build (or reuse) the real node of the end-to-end tests: kubelet and kube-scheduler from the Go module
-# k8s.io/kubernetes (the same throwaway module as ../kube/build.sh), containerd with its runc shim and ctr,
+# k8s.io/kubernetes (the same throwaway module as testsupport/kube/build.sh), containerd with its runc shim and ctr,
 # crictl, and the pause image from kubernetes' own build/pause/linux/pause.c.
 #
 # Everything lands in the cache directory, outside the checkout and keyed by version; a present, working
@@ -13,15 +13,15 @@
 #
 # with CACHE=${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}. runc and the CNI plugins come from
 # Debian (runc, containernetworking-plugins); gcc makes the static pause binary. The versions live in
-# ../kube/versions.env. NODE_BUILD_FORCE=1 rebuilds what is present. Run it under `nice` on a shared machine.
+# testsupport/kube/versions.env. NODE_BUILD_FORCE=1 rebuilds what is present. Run it under `nice` on a shared machine.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=../kube/versions.env
-source "$here/../kube/versions.env"
+# shellcheck source=../../../testsupport/kube/versions.env
+source "$here/../../../testsupport/kube/versions.env"
 BUILD_NAME=node-build
-# shellcheck source=../kube/module.sh
-source "$here/../kube/module.sh"
+# shellcheck source=../../../testsupport/kube/module.sh
+source "$here/../../../testsupport/kube/module.sh"
 KUBE_DIR="$CACHE_DIR/node-kube-v$KUBE_VERSION"
 CONTAINERD_DIR="$CACHE_DIR/containerd-v$CONTAINERD_VERSION"
 CRICTL_DIR="$CACHE_DIR/crictl-v$CRICTL_VERSION"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from tests.infra.kube.rest import KubeAPIError, KubeClient
-from tests.infra.wait import wait_for
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.wait import wait_for
 
 
 def create_namespace(client: KubeClient, pod_security: str | None = "restricted", prefix: str = "e2e") -> str:

@@ -8,7 +8,7 @@ ServiceAccount exists, and writes an admin kubeconfig. Nothing runs pods: pair i
 reach the kubelet for ``kubectl logs``/``exec``).
 
 Binaries come from the environment (KUBE_APISERVER_BIN, KUBE_CONTROLLER_MANAGER_BIN, ETCD_BIN), else from
-the cache directory filled by ``tests/infra/kube/build.sh`` at the versions of ``versions.env``
+the cache directory filled by ``testsupport/kube/build.sh`` at the versions of ``versions.env``
 (``${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/kube-v<version>/bin`` and ``etcd-v<version>/bin``).
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -29,11 +28,12 @@ from typing import IO, Any
 
 import yaml
 
-from tests.infra.kube.pki import CertificateAuthority, KeyPair, write_service_account_keys
-from tests.infra.kube.rest import KubeAPIError, KubeClient
-from tests.infra.wait import wait_for
+from testsupport.kube.pki import CertificateAuthority, KeyPair, write_service_account_keys
+from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.servers import free_port
+from testsupport.wait import wait_for
 
-BUILD_COMMAND = "tests/infra/kube/build.sh"
+BUILD_COMMAND = "testsupport/kube/build.sh"
 VERSIONS_FILE = Path(__file__).with_name("versions.env")
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
@@ -102,14 +102,6 @@ def find_binaries(kube_version: str | None = None) -> KubeBinaries:
         apiserver=Path(candidates["kube-apiserver"]),
         controller_manager=Path(candidates["kube-controller-manager"]),
     )
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def die_with_parent(args: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-# What ../kube/build.sh and ../node/build.sh share (sourced after setting BUILD_NAME): the Go settings (module and
+# What build.sh here and tests/infra/node/build.sh share (sourced after setting BUILD_NAME): the Go settings (module and
 # build caches outside the checkout, static binaries), log/die, and the throwaway Go module that builds binaries of
 # k8s.io/kubernetes. That module cannot be `go install`ed: its go.mod replaces every k8s.io staging module with
 # ./staging/... . The throwaway module requires it and maps each of those staging modules to the same module at

@@ -1,0 +1,422 @@
+"""The operator's runtime: one typed object, built once by ``main`` from the options, that Kopf hands every
+handler as its memo (:func:`runtime_of` reads it back), and what it starts at start-up and stops at the end.
+
+:class:`Runtime` holds the controller's State, the intervals, the webhook server and its certificate,
+where the signing key and the Lease are, where the probes listen, the pods already counted, and the
+tasks it started. Kopf gives each object's handlers a shallow copy of it: everything that changes lives
+in the objects it holds (the State, :class:`Running`, the counted pods), shared by every copy.
+
+:meth:`Runtime.start` (Kopf's start-up) configures Kopf, logs in, wires the indexes into the State,
+answers the webhook from them, detects native sidecars, and starts the probes, the resync, the grants,
+the election, the serving certificate and the signing key; :meth:`Runtime.stop` undoes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import kopf
+from compilecache_operator import (
+    cacheview,
+    certs,
+    kubeconfig,
+    leader,
+    probes,
+    scheduling,
+    servingcert,
+    signingkey,
+    tlsreload,
+)
+from compilecache_operator.confinement import ALLOW_LABEL, Confinement, grants_from
+from compilecache_operator.kube import KubeAPI, KubeError
+from compilecache_operator.metrics import WEBHOOK_HANDLER
+from compilecache_operator.names import CACHE_LABEL, PREFIX, WARMUP_LABEL
+from compilecache_operator.sidecars import detect_native_sidecars
+from compilecache_operator.signing import Signing
+from compilecache_operator.state import Indexes, State
+from compilecache_operator.webhook import PodWebhookServer, review_pod
+
+logger = logging.getLogger(__name__)
+MAX_COUNTED = 100_000
+GRANTS_SECONDS = 5.0
+"""How often the grant ConfigMaps of the operator's namespace are read."""
+
+
+@dataclass(frozen=True)
+class Intervals:
+    resync_seconds: float = 60.0
+    """How often the caches with something to look at are reconciled again."""
+    watch_server_timeout: int = 300
+
+
+@dataclass
+class Admission:
+    """The webhook server and, in managed mode, the webhook configuration's name; where its certificate
+    comes from and how it is reloaded."""
+
+    server: kopf.WebhookServer | None = None
+    managed: str | None = None
+    reloader: tlsreload.Reloader | None = None
+    serving: servingcert.Target | None = None
+    """The operator's own serving certificate Secret (None: files, or self-signed)."""
+    policy: servingcert.Policy = field(default_factory=servingcert.Policy)
+    check_seconds: float = 10.0
+    cert_ready: bool = True
+    """The certificate served is the one to serve (with ``serving``: once the Secret's is loaded)."""
+    watch_files: bool = False
+    """Whether the certificate files may be renewed (a mounted Secret)."""
+
+
+@dataclass(frozen=True)
+class SigningSecret:
+    """The signing key's Secret (see :mod:`compilecache_operator.signingkey`)."""
+
+    namespace: str
+    name: str
+    extra_trusted: tuple[str, ...]
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Election:
+    """The Lease that decides which replica acts (see :mod:`compilecache_operator.leader`)."""
+
+    namespace: str
+    name: str = "compilecache-operator"
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Where ``/healthz`` and ``/readyz`` are served (port 0: not at all)."""
+
+    address: str = "0.0.0.0"
+    port: int = 0
+
+
+class CountedPods:
+    """Pod uids already counted, so a burst of events before the annotation lands counts once."""
+
+    def __init__(self, limit: int = MAX_COUNTED) -> None:
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._limit = limit
+
+    def add(self, uid: str) -> bool:
+        """True when ``uid`` was not counted before."""
+        if uid in self._seen:
+            return False
+        self._seen[uid] = None
+        while len(self._seen) > self._limit:
+            self._seen.popitem(last=False)
+        return True
+
+
+@dataclass
+class Running:
+    """What :meth:`Runtime.start` started, for :meth:`Runtime.stop`."""
+
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    elector: leader.Elector | None = None
+    probes_server: probes.Server | None = None
+
+
+@dataclass
+class Runtime:
+    """Everything the operator runs with, built once from its options (see the module's docstring)."""
+
+    state: State
+    intervals: Intervals = field(default_factory=Intervals)
+    admission: Admission = field(default_factory=Admission)
+    probes: Probes = field(default_factory=Probes)
+    signing_secret: SigningSecret | None = None
+    """Where the signing key is kept (None: a key file, or unsigned bundles)."""
+    election: Election | None = None
+    """The Lease (None: this replica always acts)."""
+    stop_flag: threading.Event | None = None
+    """Set to stop Kopf: after ``shutdown_delay`` seconds of draining, on SIGTERM."""
+    shutdown_delay: float = 0.0
+    counted: CountedPods = field(default_factory=CountedPods)
+    """Pods whose preload result was counted."""
+    cold_counted: CountedPods = field(default_factory=CountedPods)
+    """Pods whose workload's verdict was tallied into ``status.coldStarts``."""
+    running: Running = field(default_factory=Running)
+
+    async def start(self, settings: kopf.OperatorSettings, indexes: Mapping[str, Any]) -> None:
+        """Configure Kopf, log in, wire the indexes, and start everything that runs beside the handlers."""
+        configure_kopf(settings, self.intervals, self.admission)
+        info = login(settings=settings)
+        if info is None:
+            raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
+        state = self.state
+        state.cluster.indexes = Indexes(
+            caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
+        )
+        state.api = KubeAPI(info, relogin=lambda: login(settings=settings))
+        await read_early_views(state)
+        answer_webhook(state, self.admission.server, indexes["caches"])
+        state.injection.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
+        logger.info("native sidecars %s: %s", "available" if state.injection.sidecars.available else "not available",
+                    state.injection.sidecars.basis)
+        if self.probes.port:
+            self.running.probes_server = await probes.serve(
+                self.probes.address, self.probes.port, readiness(state, self.admission.server, self.admission)
+            )
+        tasks = self.running.tasks
+        tasks.append(asyncio.create_task(resync_loop(state, self.intervals.resync_seconds)))
+        if state.settings.operator_namespace and state.settings.confinement != Confinement():
+            tasks.append(asyncio.create_task(grants_loop(state, state.settings.operator_namespace)))
+        if self.election is not None:
+            elector = leader.Elector(state.api, self.election.namespace, self.election.name, identity(),
+                                     lambda leading: lead(state, leading))
+            state.lifecycle.leading = False
+            self.running.elector = elector
+            tasks.append(asyncio.create_task(elector.run()))
+        cert_task = start_certificates(state, self.admission)
+        if cert_task is not None:
+            tasks.append(cert_task)
+        if self.signing_secret is not None:
+            tasks.append(await start_signing(state, self.signing_secret))
+
+    def mark_ready(self) -> None:
+        """Every index is loaded: the webhook knows every cache; from now on SIGTERM drains."""
+        state = self.state
+        if state.cluster.ready:
+            return
+        state.cluster.ready = True
+        state.cluster.early_views = None
+        logger.info("indexes loaded: %d CompileCache(s); ready", len(state.cluster.indexes.caches))
+        if self.stop_flag is not None:
+            drain_on_sigterm(state, self.stop_flag, self.shutdown_delay)
+
+    async def stop(self) -> None:
+        """Stop what :meth:`start` started; release the Lease; close the API client."""
+        for task in self.running.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.running.elector is not None:
+            try:
+                await self.running.elector.release()
+            except Exception as exc:  # the Lease expires by itself
+                logger.warning("could not release the Lease: %s", exc)
+        if self.running.probes_server is not None:
+            await self.running.probes_server.cleanup()
+        if self.state.api is not None:
+            await self.state.api.close()
+
+
+def runtime_of(memo: object) -> Runtime:
+    """The :class:`Runtime` a handler receives as its ``memo`` (Kopf's copy of the one ``main`` built)."""
+    if not isinstance(memo, Runtime):
+        raise TypeError(f"the operator's memo must be its Runtime, got {type(memo).__name__}")
+    return memo
+
+
+def emit(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """Post a Kubernetes Event about ``body`` (through Kopf's event queue)."""
+    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The pod's service account in a cluster (at KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT, as
+    client-go), else the kubeconfig (``KUBECONFIG``), running its ``exec`` credential plugin where the user
+    has one."""
+    if os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"):
+        in_pod = kopf.login_with_service_account(**kwargs)
+        server = kubeconfig.in_cluster_server(os.environ)
+        return dataclasses.replace(in_pod, server=server) if in_pod is not None and server else in_pod
+    info = kopf.login_with_kubeconfig(**kwargs)
+    if info is None:
+        return None
+    try:
+        fields = kubeconfig.exec_credentials(kubeconfig.current_user())
+    except kubeconfig.ExecCredentialError as exc:
+        raise kopf.LoginError(str(exc)) from exc
+    return dataclasses.replace(info, **fields) if fields else info
+
+
+def configure_kopf(settings: kopf.OperatorSettings, intervals: Intervals, admission: Admission) -> None:
+    """Kopf's settings: no finalizer nor progress of its own, the watch timeouts, server-side label selection,
+    standalone, events only for handler failures, and the admission server."""
+    # No Kopf handler needs a finalizer or stores progress: the controller manages its own finalizer
+    # (compilecache.io/bundles). Kopf's is named so that it never matches one on an object.
+    settings.persistence.finalizer = f"{PREFIX}/kopf-unused"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.watching.server_timeout = intervals.watch_server_timeout
+    settings.watching.client_timeout = intervals.watch_server_timeout + 30
+    settings.watching.connect_timeout = 30
+    # Server-side selection: the API server sends only warm-up Jobs and opted-in pods.
+    settings.watching.label_selectors["batch", "jobs"] = WARMUP_LABEL
+    settings.watching.label_selectors["", "pods"] = CACHE_LABEL
+    settings.peering.standalone = True
+    # Kopf turns its log lines about objects into Kubernetes Events from this level: handler failures only
+    # (one Event per handled event would be a request per change). The operator's own events are posted as such.
+    settings.posting.level = logging.WARNING
+    settings.admission.server = admission.server
+    settings.admission.managed = admission.managed
+
+
+async def read_early_views(state: State) -> None:
+    """The webhook's views of the CompileCaches listed once, for the time before Kopf's index is loaded."""
+    assert state.api is not None
+    try:
+        listed = await state.api.list_caches(state.settings.namespaces)
+        state.cluster.early_views = {
+            (str(c["metadata"].get("namespace", "")), str(c["metadata"]["name"])):
+            cacheview.cache_view(c, state.settings.defaults, state.settings.confinement) for c in listed
+        }
+    except KubeError as exc:  # readiness then waits for Kopf's index
+        logger.warning("could not list the CompileCaches: %s", exc)
+
+
+def answer_webhook(state: State, server: kopf.WebhookServer | None, views: Any) -> None:
+    """Let the operator's own webhook server answer from the State and the index of cache views."""
+    if not isinstance(server, PodWebhookServer):
+        return
+
+    def answer(review: Mapping[str, Any]) -> dict[str, Any]:
+        with state.metrics.timed(WEBHOOK_HANDLER):
+            return review_pod(state, views, review)
+
+    server.answer = answer
+    server.draining = lambda: state.lifecycle.draining
+
+
+def start_certificates(state: State, admission: Admission) -> asyncio.Task[None] | None:
+    """Keep the operator's serving certificate Secret (leader) and serve it (every replica), or watch the
+    mounted files for a renewal."""
+    reloader = admission.reloader
+    if reloader is None:
+        return None
+    if admission.serving is not None and state.api is not None:
+        directory = reloader.files.cert.parent
+
+        def serve(material: servingcert.Material) -> None:
+            certs.write_files(directory, material.cert, material.key, material.ca)
+            if reloader.check():
+                admission.cert_ready = True
+
+        return asyncio.create_task(servingcert.keep(state.api, admission.serving, admission.policy,
+                                                    leading=lambda: state.lifecycle.leading, serve=serve,
+                                                    interval=admission.check_seconds))
+    if admission.watch_files:
+        return asyncio.create_task(reloader.watch(admission.check_seconds))
+    return None
+
+
+async def start_signing(state: State, where: SigningSecret) -> asyncio.Task[None]:
+    """Read the signing key from its Secret (the leader creating it on the first start), then follow
+    its rotations."""
+    assert state.api is not None
+    keys = signingkey.KeySecret(state.api, where.namespace, where.name, where.labels, where.extra_trusted)
+    signing = await keys.first(lambda: state.lifecycle.leading)
+    state.settings = dataclasses.replace(state.settings, signing=signing)
+
+    def changed(new: Signing) -> None:
+        state.settings = dataclasses.replace(state.settings, signing=new)
+
+    return asyncio.create_task(keys.keep(lambda: state.lifecycle.leading, changed, signing))
+
+
+def readiness(state: State, server: kopf.WebhookServer | None,
+              admission: Admission | None = None) -> Callable[[], bool]:
+    """What ``/readyz`` answers: the caches are known and, where this replica serves the webhook,
+    its endpoint accepts connections with the certificate to serve; not while shutting down."""
+    if not isinstance(server, PodWebhookServer):
+        return state.serving
+    webhook = server
+    certified = admission or Admission()
+    return lambda: state.serving() and webhook.listening and certified.cert_ready
+
+
+def identity() -> str:
+    """This replica's name in the Lease: its pod (host) name and a random part."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+def lead(state: State, leading: bool) -> None:
+    """Start or stop acting; a new leader looks at every cache once (nothing is settled for it)."""
+    state.lifecycle.leading = leading
+    state.scheduler.settled.clear()
+    for handle in state.scheduler.retries.values():
+        handle.cancel()
+    state.scheduler.retries.clear()
+    if leading:
+        task = asyncio.get_running_loop().create_task(scheduling.resync(state, emit))
+        state.scheduler.background.add(task)
+        task.add_done_callback(state.scheduler.background.discard)
+
+
+def drain_on_sigterm(state: State, stop: threading.Event, delay: float) -> None:
+    """On SIGTERM, report not ready at once and stop ``delay`` seconds later: the webhook goes on
+    answering while the Service's endpoints (and the API server) stop sending admissions here."""
+    loop = asyncio.get_running_loop()
+
+    def on_term() -> None:
+        if state.lifecycle.draining:
+            stop.set()  # a second SIGTERM: now
+            return
+        state.lifecycle.draining = True
+        logger.info("SIGTERM: not ready; stopping in %.1fs", delay)
+        loop.call_later(delay, stop.set)
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+
+
+async def grants_loop(state: State, namespace: str, interval: float = GRANTS_SECONDS) -> None:
+    """Keep the confinement's grants those of the ConfigMaps labelled ``compilecache.io/allow`` in the operator's
+    namespace; on a change, reconcile at once the CompileCaches of every namespace whose grants changed. A
+    ConfigMap that cannot be read as a grant grants nothing and is logged (once per content)."""
+    assert state.api is not None
+    said: set[str] = set()
+    while True:
+        try:
+            listed = await state.api.list_all(f"/api/v1/namespaces/{namespace}/configmaps",
+                                              {"labelSelector": ALLOW_LABEL})
+            grants, refused = grants_from(listed)
+            for message in refused:
+                if message not in said:
+                    logger.warning("grant refused: %s", message)
+            said = set(refused)
+            await apply_grants(state, grants)
+        except KubeError as exc:
+            logger.warning("could not read the grant ConfigMaps of %s: %s", namespace, exc)
+        await asyncio.sleep(interval)
+
+
+async def apply_grants(state: State, grants: tuple[Any, ...]) -> None:
+    old = state.settings.confinement
+    if grants == old.grants:
+        return
+    new = dataclasses.replace(old, grants=grants)
+    changed = {ns for ns in old.namespaces_granted() | new.namespaces_granted()
+               if old.for_namespace(ns) != new.for_namespace(ns)}
+    state.settings = dataclasses.replace(state.settings, confinement=new)
+    logger.info("grants now: %s", ", ".join(f"{g.source} -> {','.join(g.namespaces)}" for g in grants) or "none")
+    for key in [k for k in list(state.cluster.indexes.caches) if isinstance(k, tuple) and k[0] in changed]:
+        state.scheduler.settled.pop(key, None)
+        if state.lifecycle.leading:
+            await scheduling.handle(state, key, emit)
+
+
+async def resync_loop(state: State, interval: float) -> None:
+    """Once the indexes are loaded, reconcile what is unsettled, then again every ``interval``
+    seconds; errors are logged, never fatal."""
+    while not state.cluster.ready:
+        await asyncio.sleep(0.1)
+    while True:
+        count = await scheduling.resync(state, emit) if state.lifecycle.leading else 0
+        if count:
+            logger.debug("resync: reconciled %d CompileCache(s)", count)
+        await asyncio.sleep(interval)
