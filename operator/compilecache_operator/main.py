@@ -36,7 +36,7 @@ from compilecache_operator.spec import (
     InvalidSpec,
     Resources,
 )
-from compilecache_operator.spec_parse import parse_ca_setting, parse_resources
+from compilecache_operator.spec_parse import parse_ca_setting, parse_resources, read_store_url
 from compilecache_operator.startup import Admission, Election, Intervals, Probes, Runtime, SigningSecret
 from compilecache_operator.state import Settings, State
 from compilecache_operator.store_ca import STORE_CA_FILE
@@ -250,6 +250,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
             setattr(args, attr, resources_setting(getattr(args, attr), f"--{flag}", default))
         except ValueError as exc:
             parser.error(str(exc))
+    if args.default_storage_url:  # as each CompileCache's own store URL is checked, refused here at once
+        try:
+            read_store_url(args.default_storage_url, "--default-storage-secret")
+        except StoreURLError as exc:
+            parser.error(f"--default-storage-url: {exc}")
     try:
         args.default_storage_ca = default_storage_ca(args.default_storage_ca, args.default_storage_url)
     except ValueError as exc:

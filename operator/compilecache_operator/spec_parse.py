@@ -260,13 +260,9 @@ def _parse_storage(raw: Any, defaults: Defaults, errors: FieldErrors) -> Storage
         if secret_raw is None and defaults.storage_secret:
             secret_raw = {"name": defaults.storage_secret}
     try:
-        parsed = parse_store_url(url)
+        parsed = read_store_url(url, "spec.storage.secretRef")
     except StoreURLError as exc:
         errors.add(f"{path}.url", str(exc))
-        return None
-    if getattr(parsed, "password", None) or getattr(parsed, "username", None) or "@" in url:
-        errors.add(f"{path}.url", "must not carry user info (a user name, token or password): put credentials in the "
-                                  "Secret named by spec.storage.secretRef")
         return None
     scheme = urlsplit(url).scheme.lower()
     if secret_raw is None:
@@ -326,6 +322,17 @@ def parse_resources(raw: Any, path: str) -> Resources:
     if errors.items:
         raise InvalidSpec(errors.items)
     return resources
+
+
+def read_store_url(url: str, secret_setting: str) -> StoreURL:
+    """The parsed store URL of a CompileCache or of the operator's default store; raises
+    :class:`StoreURLError` (its message masked) when it names no store or carries user info, whose
+    credentials belong in the Secret that ``secret_setting`` names."""
+    parsed = parse_store_url(url)
+    if getattr(parsed, "password", None) or getattr(parsed, "username", None) or "@" in url:
+        raise StoreURLError(f"must not carry user info (a user name, token or password): put credentials in the "
+                            f"Secret named by {secret_setting}")
+    return parsed
 
 
 def parse_ca_setting(raw: Any, url: str, path: str) -> Mapping[str, Any] | None:

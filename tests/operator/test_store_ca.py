@@ -153,3 +153,22 @@ def test_a_bad_default_ca_stops_the_operator_naming_the_flag(argv: list[str], sa
     with pytest.raises(SystemExit):
         main.parse_args([*argv, "--webhook-config", "off"])
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("redis://:hunter2@redis:6379/0", "must not carry user info"),
+    ("rediss://admin:hunter2@redis:6380/0", "must not carry user info"),
+    ("s3://bucket?endpoint=http://user:hunter2@minio:9000", "a password belongs in the Secret"),
+    ("ftp://hunter2.example/x", "has scheme 'ftp'"),
+])
+def test_a_default_store_url_no_cache_could_use_stops_the_operator(url: str, said: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused at start-up, naming the flag, as each CompileCache's own URL would be, never echoing a
+    password (a default store with user info made every cache on it InvalidSpec)."""
+    from compilecache_operator import main
+
+    with pytest.raises(SystemExit) as exited:
+        main.parse_args(["--default-storage-url", url, "--webhook-config", "off"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--default-storage-url: " in err and said in err, err
+    assert "hunter2" not in err or "hunter2.example" in url
