@@ -18,6 +18,7 @@ import argparse
 import ast
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,11 +56,26 @@ def stated_versions(root: Path = ROOT) -> dict[str, str]:
     }
 
 
+def changelog_versions(root: Path = ROOT) -> list[str]:
+    """The versions CHANGELOG.md has a section for (``## [1.2.3] - date``), newest first; ``Unreleased`` is none."""
+    path = root / "CHANGELOG.md"
+    if not path.is_file():
+        return []
+    found = re.findall(r"^## \[([^\]]+)\]", path.read_text(), flags=re.MULTILINE)
+    return [v for v in found if v.lower() != "unreleased"]
+
+
 def disagreements(root: Path = ROOT) -> list[str]:
-    """One line per place whose version is not pyproject.toml's."""
+    """One line per place whose version is not pyproject.toml's, and CHANGELOG.md when its newest section is not
+    that version's (what a release is said to change must be written before it is made)."""
     version = project_version(root)
-    return [f"{where} says {said}, pyproject.toml says {version}"
-            for where, said in stated_versions(root).items() if said != version]
+    lines = [f"{where} says {said}, pyproject.toml says {version}"
+             for where, said in stated_versions(root).items() if said != version]
+    listed = changelog_versions(root)
+    if not listed or listed[0] != version:
+        lines.append(f"CHANGELOG.md's newest section is {listed[0] if listed else 'missing'}, "
+                     f"pyproject.toml says {version} (add a ## [{version}] section)")
+    return lines
 
 
 def image_reference(name: str, version: str) -> str:

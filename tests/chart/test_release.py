@@ -41,16 +41,17 @@ def test_every_stated_version_is_pyprojects() -> None:
     assert main._version() == version  # the operator's default preloader image tag
 
 
-@pytest.mark.parametrize("where", ["charts/compilecache-operator/Chart.yaml", "cachelib/__init__.py"])
+@pytest.mark.parametrize("where", ["charts/compilecache-operator/Chart.yaml", "cachelib/__init__.py", "CHANGELOG.md"])
 def test_a_version_that_disagrees_is_named_and_nothing_is_made(tmp_path: Path, where: str) -> None:
     copy = tmp_path / "repo"
     for part in ("pyproject.toml", "cachelib/__init__.py", "charts/compilecache-operator/Chart.yaml",
-                 "scripts/release.py"):
+                 "scripts/release.py", "CHANGELOG.md"):
         (copy / part).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / part, copy / part)
     text = (copy / where).read_text()
     (copy / where).write_text(text.replace(f'"{__version__}"', '"9.9.9"').replace(f"version: {__version__}",
-                                                                                    "version: 9.9.9"))
+                                                                                    "version: 9.9.9")
+                              .replace(f"## [{__version__}]", "## [9.9.9]"))
     proc = release("--dist", str(tmp_path / "dist"), "--no-images", cwd=copy)
     assert proc.returncode == 1
     assert where in proc.stderr and "9.9.9" in proc.stderr, proc.stderr
