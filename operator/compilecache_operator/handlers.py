@@ -22,8 +22,10 @@ start-up into the memo (``memo["state"]``, ``memo["intervals"]``):
   ``status.coldStarts`` (:mod:`compilecache_operator.coldstarts`), once per pod;
 - with leader election, only the replica holding the Lease acts (events, Jobs, pods, resync);
   every replica keeps its indexes and serves the webhook;
-- the pod mutating webhook (:mod:`compilecache_operator.webhook`), registered by
-  :func:`register_webhook` when the operator serves one.
+- the admission webhooks, registered by :func:`register_webhook` when the operator serves them and
+  answered directly by its server (:mod:`compilecache_operator.kopfadapter`): the pod-mutating one
+  (:mod:`compilecache_operator.webhook`) and, when asked for, the CompileCache validating one
+  (:mod:`compilecache_operator.validation`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from compilecache_operator import (
     certs,
     coldstarts,
     controller,
+    kopfadapter,
     kubeconfig,
     leader,
     probes,
@@ -56,11 +59,12 @@ from compilecache_operator import (
     tlsreload,
 )
 from compilecache_operator.conditions import find, merge_conditions, now_rfc3339
-from compilecache_operator.confinement import ALLOW_LABEL, Confinement, grants_from
+from compilecache_operator.confinement import Confinement, Grant
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import WEBHOOK_HANDLER, cache_gpus, instrumented
 from compilecache_operator.names import (
     CACHE_LABEL,
+    CACHE_WEBHOOK_ID,
     COLD_COUNTED_ANNOTATION,
     COUNTED_ANNOTATION,
     GPU_ANNOTATION,
@@ -76,7 +80,8 @@ from compilecache_operator.names import (
 from compilecache_operator.results import job_condition, preload_outcome
 from compilecache_operator.sidecars import detect_native_sidecars
 from compilecache_operator.signing import Signing
-from compilecache_operator.webhook import PodWebhookServer, inject_pods, review_pod
+from compilecache_operator.validation import read_grants, review_cache
+from compilecache_operator.webhook import review_pod
 
 from cachelib.keyformat import gpu_slug
 
@@ -97,8 +102,10 @@ class Admission:
     """The webhook server and, in managed mode, the webhook configuration's name; where its certificate
     comes from and how it is reloaded."""
 
-    server: kopf.WebhookServer | None = None
+    server: kopfadapter.AdmissionServer | None = None
     managed: str | None = None
+    check_caches: bool = False
+    """Whether the CompileCache validating webhook is served (refusing at admission what would be InvalidSpec)."""
     reloader: tlsreload.Reloader | None = None
     serving: servingcert.Target | None = None
     """The operator's own serving certificate Secret (None: files, or self-signed)."""
@@ -236,14 +243,8 @@ async def configure(
         }
     except KubeError as exc:  # readiness then waits for Kopf's index
         logger.warning("could not list the CompileCaches: %s", exc)
-    if isinstance(admission.server, PodWebhookServer):
-        views = indexes["caches"]
-
-        def answer(review: Mapping[str, Any]) -> dict[str, Any]:
-            with state.metrics.timed(WEBHOOK_HANDLER):
-                return review_pod(state, views, review)
-
-        admission.server.answer = answer
+    if admission.server is not None:
+        admission.server.answers = admission_answers(state, indexes["caches"])
         admission.server.draining = lambda: state.draining
     state.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
     logger.info("native sidecars %s: %s", "available" if state.sidecars.available else "not available",
@@ -304,11 +305,29 @@ async def start_signing(state: controller.State, where: SigningSecret) -> asynci
     return asyncio.create_task(keys.keep(lambda: state.leading, changed, signing))
 
 
-def readiness(state: controller.State, server: kopf.WebhookServer | None,
+def admission_answers(state: controller.State, views: Any) -> dict[str, kopfadapter.Answer]:
+    """Each webhook's answer, by id (the CompileCache one answers only where it is registered)."""
+
+    async def pods(review: Mapping[str, Any]) -> dict[str, Any]:
+        with state.metrics.timed(WEBHOOK_HANDLER):
+            return review_pod(state, views, review)
+
+    async def regrant() -> tuple[Grant, ...]:
+        assert state.api is not None and state.settings.operator_namespace
+        return (await read_grants(state.api, state.settings.operator_namespace))[0]
+
+    async def caches(review: Mapping[str, Any]) -> dict[str, Any]:
+        with_grants = state.api is not None and state.settings.operator_namespace
+        return await review_cache(state.settings, regrant if with_grants else None, review)
+
+    return {WEBHOOK_ID: pods, CACHE_WEBHOOK_ID: caches}
+
+
+def readiness(state: controller.State, server: kopfadapter.AdmissionServer | None,
               admission: Admission | None = None) -> Callable[[], bool]:
     """What ``/readyz`` answers: the caches are known and, where this replica serves the webhook,
     its endpoint accepts connections with the certificate to serve; not while shutting down."""
-    if not isinstance(server, PodWebhookServer):
+    if server is None:
         return state.serving
     webhook = server
     certified = admission or Admission()
@@ -507,22 +526,19 @@ async def count_cold_start(
         logger.warning("could not tally the cold start of pod %s/%s: %s", namespace, name, exc)
 
 
-def register_webhook(registry: kopf.OperatorRegistry | None = None) -> None:
-    """Register the pod-mutating webhook (once): only an operator that serves it may (Kopf refuses
+def admission_hooks(check_caches: bool = False) -> list[kopfadapter.Hook]:
+    """The webhooks the operator serves: the pod-mutating one (fails open) and, with ``check_caches``, the
+    CompileCache validating one (fails closed)."""
+    pods = kopfadapter.Hook(WEBHOOK_ID, "mutating", ("v1", "pods"), ("CREATE",), fail_open=True,
+                            labels={CACHE_LABEL: kopf.PRESENT})
+    caches = kopfadapter.Hook(CACHE_WEBHOOK_ID, "validating", CC, ("CREATE", "UPDATE"), fail_open=False)
+    return [pods, caches] if check_caches else [pods]
+
+
+def register_webhook(registry: kopf.OperatorRegistry | None = None, *, check_caches: bool = False) -> None:
+    """Register the admission webhooks (once each): only an operator that serves them may (Kopf refuses
     admission handlers without a server)."""
-    registry = registry or kopf.get_default_registry()
-    if any(h.id == WEBHOOK_ID for h in registry._webhooks.get_all_handlers()):
-        return
-    kopf.on.mutate(
-        "v1",
-        "pods",
-        id=WEBHOOK_ID,
-        operations=["CREATE"],
-        labels={CACHE_LABEL: kopf.PRESENT},
-        ignore_failures=True,
-        side_effects=False,
-        registry=registry,
-    )(instrumented(WEBHOOK_HANDLER)(inject_pods))
+    kopfadapter.register(admission_hooks(check_caches), registry)
 
 
 async def count_preload(
@@ -568,9 +584,7 @@ async def grants_loop(state: controller.State, namespace: str, interval: float =
     said: set[str] = set()
     while True:
         try:
-            listed = await state.api.list_all(f"/api/v1/namespaces/{namespace}/configmaps",
-                                              {"labelSelector": ALLOW_LABEL})
-            grants, refused = grants_from(listed)
+            grants, refused = await read_grants(state.api, namespace)
             for message in refused:
                 if message not in said:
                     logger.warning("grant refused: %s", message)
