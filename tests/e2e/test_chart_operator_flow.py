@@ -67,6 +67,11 @@ class ChartOperator(OperatorProcess):
         argv[argv.index("--webhook-config") + 1] = "external"
         return [*argv, "--webhook-cert-dir", str(self.cert_dir)]
 
+    def start(self, client: KubeClient, timeout: float = 60) -> None:
+        """Started and ready: its webhooks answer (the chart's check of CompileCaches fails closed)."""
+        super().start(client, timeout)
+        wait_for(self.ready, timeout, "the operator ready, its webhooks listening")
+
 
 @pytest.fixture
 def password_redis(real_node: RealNode, tmp_path: Path) -> Iterator[RedisServer]:

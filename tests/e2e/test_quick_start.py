@@ -39,6 +39,7 @@ from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.namespaces import delete_namespace
 from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.node import RealNode
+from tests.infra.wait import wait_for
 from tests.operator.e2e_support import OperatorProcess
 from testsupport.servers import RedisServer
 
@@ -84,6 +85,11 @@ class ChartOperator(OperatorProcess):
         argv = super().argv()
         argv[argv.index("--webhook-config") + 1] = "external"
         return [*argv, "--webhook-cert-dir", str(self.cert_dir), "--operator-namespace", self.operator_namespace]
+
+    def start(self, client: KubeClient, timeout: float = 60) -> None:
+        """Started and ready: its webhooks answer (the chart's check of CompileCaches fails closed)."""
+        super().start(client, timeout)
+        wait_for(self.ready, timeout, "the operator ready, its webhooks listening")
 
 
 def chart_arguments(client: KubeClient, deployment: dict[str, Any], scratch: Path) -> list[str]:
