@@ -66,6 +66,7 @@ def spec_problem(defaults: Defaults, confinement: Confinement, namespace: str,
 
 
 def confinement_problem(confinement: Confinement, namespace: str, spec: CacheSpec) -> InvalidSpec | None:
+    """What of ``spec`` is outside the allow-lists and grants for ``namespace`` (None: nothing)."""
     try:
         check_confinement(confinement, namespace, spec)
     except InvalidSpec as exc:
