@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from cachelib.stores import open_store
 from tests.cachelib.helpers import make_outdir
 from tests.chart.e2e_fixtures import CC_API, Release, helm_bin, helm_binaries, helm_env, install, release_namespace
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.e2e.test_chart_operator_pod import operator_values
+from tests.e2e.test_chart_operator_pod import pod_release
 from tests.infra.kube.cluster import LocalCluster
 from tests.infra.kube.rest import KubeAPIError, KubeClient
 from tests.infra.node import RealNode
@@ -47,7 +48,7 @@ from tests.operator.e2e_support import (
 from testsupport.servers import RedisServer
 
 # redis_server: the e2e conftest's, reachable from pods
-__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "release_namespace"]
+__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "pod_release", "release_namespace"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -230,13 +231,11 @@ def test_a_secret_pointed_outside_the_allow_list_reaches_no_job_and_no_pod(
 
 
 def test_the_charts_admission_check_refuses_the_same_on_the_api_server(
-    kube_client: KubeClient, kube_namespace: str, install: Callable[..., Release], real_node: RealNode,
-    api_for_pods: tuple[str, int], tmp_path: Path,
+    kube_client: KubeClient, kube_namespace: str, pod_release: Callable[..., Release],
 ) -> None:
     """The chart's operator as a pod on the real node (its image), answering the ValidatingWebhookConfiguration."""
     ns = kube_namespace
-    install("--values", str(operator_values(tmp_path, api_for_pods, ns, 1)),
-            "--set", "storage.url=redis://:pw@redis.compilecache.svc:6379/0",
+    pod_release(1, "--set", "storage.url=redis://:pw@redis.compilecache.svc:6379/0",
             "--set", "storage.credentialsSecret=store",
             "--set", "confinement.storeHosts={*.cache.svc,s3://models}",
             "--set", f"confinement.warmupServiceAccounts={{{ns}/warmup}}")  # fmt: skip
@@ -252,7 +251,7 @@ def test_the_charts_admission_check_refuses_the_same_on_the_api_server(
         return str(caught.value)
 
     # the webhook answers once an operator replica is Ready behind its Service
-    probes = iter(range(1000))
+    probes = itertools.count()
 
     def in_force() -> bool:
         try:
