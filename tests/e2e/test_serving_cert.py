@@ -59,37 +59,35 @@ class Replica(OperatorProcess):
         wait_for(lambda: self._alive() and self.ready(), timeout, "the replica to be ready (its certificate loaded)")
 
 
-def webhook_config(name: str, namespace: str, port: int) -> dict[str, Any]:
-    """The chart's webhook as a URL on loopback, with no caBundle (the leader writes it) and failurePolicy Fail:
-    a webhook the API server cannot reach or does not trust refuses the pod."""
-    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": name},
+def configuration(kind: str, name: str, hook: str, path: str, rule: dict[str, Any], namespace: str, port: int,
+                  **extra: Any) -> dict[str, Any]:
+    """A webhook configuration of the chart's as a URL on loopback, with no caBundle (the leader writes it) and
+    failurePolicy Fail: a webhook the API server cannot reach or does not trust refuses the object."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": name},
             "webhooks": [{
-                "name": "inject.pods.compilecache.io", "failurePolicy": "Fail", "sideEffects": "None",
-                "admissionReviewVersions": ["v1"], "timeoutSeconds": 5,
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/inject-pods"},
-                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                           "operations": ["CREATE"], "scope": "Namespaced"}],
-                "objectSelector": {"matchExpressions": [{"key": "compilecache.io/cache", "operator": "Exists"}]},
+                "name": hook, "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5, "clientConfig": {"url": f"https://127.0.0.1:{port}/{path}"},
+                "rules": [{**rule, "operations": ["CREATE", "UPDATE"] if kind.startswith("Validating") else ["CREATE"],
+                           "scope": "Namespaced"}],
                 "namespaceSelector": {"matchExpressions": [
                     {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]}]},
+                **extra,
             }]}
+
+
+def webhook_config(name: str, namespace: str, port: int) -> dict[str, Any]:
+    """The chart's pod webhook."""
+    return configuration("MutatingWebhookConfiguration", name, "inject.pods.compilecache.io", "inject-pods",
+                         {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}, namespace, port,
+                         objectSelector={"matchExpressions": [{"key": "compilecache.io/cache", "operator": "Exists"}]})
 
 
 def cache_check_config(name: str, namespace: str, port: int) -> dict[str, Any]:
     """The chart's check of CompileCaches, of the same name as the pod webhook's configuration: the leader writes
     the caBundle of both."""
-    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": name},
-            "webhooks": [{
-                "name": "validate.compilecaches.compilecache.io", "failurePolicy": "Fail", "sideEffects": "None",
-                "admissionReviewVersions": ["v1"], "timeoutSeconds": 5,
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/validate-caches"},
-                "rules": [{"apiGroups": ["compilecache.io"], "apiVersions": ["*"], "resources": ["compilecaches"],
-                           "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}],
-                "namespaceSelector": {"matchExpressions": [
-                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]}]},
-            }]}
+    return configuration("ValidatingWebhookConfiguration", name, "validate.compilecaches.compilecache.io",
+                         "validate-caches", {"apiGroups": ["compilecache.io"], "apiVersions": ["*"],
+                                             "resources": ["compilecaches"]}, namespace, port)
 
 
 def ca_bundles(client: KubeClient, name: str) -> list[bytes]:
