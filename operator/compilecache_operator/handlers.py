@@ -23,8 +23,10 @@ which ``main`` builds and whose :meth:`~compilecache_operator.startup.Runtime.st
   ``status.coldStarts`` (:mod:`compilecache_operator.coldstarts`), once per pod;
 - with leader election, only the replica holding the Lease acts (events, Jobs, pods, resync);
   every replica keeps its indexes and serves the webhook;
-- the pod mutating webhook (:mod:`compilecache_operator.webhook`), registered by
-  :func:`register_webhook` when the operator serves one.
+- the admission webhooks, registered by :func:`register_webhook` when the operator serves them and
+  answered directly by its server (:mod:`compilecache_operator.kopfadapter`): the pod-mutating one
+  (:mod:`compilecache_operator.webhook`) and, when asked for, the CompileCache validating one
+  (:mod:`compilecache_operator.validation`).
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from compilecache_operator import cacheview, coldstarts, scheduling, startup
+from compilecache_operator import cacheview, coldstarts, kopfadapter, scheduling, startup
 from compilecache_operator.conditions import find, merge_conditions, now_rfc3339
-from compilecache_operator.metrics import WEBHOOK_HANDLER, cache_gpus, instrumented
+from compilecache_operator.metrics import cache_gpus, instrumented
 from compilecache_operator.names import (
     CACHE_LABEL,
+    CACHE_WEBHOOK_ID,
     COLD_COUNTED_ANNOTATION,
     COUNTED_ANNOTATION,
     GPU_ANNOTATION,
@@ -53,7 +56,6 @@ from compilecache_operator.names import (
 from compilecache_operator.results import job_condition, preload_outcome
 from compilecache_operator.startup import CountedPods, emit, runtime_of
 from compilecache_operator.state import State, owner_uids
-from compilecache_operator.webhook import inject_pods
 
 from cachelib.keyformat import gpu_slug
 
@@ -213,22 +215,19 @@ async def count_cold_start(
         logger.warning("could not tally the cold start of pod %s/%s: %s", namespace, name, exc)
 
 
-def register_webhook(registry: kopf.OperatorRegistry | None = None) -> None:
-    """Register the pod-mutating webhook (once): only an operator that serves it may (Kopf refuses
+def admission_hooks(check_caches: bool = False) -> list[kopfadapter.Hook]:
+    """The webhooks the operator serves: the pod-mutating one (fails open) and, with ``check_caches``, the
+    CompileCache validating one (fails closed)."""
+    pods = kopfadapter.Hook(WEBHOOK_ID, "mutating", ("v1", "pods"), ("CREATE",), fail_open=True,
+                            labels={CACHE_LABEL: kopf.PRESENT})
+    caches = kopfadapter.Hook(CACHE_WEBHOOK_ID, "validating", CC, ("CREATE", "UPDATE"), fail_open=False)
+    return [pods, caches] if check_caches else [pods]
+
+
+def register_webhook(registry: kopf.OperatorRegistry | None = None, *, check_caches: bool = False) -> None:
+    """Register the admission webhooks (once each): only an operator that serves them may (Kopf refuses
     admission handlers without a server)."""
-    registry = registry or kopf.get_default_registry()
-    if any(h.id == WEBHOOK_ID for h in registry._webhooks.get_all_handlers()):
-        return
-    kopf.on.mutate(
-        "v1",
-        "pods",
-        id=WEBHOOK_ID,
-        operations=["CREATE"],
-        labels={CACHE_LABEL: kopf.PRESENT},
-        ignore_failures=True,
-        side_effects=False,
-        registry=registry,
-    )(instrumented(WEBHOOK_HANDLER)(inject_pods))
+    kopfadapter.register(admission_hooks(check_caches), registry)
 
 
 async def count_preload(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
-from compilecache_operator import certs, handlers, servingcert, tlsreload
+from compilecache_operator import certs, handlers, kopfadapter, servingcert, tlsreload
 from compilecache_operator.confinement import Confinement, store_destination
 from compilecache_operator.formats import DEFAULT_NODE_CACHE_ROOTS, node_path_problem
 from compilecache_operator.metrics import Metrics
@@ -41,7 +41,6 @@ from compilecache_operator.startup import Admission, Election, Intervals, Probes
 from compilecache_operator.state import Settings, State
 from compilecache_operator.store_ca import STORE_CA_FILE
 from compilecache_operator.warmup_job import JobSettings
-from compilecache_operator.webhook import PodWebhookServer
 from prometheus_client import start_http_server
 
 from cachelib import __version__
@@ -49,8 +48,6 @@ from cachelib.masking import install_log_masking, mask_text
 from cachelib.stores import StoreURLError
 
 WEBHOOK_MODES = ("managed", "external", "off")
-NEVER = 10.0**9
-"""Kopf's own look at the certificate files (it restarts its server on a change): seconds, i.e. never."""
 OWNED_LABELS = {"app.kubernetes.io/managed-by": "compilecache-operator"}
 """Labels of the Secrets the operator creates."""
 RESOURCE_SETTINGS = (
@@ -130,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "old during the switch) and writes the CA into the --webhook-ca-inject configurations; "
                         "every replica serves what it holds")
     p.add_argument("--webhook-ca-inject", default=_env("WEBHOOK_CA_INJECT") or "", metavar="NAMES",
-                   help="comma-separated MutatingWebhookConfigurations whose caBundle the leader keeps "
-                        "(with --webhook-cert-secret)")
+                   help="comma-separated names of the Mutating- and ValidatingWebhookConfigurations whose caBundle "
+                        "the leader keeps (with --webhook-cert-secret)")
     p.add_argument("--webhook-cert-validity-days", type=float, default=_env_float("WEBHOOK_CERT_VALIDITY_DAYS", 365.0),
                    help="life of each certificate made with --webhook-cert-secret (default 365)")
     p.add_argument("--webhook-cert-renew-before-days", type=float,
@@ -204,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-warmup-service-accounts", default=_env("ALLOWED_WARMUP_SERVICE_ACCOUNTS"),
                    help="comma-separated ServiceAccounts warm-ups may run as: NAME or NAMESPACE/NAME "
                         "(default: not confined)")
+    p.add_argument("--check-caches-at-admission", action="store_true", default=_env_bool("CHECK_CACHES_AT_ADMISSION"),
+                   help="serve the CompileCache validating webhook: a create or spec change that would be InvalidSpec "
+                        "(a bad field, or outside the allow-lists and every grant) is refused by the API server "
+                        "with the message naming the field (needs the webhook server; default off)")
     p.add_argument("--leader-election-namespace", default=_env("LEADER_ELECTION_NAMESPACE"), metavar="NS",
                    help="run as one of several replicas: only the holder of a Lease in NS reconciles, deletes and "
                         "counts; every replica serves the webhook (default: alone, always acting)")
@@ -261,6 +262,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         parser.error(str(exc))
     if (args.webhook_cert_secret or args.signing_key_secret) and not args.operator_namespace:
         parser.error("--webhook-cert-secret and --signing-key-secret need --operator-namespace (their namespace)")
+    if args.check_caches_at_admission and args.webhook_config == "off":
+        parser.error("--check-caches-at-admission needs the webhook server (not --webhook-config off)")
     if args.webhook_cert_secret and args.webhook_cert_dir:
         parser.error("--webhook-cert-secret and --webhook-cert-dir: choose one source of the serving certificate")
     if args.signing_key_secret and args.signing_key_file:
@@ -363,16 +366,8 @@ def admission_from(options: Options, scratch: Path, metrics: Metrics) -> Admissi
     files = certs.from_directory(Path(a.webhook_cert_dir)) if a.webhook_cert_dir is not None \
         else certs.self_signed(names, scratch)  # until the Secret's certificate is read, with --webhook-cert-secret
     reloader = tlsreload.Reloader(files, metrics.set_webhook_cert_expiry)
-    server = PodWebhookServer(
-        addr=a.webhook_listen_address,
-        port=a.webhook_port,
-        host=a.webhook_host,
-        certfile=files.cert,
-        pkeyfile=files.key,
-        cafile=files.ca,
-        context=reloader.context,
-        file_check_interval=NEVER,  # the reloader loads a renewal into the same context: no restart
-    )
+    server = kopfadapter.AdmissionServer(addr=a.webhook_listen_address, port=a.webhook_port, host=a.webhook_host,
+                                         context=reloader.context, cadata=(files.ca or files.cert).read_bytes())
     managed = None
     if a.webhook_config == "managed":
         default_name = f"{options.namespaces[0]}.{GROUP}" if len(options.namespaces) == 1 else GROUP
@@ -388,9 +383,9 @@ def admission_from(options: Options, scratch: Path, metrics: Metrics) -> Admissi
         renew_before=timedelta(days=a.webhook_cert_renew_before_days),
         overlap=timedelta(seconds=a.webhook_cert_overlap_seconds),
     )
-    return Admission(server=server, managed=managed, reloader=reloader, serving=serving, policy=policy,
-                              check_seconds=a.webhook_cert_check_seconds, cert_ready=serving is None,
-                              watch_files=a.webhook_cert_dir is not None)
+    return Admission(server=server, managed=managed, check_caches=a.check_caches_at_admission, reloader=reloader,
+                     serving=serving, policy=policy, check_seconds=a.webhook_cert_check_seconds,
+                     cert_ready=serving is None, watch_files=a.webhook_cert_dir is not None)
 
 
 def run(options: Options) -> None:
@@ -407,7 +402,7 @@ def run(options: Options) -> None:
         runtime = runtime_from(options, State(settings=settings_from(options), metrics=metrics),
                                admission_from(options, Path(scratch), metrics))
         if runtime.admission.server is not None:
-            handlers.register_webhook()
+            handlers.register_webhook(check_caches=runtime.admission.check_caches)
         kopf.run(
             clusterwide=not options.namespaces,
             namespaces=list(options.namespaces),

@@ -45,7 +45,9 @@ PRELOAD_MODE_REASON_ANNOTATION = f"{GROUP}/preload-mode-reason"
 """On an injected pod whose cache asks for ``Sidecar`` but got ``InitContainer``: why."""
 
 WEBHOOK_ID = "inject-pods"
-"""Kopf's handler id of the pod-mutating webhook: the webhook server serves it at ``/inject-pods``."""
+"""The id of the pod-mutating webhook: the webhook server serves it at ``/inject-pods``."""
+CACHE_WEBHOOK_ID = "validate-caches"
+"""The id of the CompileCache validating webhook: the webhook server serves it at ``/validate-caches``."""
 
 CACHE_VOLUME = "compilecache-cache"
 CACHE_MOUNT = "/var/cache/compilecache"

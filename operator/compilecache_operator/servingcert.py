@@ -174,21 +174,29 @@ def bundle_ops(config: Mapping[str, Any], ca: bytes) -> list[dict[str, Any]]:
     return ops
 
 
+WEBHOOK_CONFIGURATIONS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+"""The kinds of webhook configuration a name may stand for (the chart names both alike)."""
+
+
 async def inject(api: KubeAPI, configs: Sequence[str], ca: bytes) -> bool:
-    """Write ``ca`` into the caBundle of each named MutatingWebhookConfiguration; True when every one of
-    them holds it (a missing one is said in the log and counts as not holding it)."""
+    """Write ``ca`` into the caBundle of the Mutating- and ValidatingWebhookConfiguration of each name; True when
+    every one of them holds it (a name with neither is said in the log and counts as not holding it)."""
     done = True
     for name in configs:
-        path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
-        config = await api.get(path)
-        if config is None:
+        found = False
+        for kind in WEBHOOK_CONFIGURATIONS:
+            path = f"/apis/admissionregistration.k8s.io/v1/{kind}/{name}"
+            config = await api.get(path)
+            if config is None:
+                continue
+            found = True
+            ops = bundle_ops(config, ca)
+            if ops:
+                await api.request("PATCH", path, body=ops, content_type="application/json-patch+json")
+                log.info("wrote the webhook CA into the caBundle of %s %s", kind, name)
+        if not found:
             log.warning("webhook configuration %s not found: its caBundle cannot be set", name)
             done = False
-            continue
-        ops = bundle_ops(config, ca)
-        if ops:
-            await api.request("PATCH", path, body=ops, content_type="application/json-patch+json")
-            log.info("wrote the webhook CA into the caBundle of %s", name)
     return done
 
 
@@ -199,7 +207,7 @@ class Target:
     secret: str
     hostnames: tuple[str, ...]
     configs: tuple[str, ...]
-    """MutatingWebhookConfigurations whose caBundle the leader keeps."""
+    """Names of the Mutating- and ValidatingWebhookConfigurations whose caBundle the leader keeps."""
     labels: Mapping[str, str]
 
 

@@ -31,6 +31,7 @@ import kopf
 from compilecache_operator import (
     cacheview,
     certs,
+    kopfadapter,
     kubeconfig,
     leader,
     probes,
@@ -39,14 +40,15 @@ from compilecache_operator import (
     signingkey,
     tlsreload,
 )
-from compilecache_operator.confinement import ALLOW_LABEL, Confinement, grants_from
+from compilecache_operator.confinement import Confinement, Grant
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import WEBHOOK_HANDLER
-from compilecache_operator.names import CACHE_LABEL, PREFIX, WARMUP_LABEL
+from compilecache_operator.names import CACHE_LABEL, CACHE_WEBHOOK_ID, PREFIX, WARMUP_LABEL, WEBHOOK_ID
 from compilecache_operator.sidecars import detect_native_sidecars
 from compilecache_operator.signing import Signing
 from compilecache_operator.state import Indexes, State
-from compilecache_operator.webhook import PodWebhookServer, review_pod
+from compilecache_operator.validation import read_grants, review_cache
+from compilecache_operator.webhook import review_pod
 
 logger = logging.getLogger(__name__)
 MAX_COUNTED = 100_000
@@ -66,8 +68,10 @@ class Admission:
     """The webhook server and, in managed mode, the webhook configuration's name; where its certificate
     comes from and how it is reloaded."""
 
-    server: kopf.WebhookServer | None = None
+    server: kopfadapter.AdmissionServer | None = None
     managed: str | None = None
+    check_caches: bool = False
+    """Whether the CompileCache validating webhook is served (refusing at admission what would be InvalidSpec)."""
     reloader: tlsreload.Reloader | None = None
     serving: servingcert.Target | None = None
     """The operator's own serving certificate Secret (None: files, or self-signed)."""
@@ -280,17 +284,30 @@ async def read_early_views(state: State) -> None:
         logger.warning("could not list the CompileCaches: %s", exc)
 
 
-def answer_webhook(state: State, server: kopf.WebhookServer | None, views: Any) -> None:
-    """Let the operator's own webhook server answer from the State and the index of cache views."""
-    if not isinstance(server, PodWebhookServer):
+def answer_webhook(state: State, server: kopfadapter.AdmissionServer | None, views: Any) -> None:
+    """Let the operator's own webhook server answer each webhook from the State and the index of cache views."""
+    if server is None:
         return
+    server.answers = admission_answers(state, views)
+    server.draining = lambda: state.lifecycle.draining
 
-    def answer(review: Mapping[str, Any]) -> dict[str, Any]:
+
+def admission_answers(state: State, views: Any) -> dict[str, kopfadapter.Answer]:
+    """Each webhook's answer, by id (the CompileCache one answers only where it is registered)."""
+
+    async def pods(review: Mapping[str, Any]) -> dict[str, Any]:
         with state.metrics.timed(WEBHOOK_HANDLER):
             return review_pod(state, views, review)
 
-    server.answer = answer
-    server.draining = lambda: state.lifecycle.draining
+    async def regrant() -> tuple[Grant, ...]:
+        assert state.api is not None and state.settings.operator_namespace
+        return (await read_grants(state.api, state.settings.operator_namespace))[0]
+
+    async def caches(review: Mapping[str, Any]) -> dict[str, Any]:
+        with_grants = state.api is not None and state.settings.operator_namespace
+        return await review_cache(state.settings, regrant if with_grants else None, review)
+
+    return {WEBHOOK_ID: pods, CACHE_WEBHOOK_ID: caches}
 
 
 def start_certificates(state: State, admission: Admission) -> asyncio.Task[None] | None:
@@ -329,11 +346,11 @@ async def start_signing(state: State, where: SigningSecret) -> asyncio.Task[None
     return asyncio.create_task(keys.keep(lambda: state.lifecycle.leading, changed, signing))
 
 
-def readiness(state: State, server: kopf.WebhookServer | None,
+def readiness(state: State, server: kopfadapter.AdmissionServer | None,
               admission: Admission | None = None) -> Callable[[], bool]:
     """What ``/readyz`` answers: the caches are known and, where this replica serves the webhook,
     its endpoint accepts connections with the certificate to serve; not while shutting down."""
-    if not isinstance(server, PodWebhookServer):
+    if server is None:
         return state.serving
     webhook = server
     certified = admission or Admission()
@@ -382,9 +399,7 @@ async def grants_loop(state: State, namespace: str, interval: float = GRANTS_SEC
     said: set[str] = set()
     while True:
         try:
-            listed = await state.api.list_all(f"/api/v1/namespaces/{namespace}/configmaps",
-                                              {"labelSelector": ALLOW_LABEL})
-            grants, refused = grants_from(listed)
+            grants, refused = await read_grants(state.api, namespace)
             for message in refused:
                 if message not in said:
                     logger.warning("grant refused: %s", message)

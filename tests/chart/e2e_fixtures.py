@@ -23,6 +23,7 @@ __all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]
 
 CRDS_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MWC_API = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+VWC_API = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 CC_API = "/apis/compilecache.io/v1alpha1"
 
 

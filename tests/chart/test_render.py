@@ -234,6 +234,7 @@ EXPECTED_VERBS = {
     ("", "secrets"): {"get", "create", "update"},
     ("coordination.k8s.io", "leases"): {"get", "create", "update"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},  # their caBundle
     ("", "configmaps"): {"list"},  # the grant ConfigMaps of the release namespace only (a Role)
 }
 
@@ -258,7 +259,7 @@ def test_rbac_is_least_privilege(renderings: dict[str, list[Manifest]], scenario
                 if resource == "secrets" and set(rule["verbs"]) - {"get"}:  # the operator's own keys only
                     assert role["metadata"]["namespace"] == NAMESPACE, where
                     assert rule["verbs"] == ["create"] or rule.get("resourceNames"), where
-                if resource == "mutatingwebhookconfigurations":
+                if resource in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
                     assert rule["resourceNames"] == [one(rendered, "MutatingWebhookConfiguration")["metadata"]["name"]]
     if not of_kind(rendered, "ClusterRole"):
         return  # rbac.create=false
@@ -284,7 +285,8 @@ def test_secrets_role_follows_the_listed_namespaces(renderings: dict[str, list[M
     # Watching listed namespaces: the namespaced objects are granted by a Role in each, never cluster-wide.
     cluster_resources = {res for role, rule in rbac_rules(namespaced) if role["kind"] == "ClusterRole"
                          for res in rule["resources"]}
-    assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces", "mutatingwebhookconfigurations"}
+    assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces", "mutatingwebhookconfigurations",
+                                 "validatingwebhookconfigurations"}
     watched = {r["metadata"]["namespace"] for r in of_kind(namespaced, "Role") if not r["metadata"]["name"].endswith(
         ("-secrets", "-leader", "-keys"))}
     assert watched == {"ml-team", "ml-research"}

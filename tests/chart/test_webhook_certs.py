@@ -21,6 +21,7 @@ from tests.chart.chart import (
     helm,
     of_kind,
     one,
+    operator_container,
     parse_manifests,
     template,
 )
@@ -162,16 +163,71 @@ def test_every_scenario_renders_the_same_every_time_on_every_kubernetes_version(
 
 
 def test_optional_apis_render_only_where_the_cluster_serves_them(helm_bin: Path) -> None:
-    """The admission policy (admissionregistration.k8s.io/v1, from 1.30) and prometheus-operator's objects are
-    left out where the cluster lacks them, so an install there does not fail on an unknown kind."""
+    """Prometheus-operator's objects are left out where the cluster lacks them, so an install there does not fail on
+    an unknown kind; the CompileCache check at admission is a webhook, rendered on every supported version."""
     monitoring = CI_DIR / "monitoring-values.yaml"
     for version in KUBE_VERSIONS:
         kinds = {m["kind"] for m in parse_manifests(helm(
             helm_bin, "template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, "--values", str(monitoring),
             "--kube-version", version, *MONITORING_APIS).stdout)}
-        policy = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-        assert (policy <= kinds) == (int(version.split(".")[1]) >= 30), version
+        assert "ValidatingWebhookConfiguration" in kinds, version
+        assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, version
         assert {"ServiceMonitor", "PrometheusRule"} <= kinds
     without = {m["kind"] for m in template(helm_bin, monitoring, apis=())}
     assert not without & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
     assert "Deployment" in without
+
+
+# -- the CompileCache check at admission ------------------------------------------------------------------
+def checks_at_admission(rendered: list[Manifest]) -> bool:
+    return "--check-caches-at-admission" in operator_container(rendered)["args"]
+
+
+def test_the_cache_check_is_a_validating_webhook_beside_the_pod_webhook(renderings: dict[str, list[Manifest]]) -> None:
+    """In every scenario: served by the same Service, trusted through the same caBundle (the operator's, cert-manager's
+    or the user's), for the same namespaces, by the operator told to serve it; never sent a status write, a
+    finalizer's removal or a deletion; Fail with a short timeout by default."""
+    for name, rendered in renderings.items():
+        if not of_kind(rendered, "MutatingWebhookConfiguration"):  # the webhook off: tested below
+            continue
+        mutating = one(rendered, "MutatingWebhookConfiguration")
+        validating = one(rendered, "ValidatingWebhookConfiguration")
+        assert checks_at_admission(rendered), name
+        assert validating["metadata"]["name"] == mutating["metadata"]["name"], name
+        assert (validating["metadata"].get("annotations") or {}) == (mutating["metadata"].get("annotations") or {})
+        (pods,), (caches,) = mutating["webhooks"], validating["webhooks"]
+        assert caches["clientConfig"]["service"] == {**pods["clientConfig"]["service"], "path": "/validate-caches"}
+        assert caches["clientConfig"].get("caBundle") == pods["clientConfig"].get("caBundle"), name
+        assert caches["rules"] == [{"apiGroups": ["compilecache.io"], "apiVersions": ["*"],
+                                    "resources": ["compilecaches"], "operations": ["CREATE", "UPDATE"],
+                                    "scope": "Namespaced"}]
+        conditions = {c["name"]: c["expression"] for c in caches["matchConditions"]}
+        assert conditions["not-being-deleted"] == "!has(object.metadata.deletionTimestamp)"
+        assert "object.spec != oldObject.spec" in conditions["create-or-spec-change"]
+        assert caches["failurePolicy"] == "Fail" and caches["timeoutSeconds"] <= 10 and caches["sideEffects"] == "None"
+        watched = one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        namespaces = sorted(a.split("=", 1)[1] for a in watched if a.startswith("--namespace="))
+        selector = [{**e, "values": sorted(e["values"])}
+                    for e in caches.get("namespaceSelector", {}).get("matchExpressions", [])]
+        assert selector == ([{"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]
+                            if namespaces else []), name
+        if "--webhook-cert-secret" in " ".join(operator_container(rendered)["args"]):
+            (role,) = [r for r in of_kind(rendered, "ClusterRole") if r["metadata"]["name"].endswith("-webhook-ca")]
+            assert "validatingwebhookconfigurations" in role["rules"][0]["resources"], name
+
+
+@pytest.mark.parametrize("sets", [["confinement.admissionPolicy.enabled=false"], ["confinement.enabled=false"],
+                                  ["webhook.enabled=false"]])
+def test_without_the_check_nothing_is_sent_to_it(helm_bin: Path, sets: list[str]) -> None:
+    rendered = template(helm_bin, set_values=sets)
+    assert not of_kind(rendered, "ValidatingWebhookConfiguration") and not checks_at_admission(rendered)
+
+
+def test_the_checks_failure_policy_and_timeout_are_the_values(helm_bin: Path) -> None:
+    rendered = template(helm_bin, set_values=["confinement.admissionPolicy.failurePolicy=Ignore",
+                                              "confinement.admissionPolicy.timeoutSeconds=12"])
+    (caches,) = one(rendered, "ValidatingWebhookConfiguration")["webhooks"]
+    assert (caches["failurePolicy"], caches["timeoutSeconds"]) == ("Ignore", 12)
+    refused = helm(helm_bin, "template", RELEASE, str(CHART_DIR), "--set",
+                   "confinement.admissionPolicy.failurePolicy=Sometimes", check=False)
+    assert refused.returncode == 1 and "failurePolicy" in refused.stderr

@@ -61,9 +61,8 @@ def test_default_chart_installs_upgrades_and_uninstalls(kube_client: KubeClient,
             "Role": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}",
             "RoleBinding": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}",
             "MutatingWebhookConfiguration": f"{MWC_API}/{name}",
-            "ValidatingAdmissionPolicy": f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}",
-            "ValidatingAdmissionPolicyBinding":
-                f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{name}",
+            "ValidatingWebhookConfiguration":
+                f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}",
             "CustomResourceDefinition": f"{CRDS_API}/{name}",
         }[kind]
         assert kube_client.get(path)["metadata"]["name"] == name

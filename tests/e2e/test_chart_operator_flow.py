@@ -25,6 +25,7 @@ from compilecache_operator.certs import self_signed
 
 from tests.chart.e2e_fixtures import (
     MWC_API,
+    VWC_API,
     Release,
     helm_bin,
     helm_binaries,
@@ -55,8 +56,9 @@ REFUSED = re.compile(r"HTTP 403\b|\bForbidden\b|Not enough permissions|APIForbid
 class ChartOperator(OperatorProcess):
     """The operator with the chart's webhook wiring: an external configuration and a certificate directory."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, workdir: Path, webhook_config: str, cert_dir: Path) -> None:
-        super().__init__(kubeconfig, namespace, workdir)
+    def __init__(self, kubeconfig: Path, namespace: str, workdir: Path, webhook_config: str, cert_dir: Path,
+                 *extra: str) -> None:
+        super().__init__(kubeconfig, namespace, workdir, *extra)
         self.webhook_config = webhook_config
         self.cert_dir = cert_dir
 
@@ -65,6 +67,11 @@ class ChartOperator(OperatorProcess):
         argv[argv.index("--webhook-config") + 1] = "external"
         return [*argv, "--webhook-cert-dir", str(self.cert_dir)]
 
+    def start(self, client: KubeClient, timeout: float = 60) -> None:
+        """Started and ready: its webhooks answer (the chart's check of CompileCaches fails closed)."""
+        super().start(client, timeout)
+        wait_for(self.ready, timeout, "the operator ready, its webhooks listening")
+
 
 @pytest.fixture
 def password_redis(real_node: RealNode, tmp_path: Path) -> Iterator[RedisServer]:
@@ -72,12 +79,12 @@ def password_redis(real_node: RealNode, tmp_path: Path) -> Iterator[RedisServer]
         yield dataclasses.replace(server, host=GATEWAY)  # the address pods reach the host at
 
 
-def point_webhook_at(client: KubeClient, name: str, url: str, ca: bytes) -> dict[str, Any]:
+def point_webhook_at(client: KubeClient, name: str, url: str, ca: bytes, api: str = MWC_API) -> dict[str, Any]:
     """Replace the chart's webhook clientConfig (Service) by a URL; every other field stays as rendered."""
-    config = client.get(f"{MWC_API}/{name}")
+    config = client.get(f"{api}/{name}")
     (hook,) = config["webhooks"]
     hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca).decode()}
-    return client.request("PUT", f"{MWC_API}/{name}", body=config)
+    return client.request("PUT", f"{api}/{name}", body=config)
 
 
 def test_operator_flow_under_the_charts_rbac(
@@ -98,10 +105,13 @@ def test_operator_flow_under_the_charts_rbac(
     assert files.ca is not None
     kubeconfig = kube_cluster.write_kubeconfig(
         release.service_account, ("system:serviceaccounts", f"system:serviceaccounts:{release.namespace}"))
-    operator = ChartOperator(kubeconfig, ns, tmp_path / "operator", release.fullname, cert_dir)
+    operator = ChartOperator(kubeconfig, ns, tmp_path / "operator", release.fullname, cert_dir,
+                             "--check-caches-at-admission")
     hook = point_webhook_at(kube_client, release.fullname,
                             f"https://127.0.0.1:{operator.webhook_port}/inject-pods", files.ca.read_bytes())
     assert hook["webhooks"][0]["failurePolicy"] == "Ignore"
+    point_webhook_at(kube_client, release.fullname, f"https://127.0.0.1:{operator.webhook_port}/validate-caches",
+                     files.ca.read_bytes(), VWC_API)
 
     operator.start(kube_client)
     try:

@@ -119,12 +119,12 @@ def sample(text: str, name: str, **labels: str) -> float:
 def pod_release(
     install: Callable[..., Release], kube_client: KubeClient, real_node: RealNode, api_for_pods: tuple[str, int],
     kube_namespace: str, tmp_path: Path, request: pytest.FixtureRequest,
-) -> Callable[[int], Release]:
-    """``pod_release(replicas)``: the chart installed with its operator as pods on the real node, watching
-    ``kube_namespace``; the operator pods' logs go into the report of a failed test."""
+) -> Callable[..., Release]:
+    """``pod_release(replicas, *helm args)``: the chart installed with its operator as pods on the real node,
+    watching ``kube_namespace``; the operator pods' logs go into the report of a failed test."""
 
-    def make(replicas: int) -> Release:
-        release = install("--values", str(operator_values(tmp_path, api_for_pods, kube_namespace, replicas)))
+    def make(replicas: int, *args: str) -> Release:
+        release = install("--values", str(operator_values(tmp_path, api_for_pods, kube_namespace, replicas)), *args)
         request.addfinalizer(lambda: request.node.add_report_section("teardown", "operator pods", "\n".join(
             real_node.container_log(release.namespace, p["metadata"]["name"], "operator")[-4000:]
             for p in operator_pods(kube_client, release))))

@@ -1,7 +1,8 @@
 """A new team's store, granted by a ConfigMap in the operator's namespace (no change of the operator's flags):
 a CompileCache outside the operator's allow-list is InvalidSpec; a ConfigMap labelled compilecache.io/allow
 granting its namespace that store turns it valid (a warm-up Job is created) without any change to the cache;
-deleting the ConfigMap makes it InvalidSpec again."""
+deleting the ConfigMap makes it InvalidSpec again. With the check at admission on, a store outside every grant
+is refused at create with the operator's message, and one granted a moment before is admitted and warms."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import RealNode
 from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, condition, crd, jobs_of
 from testsupport.kube.cluster import LocalCluster
-from testsupport.kube.rest import KubeClient
+from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
 
@@ -30,19 +31,41 @@ def operator_namespace(namespace_factory: Callable[[str | None], str]) -> str:
     return namespace_factory("restricted")
 
 
-@pytest.fixture
-def confined_operator(kube_cluster: LocalCluster, kube_client: KubeClient, real_node: RealNode, kube_namespace: str,
-                      operator_namespace: str, crd: None, tmp_path: Path) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(kube_cluster.kubeconfig, kube_namespace, tmp_path / "operator",
-                              "--operator-namespace", operator_namespace,
-                              "--allowed-store-hosts", "redis.shared.invalid", "--allowed-store-secrets", "",
-                              "--allowed-node-cache-paths", ",".join(DEFAULT_NODE_CACHE_ROOTS))
+CONFINED = ("--allowed-store-hosts", "redis.shared.invalid", "--allowed-store-secrets", "",
+            "--allowed-node-cache-paths", ",".join(DEFAULT_NODE_CACHE_ROOTS))
+
+
+def confined(kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str, operator_namespace: str,
+             workdir: Path, *extra: str) -> Iterator[OperatorProcess]:
+    """The operator confined to a store no test uses."""
+    process = OperatorProcess(kube_cluster.kubeconfig, kube_namespace, workdir,
+                              "--operator-namespace", operator_namespace, *CONFINED, *extra)
     process.start(kube_client)
     try:
         yield process
     finally:
         process.stop()
         process.delete_webhook_config(kube_client)
+
+
+@pytest.fixture
+def confined_operator(kube_cluster: LocalCluster, kube_client: KubeClient, real_node: RealNode, kube_namespace: str,
+                      operator_namespace: str, crd: None, tmp_path: Path) -> Iterator[OperatorProcess]:
+    yield from confined(kube_cluster, kube_client, kube_namespace, operator_namespace, tmp_path / "operator")
+
+
+@pytest.fixture
+def checking_operator(kube_cluster: LocalCluster, kube_client: KubeClient, real_node: RealNode, kube_namespace: str,
+                      operator_namespace: str, crd: None, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The confined operator checking CompileCaches at admission too (its managed validating webhook)."""
+    processes = confined(kube_cluster, kube_client, kube_namespace, operator_namespace, tmp_path / "operator",
+                         "--check-caches-at-admission")
+    process = next(processes)
+    try:
+        wait_for(lambda: process.checks_caches(kube_client), 60, "the managed validating webhook")
+        yield process
+    finally:
+        processes.close()
 
 
 def ready_reason(client: KubeClient, namespace: str) -> str:
@@ -71,3 +94,26 @@ def test_a_grant_configmap_admits_a_new_teams_store_and_its_removal_refuses_it_a
     wait_for(lambda: ready_reason(kube_client, ns) == "InvalidSpec", 60, "InvalidSpec once the grant is gone")
     log = confined_operator.log_tail(limit=10_000_000)
     assert f"grants now: ConfigMap {operator_namespace}/team-stores -> {ns}" in log and "grants now: none" in log
+
+
+def test_at_admission_a_store_outside_every_grant_is_refused_and_one_granted_a_moment_ago_admitted(
+    checking_operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, operator_namespace: str,
+    redis_server: RedisServer,
+) -> None:
+    ns = kube_namespace
+    store = f"{redis_server.host}:{redis_server.port}"
+    cache = compile_cache("team", {"image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"},
+                                   "storage": {"url": redis_server.store_url()}})
+    with pytest.raises(KubeAPIError) as refused:
+        kube_client.post(cache_path(ns), cache)
+    assert refused.value.status == 422, refused.value
+    assert f"spec.storage.url: store {store} is not on the operator's allow-list (redis.shared.invalid" in str(
+        refused.value)
+
+    grant: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": "team-stores", "labels": {"compilecache.io/allow": "true"}},
+                             "data": {"namespaces": ns, "storeHosts": store}}
+    kube_client.post(f"/api/v1/namespaces/{operator_namespace}/configmaps", grant)
+    kube_client.post(cache_path(ns), cache)  # at once: the operator reads the grants again before refusing
+    wait_for(lambda: jobs_of(kube_client, ns, "team"), 60, "a warm-up Job")
+    assert ready_reason(kube_client, ns) != "InvalidSpec"

@@ -1,6 +1,8 @@
 """The chart on the oldest Kubernetes it supports: ``helm install`` against a control plane of
 versions.env's KUBE_OLDEST_VERSION (built by testsupport/kube/build.sh beside the newest; etcd shared),
-the CRD's validation rules in force there, and what that version lacks (the admission policy) left out."""
+the CRD's validation rules in force there, and the chart's check of CompileCaches at admission (a validating
+webhook with matchConditions) refusing there as on the newest: the operator runs as a host process against that
+API server, the chart's webhook configurations pointed at it (no node runs its pod here)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from compilecache_operator.certs import self_signed
 
 from tests.chart.chart import CHART_DIR, helm, parse_manifests, scenario_files
-from tests.chart.e2e_fixtures import CC_API, CRDS_API
+from tests.chart.e2e_fixtures import CC_API, CRDS_API, MWC_API, VWC_API
+from tests.e2e.test_chart_operator_flow import ChartOperator, point_webhook_at
 from tests.e2e.test_chart_server_dry_run import assert_the_server_accepts
 from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
 from testsupport.kube.cluster import BinariesMissing, LocalCluster, find_binaries, versions
@@ -55,6 +59,7 @@ def oldest_cluster() -> Iterator[LocalCluster]:
 
 def test_the_chart_installs_on_the_oldest_supported_kubernetes(oldest_cluster: LocalCluster, helm_bin: Path,
                                                                tmp_path: Path) -> None:
+    operator: ChartOperator | None = None
     client = KubeClient(oldest_cluster.kubeconfig)
     try:
         assert client.get("/version")["gitVersion"] == f"v{OLDEST}"
@@ -66,8 +71,12 @@ def test_the_chart_installs_on_the_oldest_supported_kubernetes(oldest_cluster: L
              "--set", "storage.url=redis://redis.compilecache.svc:6379/0", env=env)
         rendered = parse_manifests(helm(helm_bin, "get", "manifest", "old", "--namespace", ns, env=env).stdout)
         kinds = {m["kind"] for m in rendered}
-        assert {"Deployment", "MutatingWebhookConfiguration", "CustomResourceDefinition", "ClusterRole"} <= kinds
-        assert "ValidatingAdmissionPolicy" not in kinds, "admissionregistration.k8s.io/v1 policies need 1.30"
+        assert {"Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+                "CustomResourceDefinition", "ClusterRole"} <= kinds
+        fullname = next(m["metadata"]["name"] for m in rendered if m["kind"] == "ValidatingWebhookConfiguration")
+        (check,) = client.get(f"{VWC_API}/{fullname}")["webhooks"]
+        assert [c["name"] for c in check.get("matchConditions") or []] == ["not-being-deleted",
+                                                                           "create-or-spec-change"], check
 
         def established() -> bool:
             conditions = client.get(f"{CRDS_API}/{CRD_NAME}").get("status", {}).get("conditions") or []
@@ -78,12 +87,24 @@ def test_the_chart_installs_on_the_oldest_supported_kubernetes(oldest_cluster: L
                  "spec": {"image": "example/app:1", "model": {"target": "tiny_mlp"},
                           "storage": {"url": "redis://redis.compilecache.svc:6379/0"}}}
         path = f"{CC_API}/namespaces/{ns}/compilecaches"
+        with pytest.raises(KubeAPIError) as unanswered:  # failurePolicy Fail, and no operator answers yet
+            client.post(path, {**cache, "metadata": {"name": "early"}})
+        assert "validate.compilecaches.compilecache.io" in unanswered.value.body
+        operator = answering_operator(oldest_cluster, client, ns, fullname, tmp_path)
         client.post(path, {**cache, "metadata": {"name": "fits"}})
+        outside = {**cache["spec"], "storage": {"url": "redis://collector.attacker.example:6379/0"}}
+        with pytest.raises(KubeAPIError) as refused:
+            client.post(path, {**cache, "metadata": {"name": "outside"}, "spec": outside})
+        assert refused.value.status == 422
+        assert "spec.storage.url: store collector.attacker.example:6379 is not on the operator's allow-list" in (
+            refused.value.body)
         with pytest.raises(KubeAPIError) as refused:  # a CEL rule of the CRD, evaluated by this API server
             client.post(path, {**cache, "metadata": {"name": "x" * 210}})
         assert refused.value.status == 422 and "metadata.name" in refused.value.body
         helm(helm_bin, "uninstall", "old", "--namespace", ns, "--timeout", "60s", env=env)
     finally:
+        if operator is not None:
+            operator.stop()
         client.close()
 
 
@@ -96,3 +117,21 @@ def test_the_oldest_api_server_accepts_every_scenario(scenario: str, oldest_clus
         assert_the_server_accepts(oldest_cluster, client, helm_bin, kubectl_bin, scenario, tmp_path)
     finally:
         client.close()
+
+
+def answering_operator(cluster: LocalCluster, client: KubeClient, namespace: str, fullname: str,
+                       tmp_path: Path) -> ChartOperator:
+    """The operator (this checkout) as a host process with the chart's allow-list and its check at admission, the
+    chart's webhook configurations pointed at it, every other field as the chart rendered it."""
+    cert_dir = tmp_path / "webhook-tls"
+    cert_dir.mkdir()
+    files = self_signed(["127.0.0.1"], cert_dir)
+    assert files.ca is not None
+    operator = ChartOperator(cluster.kubeconfig, namespace, tmp_path / "operator", fullname, cert_dir,
+                             "--check-caches-at-admission", "--allowed-store-hosts", "redis.compilecache.svc:6379",
+                             "--allowed-store-secrets", "")
+    for api, hook in ((MWC_API, "inject-pods"), (VWC_API, "validate-caches")):
+        point_webhook_at(client, fullname, f"https://127.0.0.1:{operator.webhook_port}/{hook}", files.ca.read_bytes(),
+                         api)
+    operator.start(client)
+    return operator

@@ -9,8 +9,8 @@ kubectl on the PATH and the cluster's admin kubeconfig. What the test substitute
 - the operator: the chart's Deployment cannot reach the API server from a pod here (no kube-proxy; the API
   server listens on loopback), so after ``helm install`` the operator runs as a host process with the
   installed Deployment's own arguments, with a token of the chart's ServiceAccount (the chart's RBAC), its
-  webhook on loopback: the chart's MutatingWebhookConfiguration keeps every field but its clientConfig. The
-  preloader image is the locally built one.
+  webhooks on loopback: the chart's Mutating- and ValidatingWebhookConfiguration keep every field but their
+  clientConfig. The preloader image is the locally built one.
 
 The quick start ends with a Ready CompileCache and a pod whose preload hit: it started warm.
 """
@@ -32,7 +32,7 @@ import pytest
 import yaml
 from compilecache_operator.certs import self_signed
 
-from tests.chart.e2e_fixtures import CRDS_API, MWC_API
+from tests.chart.e2e_fixtures import CRDS_API, MWC_API, VWC_API
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
 from tests.infra.node import RealNode
@@ -41,6 +41,7 @@ from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.namespaces import delete_namespace
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
+from testsupport.wait import wait_for
 
 __all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]
 
@@ -84,6 +85,11 @@ class ChartOperator(OperatorProcess):
         argv = super().argv()
         argv[argv.index("--webhook-config") + 1] = "external"
         return [*argv, "--webhook-cert-dir", str(self.cert_dir), "--operator-namespace", self.operator_namespace]
+
+    def start(self, client: KubeClient, timeout: float = 60) -> None:
+        """Started and ready: its webhooks answer (the chart's check of CompileCaches fails closed)."""
+        super().start(client, timeout)
+        wait_for(self.ready, timeout, "the operator ready, its webhooks listening")
 
 
 def chart_arguments(client: KubeClient, deployment: dict[str, Any], scratch: Path) -> list[str]:
@@ -195,10 +201,11 @@ def start_chart_operator(cluster: LocalCluster, client: KubeClient, release: str
     kubeconfig = token_kubeconfig(cluster, client, release_ns, fullname, tmp_path / "operator.kubeconfig")
     operator = ChartOperator(kubeconfig, work_ns, tmp_path / "operator", chart_arguments(client, deployment, scratch),
                              cert_dir, release_ns, fullname)
-    config = client.get(f"{MWC_API}/{fullname}")
-    for hook in config["webhooks"]:
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{operator.webhook_port}/inject-pods",
-                                "caBundle": base64.b64encode(files.ca.read_bytes()).decode()}
-    client.request("PUT", f"{MWC_API}/{fullname}", body=config)
+    for api, path in ((MWC_API, "inject-pods"), (VWC_API, "validate-caches")):
+        config = client.get(f"{api}/{fullname}")
+        for hook in config["webhooks"]:
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{operator.webhook_port}/{path}",
+                                    "caBundle": base64.b64encode(files.ca.read_bytes()).decode()}
+        client.request("PUT", f"{api}/{fullname}", body=config)
     operator.start(client)
     return operator

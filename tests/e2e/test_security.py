@@ -6,12 +6,14 @@
   verifies the bundles it signed while it is listed as trusted, and no longer once it is dropped.
 - A CompileCache that points a namespace Secret at a store outside the operator's allow-list is InvalidSpec
   (condition and Warning event): no Job is created and no pod is given the Secret.
-- The chart's ValidatingAdmissionPolicy refuses the same CompileCaches on the API server itself.
+- The chart's check at admission (the operator pod's validating webhook) makes the API server refuse the same
+  CompileCaches at create and at a change of spec, with the operator's message.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +28,7 @@ from cachelib.stores import open_store
 from tests.cachelib.helpers import make_outdir
 from tests.chart.e2e_fixtures import CC_API, Release, helm_bin, helm_binaries, helm_env, install, release_namespace
 from tests.e2e.conftest import WORKLOAD_IMAGE
+from tests.e2e.test_chart_operator_pod import pod_release
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
 from tests.operator.e2e_support import (
@@ -45,7 +48,7 @@ from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
 
 # redis_server: the e2e conftest's, reachable from pods
-__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "release_namespace"]
+__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "pod_release", "release_namespace"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -227,15 +230,15 @@ def test_a_secret_pointed_outside_the_allow_list_reaches_no_job_and_no_pod(
     assert "store" not in json.dumps(created["spec"])  # no reference to the Secret anywhere in the pod
 
 
-def test_the_charts_admission_policy_refuses_the_same_on_the_api_server(
-    kube_client: KubeClient, kube_namespace: str, install: Callable[..., Release],
+def test_the_charts_admission_check_refuses_the_same_on_the_api_server(
+    kube_client: KubeClient, kube_namespace: str, pod_release: Callable[..., Release],
 ) -> None:
+    """The chart's operator as a pod on the real node (its image), answering the ValidatingWebhookConfiguration."""
     ns = kube_namespace
-    install("--set", "storage.url=redis://redis.compilecache.svc:6379/0",
+    pod_release(1, "--set", "storage.url=redis://redis.compilecache.svc:6379/0",
             "--set", "storage.credentialsSecret=store",
             "--set", "confinement.storeHosts={*.cache.svc,s3://models}",
-            "--set", f"confinement.warmupServiceAccounts={{{ns}/warmup}}",
-            "--set", "webhook.enabled=false")  # fmt: skip
+            "--set", f"confinement.warmupServiceAccounts={{{ns}/warmup}}")  # fmt: skip
 
     def create(name: str, storage: dict[str, Any], **extra: Any) -> None:
         kube_client.post(cache_path(ns), compile_cache(name, {
@@ -247,8 +250,8 @@ def test_the_charts_admission_policy_refuses_the_same_on_the_api_server(
         assert caught.value.status in (403, 422), caught.value
         return str(caught.value)
 
-    # the policy is compiled by the API server a moment after it is created
-    probes = iter(range(1000))
+    # the webhook answers once an operator replica is Ready behind its Service
+    probes = itertools.count()
 
     def in_force() -> bool:
         try:
@@ -257,7 +260,7 @@ def test_the_charts_admission_policy_refuses_the_same_on_the_api_server(
             return "not on the operator's allow-list" in str(error)
         return False
 
-    wait_for(in_force, 60, "the admission policy to be in force")
+    wait_for(in_force, 420, "the admission check to be in force")
     for leftover in kube_client.get(f"{CC_API}/namespaces/{ns}/compilecaches")["items"]:
         kube_client.delete(cache_path(ns, leftover["metadata"]["name"]))
 
@@ -273,9 +276,9 @@ def test_the_charts_admission_policy_refuses_the_same_on_the_api_server(
     assert "not on the operator's allow-list" in refused(
         "endpoint", {"url": "s3://models/llama?endpoint=https://minio.attacker.example"})
     secret = refused("secret", {"url": "redis://redis.compilecache.svc/0", "secretRef": {"name": "admin-token"}})
-    assert "spec.storage.secretRef.name: Secret admin-token is not allowed as store credentials" in secret
+    assert "spec.storage.secretRef.name: Secret 'admin-token' is not allowed as store credentials" in secret
     account = refused("sa", {"url": "redis://redis.compilecache.svc/0"}, warmup={"serviceAccountName": "deployer"})
-    assert "spec.warmup.serviceAccountName: ServiceAccount deployer is not allowed for warm-ups" in account
+    assert "spec.warmup.serviceAccountName: ServiceAccount 'deployer' is not allowed for warm-ups" in account
     # an update that moves an admitted cache outside the lists is refused too
     with pytest.raises(KubeAPIError) as moved:
         kube_client.merge_patch(cache_path(ns, "domain"), {"spec": {"storage": {"url": "redis://10.0.0.1:6379/0"}}})

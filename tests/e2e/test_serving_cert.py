@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.e2e]
 __all__ = ["crd"]
 
 MWC_API = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+VWC_API = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 SERVING, SIGNING = "webhook-serving", "signing"
 # Each certificate lives 150 s and is renewed 100 s before its end: a rotation begins ~50 s after the first.
 VALIDITY_DAYS, RENEW_BEFORE_DAYS = 150 / 86400, 100 / 86400
@@ -50,7 +51,7 @@ class Replica(OperatorProcess):
                 "--webhook-cert-validity-days", str(VALIDITY_DAYS),
                 "--webhook-cert-renew-before-days", str(RENEW_BEFORE_DAYS),
                 "--webhook-cert-overlap-seconds", "4", "--webhook-cert-check-seconds", "1",
-                "--signing-key-secret", SIGNING,
+                "--signing-key-secret", SIGNING, "--check-caches-at-admission",
                 "--leader-election-namespace", self.own, "--leader-election-name", "cc-test"]
 
     def start(self, client: KubeClient, timeout: float = 60) -> None:
@@ -58,21 +59,41 @@ class Replica(OperatorProcess):
         wait_for(lambda: self._alive() and self.ready(), timeout, "the replica to be ready (its certificate loaded)")
 
 
-def webhook_config(name: str, namespace: str, port: int) -> dict[str, Any]:
-    """The chart's webhook as a URL on loopback, with no caBundle (the leader writes it) and failurePolicy Fail:
-    a webhook the API server cannot reach or does not trust refuses the pod."""
-    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": name},
+def configuration(kind: str, name: str, hook: str, path: str, rule: dict[str, Any], namespace: str, port: int,
+                  **extra: Any) -> dict[str, Any]:
+    """A webhook configuration of the chart's as a URL on loopback, with no caBundle (the leader writes it) and
+    failurePolicy Fail: a webhook the API server cannot reach or does not trust refuses the object."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": name},
             "webhooks": [{
-                "name": "inject.pods.compilecache.io", "failurePolicy": "Fail", "sideEffects": "None",
-                "admissionReviewVersions": ["v1"], "timeoutSeconds": 5,
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/inject-pods"},
-                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                           "operations": ["CREATE"], "scope": "Namespaced"}],
-                "objectSelector": {"matchExpressions": [{"key": "compilecache.io/cache", "operator": "Exists"}]},
+                "name": hook, "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5, "clientConfig": {"url": f"https://127.0.0.1:{port}/{path}"},
+                "rules": [{**rule, "operations": ["CREATE", "UPDATE"] if kind.startswith("Validating") else ["CREATE"],
+                           "scope": "Namespaced"}],
                 "namespaceSelector": {"matchExpressions": [
                     {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]}]},
+                **extra,
             }]}
+
+
+def webhook_config(name: str, namespace: str, port: int) -> dict[str, Any]:
+    """The chart's pod webhook."""
+    return configuration("MutatingWebhookConfiguration", name, "inject.pods.compilecache.io", "inject-pods",
+                         {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}, namespace, port,
+                         objectSelector={"matchExpressions": [{"key": "compilecache.io/cache", "operator": "Exists"}]})
+
+
+def cache_check_config(name: str, namespace: str, port: int) -> dict[str, Any]:
+    """The chart's check of CompileCaches, of the same name as the pod webhook's configuration: the leader writes
+    the caBundle of both."""
+    return configuration("ValidatingWebhookConfiguration", name, "validate.compilecaches.compilecache.io",
+                         "validate-caches", {"apiGroups": ["compilecache.io"], "apiVersions": ["*"],
+                                             "resources": ["compilecaches"]}, namespace, port)
+
+
+def ca_bundles(client: KubeClient, name: str) -> list[bytes]:
+    """The caBundle of the pod webhook's and of the CompileCache check's configuration."""
+    return [base64.b64decode(client.get(f"{api}/{name}")["webhooks"][0]["clientConfig"]["caBundle"])
+            for api in (MWC_API, VWC_API)]
 
 
 def secret(client: KubeClient, namespace: str, name: str) -> dict[str, bytes]:
@@ -119,17 +140,19 @@ def replicas(kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace
     pair = (Replica(kube_cluster.kubeconfig, kube_namespace, tmp_path / "a", config, own),
             Replica(kube_cluster.kubeconfig, kube_namespace, tmp_path / "b", config, own))
     kube_client.post(MWC_API, webhook_config(config, kube_namespace, pair[0].webhook_port))
+    kube_client.post(VWC_API, cache_check_config(config, kube_namespace, pair[0].webhook_port))
     try:
         yield pair
     finally:
         for replica in pair:
             replica.stop()
             request.node.add_report_section("teardown", f"replica log {replica.workdir.name}", replica.log_tail())
-        try:
-            kube_client.delete(f"{MWC_API}/{config}")
-        except KubeAPIError as error:
-            if error.status != 404:
-                raise
+        for api in (MWC_API, VWC_API):
+            try:
+                kube_client.delete(f"{api}/{config}")
+            except KubeAPIError as error:
+                if error.status != 404:
+                    raise
 
 
 def test_the_operator_makes_rotates_and_keeps_its_keys(kube_client: KubeClient, kube_namespace: str,
@@ -138,8 +161,7 @@ def test_the_operator_makes_rotates_and_keeps_its_keys(kube_client: KubeClient, 
     for replica in replicas:
         replica.start(kube_client)
     tls = secret(kube_client, own, SERVING)
-    config = kube_client.get(f"{MWC_API}/{replicas[0].webhook_config}")
-    assert base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"]) == tls["ca.crt"]
+    assert ca_bundles(kube_client, replicas[0].webhook_config) == [tls["ca.crt"]] * 2
     for replica in replicas:  # both replicas serve what the Secret holds, only one of them wrote it
         assert served(replica.webhook_port, tls["ca.crt"]) == tls["tls.crt"]
     pod = admit_pod(kube_client, ns)
@@ -169,6 +191,7 @@ def test_the_operator_makes_rotates_and_keeps_its_keys(kube_client: KubeClient, 
                  f"replica {replica.workdir.name} to serve the rotated certificate")
     for _ in range(5):
         admit_pod(kube_client, ns)
+    assert ca_bundles(kube_client, replicas[0].webhook_config) == [rotated["ca.crt"]] * 2
 
     # A restart of both replicas keeps the signing key: what was signed before still verifies.
     message = Signer.from_pem(key).sign("cc1/ns/cache/key", "0" * 64)

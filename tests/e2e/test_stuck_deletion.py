@@ -6,6 +6,8 @@ redis-server, the operator stops (as
 Terminating while the cache keeps the operator's finalizer. The runbook's commands (its
 ``<!-- stuck-deletion-recovery -->`` block, in bash with kubectl and the ``compilecache`` CLI of this checkout on
 the PATH, the cluster's admin kubeconfig) end it: the CRD is gone and the bundle is deleted from the store.
+The chart's ValidatingWebhookConfiguration is left behind too, its Service gone (an uninstall that stopped half-way):
+it refuses a change of spec it cannot have checked, and is never sent the runbook's finalizer removal.
 The CRD is installed again afterwards for the tests that follow in the session.
 """
 
@@ -22,18 +24,19 @@ import pytest
 from cachelib.publish import publish
 from cachelib.stores import open_store
 from tests.cachelib.helpers import make_key, make_outdir
-from tests.chart.e2e_fixtures import CRDS_API
+from tests.chart.chart import one, template
+from tests.chart.e2e_fixtures import CRDS_API, VWC_API
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.helm import helm_binaries, kubectl_bin
+from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
 from tests.infra.node import RealNode
 from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, crd, operator
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.crd import install_crd
-from testsupport.kube.rest import KubeClient
+from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
 
-__all__ = ["crd", "helm_binaries", "kubectl_bin", "operator"]
+__all__ = ["crd", "helm_bin", "helm_binaries", "kubectl_bin", "operator"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -64,7 +67,7 @@ def bundles(store: str) -> int:
 
 def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
     operator: OperatorProcess, kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str,
-    redis_server: RedisServer, real_node: RealNode, kubectl_bin: Path, tmp_path: Path,
+    redis_server: RedisServer, real_node: RealNode, kubectl_bin: Path, helm_bin: Path, tmp_path: Path,
 ) -> None:
     ns = kube_namespace
     store = redis_server.store_url()
@@ -79,8 +82,20 @@ def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
         publish(make_outdir(tmp_path / "out", make_key(namespace=ns, name="doomed")), opened)
     assert bundles(store) == 1
 
+    check = one(template(helm_bin, set_values=[f"operator.watchNamespaces={{{ns}}}"], namespace=f"{ns}-gone"),
+                "ValidatingWebhookConfiguration")
+    check["metadata"]["name"] = f"{ns}-left-behind"
+    kube_client.post(VWC_API, check)
     operator.stop()  # the uninstall removes the operator ...
     try:
+        def refused_unchecked() -> bool:
+            try:
+                kube_client.merge_patch(cache_path(ns, "doomed"), {"spec": {"image": f"{WORKLOAD_IMAGE}-changed"}})
+            except KubeAPIError as error:
+                return "validate.compilecaches.compilecache.io" in error.body
+            return False
+
+        wait_for(refused_unchecked, 30, "the left-behind check to refuse a change of spec nobody can check")
         kube_client.delete(f"{CRDS_API}/{CRD_NAME}")  # ... and, with crds.keep: false, the CRD
 
         # stuck: the CRD is Terminating and stays, the cache keeps its finalizer
@@ -101,6 +116,7 @@ def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
         assert not crd_exists(kube_client), proc.stdout + proc.stderr
         assert bundles(store) == 0, proc.stdout + proc.stderr  # what the finalizer would have deleted
     finally:
+        kube_client.delete(f"{VWC_API}/{ns}-left-behind")
         wait_for(lambda: not crd_exists(kube_client), 120, "the old CRD to go before it is installed again")
         install_crd(kube_client)  # for the tests after this one in the session
 

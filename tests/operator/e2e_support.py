@@ -148,11 +148,25 @@ class OperatorProcess:
         return text[-limit:]
 
     def delete_webhook_config(self, client: KubeClient) -> None:
+        """Delete the managed webhook configurations (the validating one exists with --check-caches-at-admission)."""
+        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+            try:
+                client.delete(f"/apis/admissionregistration.k8s.io/v1/{kind}/{self.webhook_config}")
+            except KubeAPIError as error:
+                if error.status != 404:
+                    raise
+
+    def checks_caches(self, client: KubeClient) -> bool:
+        """Whether the managed ValidatingWebhookConfiguration sends CompileCaches to this operator."""
         try:
-            client.delete(f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{self.webhook_config}")
+            config = client.get(f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
+                                f"{self.webhook_config}")
         except KubeAPIError as error:
-            if error.status != 404:
-                raise
+            if error.status == 404:
+                return False
+            raise
+        urls = [w.get("clientConfig", {}).get("url", "") for w in config.get("webhooks") or []]
+        return any(f":{self.webhook_port}/validate-caches" in url for url in urls)
 
 
 # -- the workload ---------------------------------------------------------------------------------

@@ -8,10 +8,12 @@ from types import SimpleNamespace
 
 import kopf
 import pytest
-from compilecache_operator import handlers
+from compilecache_operator import startup
 from compilecache_operator.metrics import WEBHOOK_HANDLER, Metrics, error_kind, instrumented
 from compilecache_operator.names import WEBHOOK_ID
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.operator.test_reconcile import cache, state_with
 
 
 def samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -87,9 +89,15 @@ def test_instrumented_handlers_take_the_metrics_from_the_memo() -> None:
 
 def test_the_operator_registers_its_handlers_instrumented() -> None:
     registry = kopf.get_default_registry()  # the handlers register at import, at module level
-    handlers.register_webhook(registry)
     wrapped = {h.id: getattr(h.fn, "__wrapped__", None) is not None
-               for h in [*registry._changing.get_all_handlers(), *registry._watching.get_all_handlers(),
-                         *registry._webhooks.get_all_handlers()]}  # fmt: skip
+               for h in [*registry._changing.get_all_handlers(), *registry._watching.get_all_handlers()]}
     assert wrapped.get("cache-events") and wrapped.get("jobs") and wrapped.get("count-preloads"), wrapped
-    assert wrapped.get(WEBHOOK_ID)
+
+
+def test_the_pod_webhooks_answer_is_timed_as_the_webhook() -> None:
+    state = state_with(cache())
+    answers = startup.admission_answers(state, {})
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u-1", "operation": "CREATE", "namespace": "team-a", "object": {"metadata": {}}}}
+    assert asyncio.run(answers[WEBHOOK_ID](review))["response"]["allowed"] is True
+    assert value(state.metrics, "compilecache_webhook_duration_seconds_count") == 1

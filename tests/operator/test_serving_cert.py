@@ -1,5 +1,6 @@
 """The operator's own serving certificate: rotation with overlap (simulated over generated timings), the
-caBundle patch, the reload into Kopf's real server with a real TLS client, and the signing key's Secret."""
+caBundle patch, the reload into the operator's real webhook server with a real TLS client, and the signing
+key's Secret."""
 
 from __future__ import annotations
 
@@ -14,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonpatch  # type: ignore[import-untyped]
-import kopf
 import pytest
 from compilecache_operator import certs, servingcert, signingkey, tlsreload
-from compilecache_operator.main import NEVER
-from compilecache_operator.webhook import PodWebhookServer
+from compilecache_operator.kopfadapter import AdmissionServer
 from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -143,16 +142,14 @@ async def answer(request: Any, **_: Any) -> Any:
 
 
 def test_a_renewed_certificate_is_served_without_restarting_the_server(tmp_path: Path) -> None:
-    """Kopf keeps the context it was given and its listener (its own file check, which would restart the server,
-    pushed out as the operator does): the renewal reaches the next handshake while the server yields its client
-    config once (a restart would yield again) and a connection opened before goes on."""
+    """The server keeps the context it was given and its listener: the renewal reaches the next handshake while the
+    server yields its client config once (a restart would yield again) and a connection opened before goes on."""
     first = certs.issue(HOSTS, dt.timedelta(days=1))
     files = certs.write_files(tmp_path, first.cert, first.key, first.ca)
     expiries: list[bytes] = []
     reloader = tlsreload.Reloader(files, expiries.append)
     port = free_port()
-    server = PodWebhookServer(addr="127.0.0.1", port=port, certfile=files.cert, pkeyfile=files.key, cafile=files.ca,
-                              context=reloader.context, file_check_interval=NEVER)
+    server = AdmissionServer(addr="127.0.0.1", port=port, host=None, context=reloader.context, cadata=first.ca)
 
     async def run() -> certs.Issued:
         configs: asyncio.Queue[Any] = asyncio.Queue()
@@ -183,7 +180,7 @@ def test_a_renewed_certificate_is_served_without_restarting_the_server(tmp_path:
         assert not reloader.check()
         again = await loop.run_in_executor(None, served_certificate, port, second.ca)
         assert again.serial_number == after.serial_number
-        assert configs.empty(), "Kopf restarted its server on the file change"
+        assert configs.empty(), "the server restarted on the file change"
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await serving
@@ -191,14 +188,6 @@ def test_a_renewed_certificate_is_served_without_restarting_the_server(tmp_path:
 
     second = asyncio.run(run())
     assert expiries == [first.cert, second.cert]
-
-
-def test_kopf_still_takes_a_context_and_its_file_check_interval() -> None:
-    """What the reload relies on from Kopf (``kopf.WebhookServer``'s documented arguments): a given context is the
-    one served, and Kopf's own file check (which restarts its server) can be pushed out to :data:`NEVER`."""
-    context = tlsreload.server_context()
-    server = kopf.WebhookServer(context=context, file_check_interval=NEVER, certfile="c", pkeyfile="k")
-    assert server.context is context and server.file_check_interval == NEVER
 
 
 # -- the signing key's Secret ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The webhook endpoint's part in readiness and in a drain, against Kopf's real aiohttp server.
+"""The webhook endpoint's part in readiness and in a drain, against the operator's real aiohttp server.
 
 A replica is ready only once its webhook endpoint accepts connections (Kopf starts it after the
 start-up handlers), and while it drains each answer closes its connection, so that an API
@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 from compilecache_operator import startup
-from compilecache_operator.webhook import PodWebhookServer
+from compilecache_operator.kopfadapter import AdmissionServer
 
 from tests.operator.test_reconcile import cache, state_with
 from testsupport.servers import free_port
@@ -29,9 +29,13 @@ def test_ready_only_once_the_endpoint_listens_and_a_drain_closes_each_connection
     state = state_with(cache())
     state.cluster.ready = True
     port = free_port()
-    server = PodWebhookServer(addr="127.0.0.1", port=port, insecure=True)
-    server.answer = lambda review: {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                                    "response": {"uid": review["request"]["uid"], "allowed": True}}
+    server = AdmissionServer(addr="127.0.0.1", port=port, host=None, context=None)
+
+    async def allow(review: Any) -> dict[str, Any]:
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "response": {"uid": review["request"]["uid"], "allowed": True}}
+
+    server.answers = {"inject-pods": allow}
     server.draining = lambda: state.lifecycle.draining  # as the operator's start-up wires it
     ready = startup.readiness(state, server)
 

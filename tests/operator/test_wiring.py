@@ -4,12 +4,9 @@ operator counts each pod by a result and a reason from fixed sets."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from typing import Any
 
-import kopf
 import pytest
 from compilecache_operator import cacheview, podpatch, reasons, wiring
 from compilecache_operator.metrics import Metrics
@@ -24,9 +21,10 @@ from compilecache_operator.results import parse_preload, preload_outcome
 from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Settings, State
 from compilecache_operator.warmup_job import JobSettings
-from compilecache_operator.webhook import inject_pods
+from compilecache_operator.webhook import review_pod
 
 from tests.operator.samples import KEY, env_of, inject, pod, view
+from tests.operator.test_webhook_review import patched, review
 
 IMAGE = "registry.example/workload:1"
 GPU = "compilecache.io/gpu"
@@ -212,21 +210,20 @@ def test_every_webhook_reason_has_a_result() -> None:
 
 
 # -- the webhook handler ------------------------------------------------------------------------------
-def test_the_webhook_handler_returns_the_warnings_and_the_annotations() -> None:
-    """Kopf hands admission handlers a ``warnings`` list that it puts into the AdmissionReview."""
+def test_the_webhook_answer_carries_the_warnings_and_the_annotations() -> None:
+    """The AdmissionReview's ``warnings`` say what the pod's author should know; the annotations stay on the pod."""
     state = State(settings=Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p")), metrics=Metrics())
     caches = {("team-a", "mlp"): [view()]}
 
     def admit(p: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-        patch, warnings = kopf.Patch(), list[str]()
-        body = kopf.Body(p)  # type: ignore[arg-type]
-        asyncio.run(inject_pods(body=body, patch=patch, memo=kopf.Memo(state=state), logger=logging.getLogger("test"),
-                                caches=caches, warnings=warnings))  # type: ignore[arg-type]
-        return dict(patch), warnings
+        answer = review_pod(state, caches, review(p))
+        return patched(p, answer), list(answer["response"].get("warnings", []))
 
-    patch, warnings = admit(pod(containers=[app(image="other:1")]))
-    assert "spec" not in patch and patch["metadata"]["annotations"][SKIPPED_ANNOTATION] == "image-mismatch"
+    skipped = pod(containers=[app(image="other:1")])
+    admitted, warnings = admit(skipped)
+    assert admitted["spec"] == skipped["spec"]
+    assert admitted["metadata"]["annotations"][SKIPPED_ANNOTATION] == "image-mismatch"
     assert len(warnings) == 1 and warnings[0].startswith("compilecache: pod starts without a preloaded cache")
-    patch, warnings = admit(pod(containers=[app(envFrom=[{"configMapRef": {"name": "settings"}}])]))
-    assert patch["spec"]["initContainers"][0]["name"] == "compilecache-preload"
-    assert patch["metadata"]["annotations"][ENV_FROM_ANNOTATION] == "app" and len(warnings) == 1
+    admitted, warnings = admit(pod(containers=[app(envFrom=[{"configMapRef": {"name": "settings"}}])]))
+    assert admitted["spec"]["initContainers"][0]["name"] == "compilecache-preload"
+    assert admitted["metadata"]["annotations"][ENV_FROM_ANNOTATION] == "app" and len(warnings) == 1

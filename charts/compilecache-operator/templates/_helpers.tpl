@@ -82,6 +82,11 @@ provided certificate), and the Secret it keeps it in. */}}
 {{- define "compilecache-operator.operatorServingCert" -}}
 {{- and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) (not .Values.webhook.providedCert.secretName) -}}
 {{- end }}
+{{/* Whether CompileCaches are checked at admission (confinement.admissionPolicy): the operator's validating webhook,
+served by the same server as the pod webhook. */}}
+{{- define "compilecache-operator.checkCachesAtAdmission" -}}
+{{- and .Values.webhook.enabled .Values.confinement.enabled .Values.confinement.admissionPolicy.enabled -}}
+{{- end }}
 {{- define "compilecache-operator.webhookServingSecretName" -}}
 {{- printf "%s-webhook-serving" (include "compilecache-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
