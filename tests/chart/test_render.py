@@ -360,3 +360,30 @@ def test_operator_accepts_the_rendered_command_line(
     watched = [r["metadata"]["namespace"] for r in of_kind(rendered, "Role")
                if r["metadata"]["name"] == one(rendered, "Deployment")["metadata"]["name"]]
     assert sorted(options.namespaces) == sorted(watched)
+
+
+
+SECRET_ARGS = ("--webhook-cert-secret=", "--signing-key-secret=")
+"""Secrets the operator makes at run time, named by the chart."""
+
+
+@pytest.mark.parametrize("release", ["c", "compilecache", "ml-platform-compile-cache-prod-us-east-1x", "a" * 53,
+                                     "b" * 40 + "-compilecache-operator"])
+def test_object_names_stay_distinct_and_within_a_dns_label_for_any_release_name(helm_bin: Path, release: str) -> None:
+    """A long release name (helm allows 53 characters) cut every name to 63 before its suffix was added, so the
+    metrics and webhook Services and the webhook's Secret came out with one name: each object keeps its own."""
+    for values in SCENARIOS.values():
+        rendered = template(helm_bin, values, release=release[:53])
+        seen: set[tuple[str, str, str]] = set()
+        for manifest in rendered:
+            meta = manifest["metadata"]
+            name = meta["name"]
+            assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name), (values, name)
+            if manifest["kind"] == "Service":
+                assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), (values, name)
+            key = (manifest["kind"], meta.get("namespace", ""), name)
+            assert key not in seen, f"{values}: two {key[0]} objects named {name}"
+            seen.add(key)
+        made = [a.split("=", 1)[1] for a in operator_container(rendered)["args"] if a.startswith(SECRET_ARGS)]
+        secrets = [name for kind, _, name in seen if kind == "Secret"] + made
+        assert len(set(secrets)) == len(secrets), (values, secrets)
