@@ -139,6 +139,10 @@ def test_network_policy_lets_in_the_webhook_and_scrapes_and_out_dns_the_api_serv
     assert [p["port"] for p in webhook["ports"]] == [ports["webhook"]] and "from" not in webhook
     assert [p["port"] for p in scrape["ports"]] == [ports["metrics"]]
     assert scrape["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    test_pod = one(rendered, "Pod", "-test")
+    assert any(peer.keys() == {"podSelector"}  # the release's own namespace: `helm test` reads the metrics
+               and peer["podSelector"]["matchLabels"].items() <= test_pod["metadata"]["labels"].items()
+               for peer in scrape["from"]), scrape["from"]
     dns, api, store = policy["egress"]
     assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
     assert [p["port"] for p in api["ports"]] == [443] and api["to"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]

@@ -16,7 +16,19 @@ import pytest
 import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
-from tests.chart.chart import CHART_DIR, CI_DIR, NAMESPACE, RELEASE, REPO_ROOT, Manifest, of_kind, one, template
+from tests.chart.chart import (
+    CHART_DIR,
+    CI_DIR,
+    MONITORING_APIS,
+    NAMESPACE,
+    RELEASE,
+    REPO_ROOT,
+    Manifest,
+    helm,
+    of_kind,
+    one,
+    template,
+)
 from tests.infra.linters import PROMTOOL, tool_path
 
 pytestmark = pytest.mark.helm
@@ -472,3 +484,43 @@ def test_no_dashboard_panel_mixes_units() -> None:
     titles = {p["title"]: p for p in dashboard["panels"]}
     assert titles["Bundle bytes"]["fieldConfig"]["defaults"]["unit"] == "bytes"
     assert titles["Preloaded bytes per second"]["fieldConfig"]["defaults"]["unit"] == "Bps"
+
+
+def test_an_operator_scraped_by_another_job_is_down_only_by_its_own_up_series(
+    helm_bin: Path, promtool: Path, tmp_path: Path
+) -> None:
+    """Without the chart's ServiceMonitor the operator's `up` series carries the labels of the user's own scrape:
+    the rule takes them from operatorDown.upSelector (a healthy operator then never fires, a down one does), and
+    without it the chart refuses to render an alert that would fire forever."""
+    base = ["metrics.prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=false"]
+    refused = helm(helm_bin, "template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE,
+                   "--api-versions", "monitoring.coreos.com/v1", *[a for s in base for a in ("--set", s)], check=False)
+    assert refused.returncode != 0 and "metrics.prometheusRule.operatorDown.upSelector" in refused.stderr
+    selector = f'job="kubernetes-pods", namespace="{NAMESPACE}"'
+    rendered = template(helm_bin, set_values=[*base, "metrics.prometheusRule.operatorDown.upSelector="
+                                              + selector.replace(",", "\\,")],
+                        apis=("--api-versions", "monitoring.coreos.com/v1"))
+    up = f'up{{job="kubernetes-pods",namespace="{NAMESPACE}",instance="10.0.0.1:8080"}}'
+    labels = {"job": "kubernetes-pods", "namespace": NAMESPACE}
+    run_promtool_test(promtool, tmp_path, rendered, {
+        "interval": "1m",
+        "input_series": [{"series": up, "values": "1x20 0x40"}],
+        "alert_rule_test": [
+            {"eval_time": "15m", "alertname": "CompileCacheOperatorDown", "exp_alerts": []},
+            {"eval_time": "30m", "alertname": "CompileCacheOperatorDown",
+             "exp_alerts": [fired("CompileCacheOperatorDown", rendered, labels)]},
+        ],
+    })
+
+
+@pytest.mark.parametrize("apis", [("--api-versions", "monitoring.coreos.com/v1"), MONITORING_APIS],
+                         ids=["group-version", "kinds"])
+def test_monitoring_objects_render_where_the_group_version_is_served(helm_bin: Path, apis: tuple[str, ...]) -> None:
+    """`helm template --api-versions monitoring.coreos.com/v1` (as Argo CD passes a cluster's APIs) renders the
+    ServiceMonitor, PodMonitor and PrometheusRule as the kinds do; without either, none renders."""
+    values = CI_DIR / "monitoring-values.yaml"
+    sets = ["metrics.podMonitor.enabled=true"]
+    kinds = {m["kind"] for m in template(helm_bin, values, set_values=sets, apis=apis)}
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds
+    kinds = {m["kind"] for m in template(helm_bin, values, set_values=sets, apis=())}
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}

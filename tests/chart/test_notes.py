@@ -47,3 +47,13 @@ def test_the_first_compilecache_goes_where_the_operator_and_the_webhook_look(hel
 def test_only_excluded_namespaces_watched_leaves_the_namespace_to_the_reader(helm_bin: Path) -> None:
     used = namespaces_used(notes(helm_bin, f"operator.watchNamespaces={{{NAMESPACE}}}"))
     assert used == {"<namespace>"}, used
+
+
+def test_a_monitoring_object_enabled_but_not_served_is_said(helm_bin: Path) -> None:
+    """A client-side dry run serves no prometheus-operator API: each enabled monitoring object is named as not
+    installed, with what to do; a disabled one is not mentioned."""
+    text = notes(helm_bin, "metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true")
+    for kind in ("ServiceMonitor", "PodMonitor"):
+        assert re.search(rf"WARNING: metrics\.\w+\.enabled is true, but this cluster does not serve\s+"
+                         rf"monitoring\.coreos\.com/v1 {kind}", text), text
+    assert "PrometheusRule" not in text and "WARNING" not in notes(helm_bin)

@@ -131,3 +131,11 @@ served by the same server as the pod webhook. */}}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* "true" where the cluster serves prometheus-operator's kind (list . "ServiceMonitor"): helm install asks the API
+server; helm template takes --api-versions, as the group/version ("monitoring.coreos.com/v1", as Argo CD passes it) or
+the kind ("monitoring.coreos.com/v1/ServiceMonitor"). */}}
+{{- define "compilecache-operator.servesMonitoring" -}}
+{{- $caps := (index . 0).Capabilities.APIVersions }}
+{{- or ($caps.Has (printf "monitoring.coreos.com/v1/%s" (index . 1))) ($caps.Has "monitoring.coreos.com/v1") -}}
+{{- end }}
