@@ -11,7 +11,13 @@ from typing import Any
 from compilecache_operator import storeops, warmup_job
 from compilecache_operator.names import FINALIZER, WARMUP_LABEL
 from compilecache_operator.plan import Variant
-from compilecache_operator.reconcile import cache_spec, emit_event, secret_credentials
+from compilecache_operator.reconcile import (
+    cache_spec,
+    emit_event,
+    read_storage_secret,
+    secret_credentials,
+    secret_problem,
+)
 from compilecache_operator.spec import CacheSpec, InvalidSpec
 from compilecache_operator.state import Emit, State
 
@@ -73,7 +79,11 @@ async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
     spec = cache_spec(state, body)
     if isinstance(spec, InvalidSpec):
         return CleanupOutcome(True, f"spec is invalid, bundles left in place: {spec}")
-    secret = await api.read_secret(namespace, spec.storage.secret_name) if spec.storage.secret_name else None
+    secret, forbidden = await read_storage_secret(api, namespace, spec.storage)
+    if forbidden:
+        problem = secret_problem(spec.storage, None, namespace, state.settings.secret_reader)
+        assert problem is not None
+        return CleanupOutcome(False, problem.message, retry_after=state.settings.retry_seconds)
     return await _clear_store(state, spec, secret, namespace, name)
 
 

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -39,6 +40,7 @@ from compilecache_operator.spec import (
 from compilecache_operator.spec_parse import parse_ca_setting, parse_resources, read_store_url
 from compilecache_operator.startup import Admission, Election, Intervals, Probes, Runtime, SigningSecret
 from compilecache_operator.state import Settings, State
+from compilecache_operator.store_access import SecretReader
 from compilecache_operator.store_ca import STORE_CA_FILE
 from compilecache_operator.warmup_job import JobSettings
 from prometheus_client import start_http_server
@@ -178,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--operator-namespace",
                    default=_env("OPERATOR_NAMESPACE") or os.environ.get("POD_NAMESPACE"),
                    help="the operator's own namespace: its pods are never injected")
+    p.add_argument("--secret-reader-role", default=_env("SECRET_READER_ROLE"), metavar="CLUSTERROLE",
+                   help="the ClusterRole that lets the operator get Secrets, bound per namespace by a RoleBinding: "
+                        "named in the SecretForbidden condition of a CompileCache whose storage Secret it may not "
+                        "read, with the kubectl command that binds it (the chart's <fullname>-secret-reader)")
+    p.add_argument("--service-account", default=_env("SERVICE_ACCOUNT"), metavar="NAMESPACE/NAME",
+                   help="the operator's own ServiceAccount, for that command")
     p.add_argument("--resync-seconds", type=float, default=_env_float("RESYNC_SECONDS", 60.0),
                    help="how often each CompileCache is reconciled without a change (default 60)")
     p.add_argument("--retry-seconds", type=float, default=_env_float("RETRY_SECONDS", 30.0),
@@ -260,6 +268,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         args.default_storage_ca = default_storage_ca(args.default_storage_ca, args.default_storage_url)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.service_account and not re.fullmatch(r"[a-z0-9][-a-z0-9.]*/[a-z0-9][-a-z0-9.]*", args.service_account):
+        parser.error(f"--service-account: {args.service_account!r} is not NAMESPACE/NAME")
     if (args.webhook_cert_secret or args.signing_key_secret) and not args.operator_namespace:
         parser.error("--webhook-cert-secret and --signing-key-secret need --operator-namespace (their namespace)")
     if args.check_caches_at_admission and args.webhook_config == "off":
@@ -332,6 +342,7 @@ def settings_from(options: Options) -> Settings:
         confinement=confinement_from(a),
         signing=load_signing(a.signing_key_file, _csv(a.trusted_public_keys)) if a.signing_key_file else None,
         concurrency=a.concurrency,
+        secret_reader=SecretReader(a.secret_reader_role, a.service_account),
     )
 
 

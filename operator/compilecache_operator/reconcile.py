@@ -24,6 +24,7 @@ from compilecache_operator import cache_status, storeops, warmup_job
 from compilecache_operator.conditions import Condition, now_rfc3339, shown_message
 from compilecache_operator.confinement import check_confinement
 from compilecache_operator.failures import step
+from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.names import FINALIZER, RECORDED_ANNOTATION, VARIANT_LABEL
 from compilecache_operator.plan import (
     BundleRecord,
@@ -49,6 +50,7 @@ from compilecache_operator.signing import Signing, sign_records
 from compilecache_operator.spec import CacheSpec, InvalidSpec, StorageSpec
 from compilecache_operator.spec_parse import parse_spec
 from compilecache_operator.state import Emit, Key, Settings, State, WarningEvent
+from compilecache_operator.store_access import SecretReader
 
 from cachelib.stores import Store, StoreError, in_store_thread
 
@@ -82,7 +84,9 @@ class Snapshot:
     gpus: frozenset[str] = frozenset()
     """With ``gpuDiscovery.auto``: the values of the Nodes' GPU label."""
     secret: Mapping[str, bytes] | None = None
-    """The storage Secret's data (None when the spec names none, or it does not exist)."""
+    """The storage Secret's data (None when the spec names none, it does not exist or may not be read)."""
+    secret_forbidden: bool = False
+    """The operator may not read the storage Secret (HTTP 403: no RoleBinding lets it in that namespace)."""
     pods: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     """The pods of the Jobs whose outcome is to be read, by Job uid."""
     spec: CacheSpec | InvalidSpec | None = None
@@ -102,14 +106,29 @@ async def read_snapshot(state: State, key: Key) -> Snapshot | None:
     jobs = state.cluster.jobs(body)
     nodes = state.cluster.indexes.nodes
     gpus = frozenset(nodes.get(spec.gpu_discovery.label_key, ())) if spec.gpu_discovery.auto else None
-    secret = await api.read_secret(key[0], spec.storage.secret_name) if spec.storage.secret_name else None
+    secret, forbidden = await read_storage_secret(api, key[0], spec.storage)
     bundled = {b.variant for b in bundles_from_status(body.get("status"))}
     pods = {
         str(job["metadata"]["uid"]): await api.list_pods(key[0], f"controller-uid={job['metadata']['uid']}")
         for job in jobs
         if needs_pods(job, bundled)
     }
-    return Snapshot(body, jobs, gpus or frozenset(), secret, pods, spec)
+    return Snapshot(body, jobs, gpus or frozenset(), secret, forbidden, pods, spec)
+
+
+async def read_storage_secret(
+    api: KubeAPI, namespace: str, storage: StorageSpec
+) -> tuple[dict[str, bytes] | None, bool]:
+    """The storage Secret's data (None: the spec names none, or none of that name exists), and whether the
+    operator may not read it (HTTP 403)."""
+    if not storage.secret_name:
+        return None, False
+    try:
+        return await api.read_secret(namespace, storage.secret_name), False
+    except KubeError as exc:
+        if exc.status == 403:
+            return None, True
+        raise
 
 
 def cache_spec(state: State, body: Mapping[str, Any]) -> CacheSpec | InvalidSpec:
@@ -170,7 +189,8 @@ class Actions:
 
     generation: int
     failure: cache_status.Failure | None = None
-    """The cache cannot be served at all (InvalidSpec, SecretNotFound, SecretKeyMissing, NoGPUNodes)."""
+    """The cache cannot be served at all (InvalidSpec, SecretNotFound, SecretForbidden, SecretKeyMissing,
+    NoGPUNodes)."""
     storage_url: str | None = None
     spec: CacheSpec | None = None
     variants: tuple[Variant, ...] = ()
@@ -203,7 +223,8 @@ def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
     if isinstance(spec, InvalidSpec):
         return Actions(generation, failure=cache_status.Failure("InvalidSpec", str(spec)))
     finalizers = finalizers_for(meta.get("finalizers") or [], spec)
-    problem = secret_problem(spec.storage, snapshot.secret, namespace)
+    problem = secret_problem(spec.storage, snapshot.secret, namespace, settings.secret_reader
+                             if snapshot.secret_forbidden else None)
     if problem is not None:
         return Actions(generation, failure=problem, storage_url=spec.storage.url, spec=spec, finalizers=finalizers)
     variants = tuple(plan_variants(namespace, name, spec, snapshot.gpus))
@@ -223,11 +244,18 @@ def decide_actions(snapshot: Snapshot, settings: Settings) -> Actions:
 
 
 def secret_problem(
-    storage: StorageSpec, data: Mapping[str, bytes] | None, namespace: str
+    storage: StorageSpec, data: Mapping[str, bytes] | None, namespace: str, forbidden: SecretReader | None = None
 ) -> cache_status.Failure | None:
-    """Why the storage Secret cannot be used, or None."""
+    """Why the storage Secret cannot be used, or None; ``forbidden``: the operator may not read it (the reader
+    says how the namespace lets it)."""
     if not storage.secret_name:
         return None
+    if forbidden is not None:
+        return cache_status.Failure(
+            "SecretForbidden",
+            f"spec.storage.secretRef.name: the operator may not read Secret {storage.secret_name!r} in namespace "
+            f"{namespace!r} (HTTP 403); {forbidden.how_to_allow(namespace)}",
+        )
     if data is None:
         return cache_status.Failure(
             "SecretNotFound",
@@ -561,7 +589,7 @@ def fresh_warnings(standing: frozenset[WarningEvent], current: Sequence[WarningE
 
 
 def failure_warning(failure: cache_status.Failure) -> WarningEvent:
-    """A failure that keeps the cache from being served (InvalidSpec, SecretNotFound,
+    """A failure that keeps the cache from being served (InvalidSpec, SecretNotFound, SecretForbidden,
     SecretKeyMissing, NoGPUNodes) as a Warning event of the same reason."""
     return WarningEvent(failure.reason, failure.message)
 

@@ -24,6 +24,7 @@ from compilecache_operator.names import EXCLUDED_NAMESPACES, KIND, RECORDED_ANNO
 from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.signing import Signing
 from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec
+from compilecache_operator.store_access import SecretReader
 
 Emit = Callable[[Mapping[str, Any], str, str, str], None]
 """Posts an event on an object: ``emit(body, type, reason, message)`` (``kopf.event`` in the operator)."""
@@ -54,6 +55,8 @@ class Settings:
     """How many reconciles run at once (each makes API calls; a restart resumes every cache)."""
     delete_attempts: int = 20
     """Attempts at deleting a cache's bundles before its finalizer is removed anyway (BundlesLeft)."""
+    secret_reader: SecretReader = field(default_factory=SecretReader)
+    """Who the operator is, for the message of a storage Secret it may not read (SecretForbidden)."""
 
     def in_scope(self, namespace: str) -> bool:
         return not self.namespaces or namespace in self.namespaces

@@ -127,8 +127,8 @@ def test_every_optional_branch_is_rendered_by_some_scenario(renderings: dict[str
         "node cache hostPath": lambda ms: any(a.startswith("--node-cache-path=/") for a in args(ms)),
         "namespaced Roles for the watched namespaces": lambda ms: len([
             r for r in of_kind(ms, "Role") if r["metadata"]["name"] == one(ms, "Deployment")["metadata"]["name"]]) > 1,
-        "secrets in several namespaces": lambda ms: len({r["metadata"]["namespace"] for r in of_kind(ms, "Role")
-                                                         if r["metadata"]["name"].endswith("-secrets")}) > 1,
+        "secrets in several namespaces": lambda ms: len({b["metadata"]["namespace"] for b in of_kind(ms, "RoleBinding")
+                                                         if b["roleRef"]["name"].endswith("-secret-reader")}) > 1,
         "no RBAC, existing ServiceAccount": lambda ms: not of_kind(ms, "ClusterRole")
         and not of_kind(ms, "ServiceAccount"),
         "default store with a credentials Secret": lambda ms: any(a.startswith("--default-storage-secret=")
@@ -254,8 +254,11 @@ def test_rbac_is_least_privilege(renderings: dict[str, list[Manifest]], scenario
                 assert key in EXPECTED_VERBS, f"{where} grants {key}, which the operator does not use"
                 assert set(rule["verbs"]) <= EXPECTED_VERBS[key], f"{where}: {key} {rule['verbs']}"
                 granted.setdefault(key, set()).update(rule["verbs"])
-                if resource == "secrets":
-                    assert role["kind"] == "Role", f"{where}: secrets must only be granted by namespaced Roles"
+                if resource == "secrets" and role["kind"] == "ClusterRole":
+                    assert rule["verbs"] == ["get"], f"{where}: a ClusterRole grants no more than get of Secrets"
+                    bound = [b for b in of_kind(rendered, "ClusterRoleBinding")
+                             if b["roleRef"]["name"] == role["metadata"]["name"]]
+                    assert not bound, f"{where}: Secrets are granted per namespace only, never by a ClusterRoleBinding"
                 if resource == "secrets" and set(rule["verbs"]) - {"get"}:  # the operator's own keys only
                     assert role["metadata"]["namespace"] == NAMESPACE, where
                     assert rule["verbs"] == ["create"] or rule.get("resourceNames"), where
@@ -272,21 +275,26 @@ def test_rbac_is_least_privilege(renderings: dict[str, list[Manifest]], scenario
 
 
 def test_secrets_role_follows_the_listed_namespaces(renderings: dict[str, list[Manifest]]) -> None:
-    default_roles = [r for r in of_kind(renderings["default"], "Role") if r["metadata"]["name"].endswith("-secrets")]
-    assert [r["metadata"]["namespace"] for r in default_roles] == [NAMESPACE]
+    """Secrets are read where a RoleBinding to the secret-reader ClusterRole exists: one per listed namespace (the
+    release's by default); the operator is told that role and its ServiceAccount, to say how to bind it elsewhere."""
+    reader = one(renderings["default"], "ClusterRole", "-secret-reader")["metadata"]["name"]
+    default_bindings = [b for b in of_kind(renderings["default"], "RoleBinding")
+                        if b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                            "name": reader}]
+    assert [b["metadata"]["namespace"] for b in default_bindings] == [NAMESPACE]
     namespaced = renderings["namespaced"]
-    roles = {r["metadata"]["namespace"] for r in of_kind(namespaced, "Role")
-             if r["metadata"]["name"].endswith("-secrets")}
-    assert roles == {"ml-team", "ml-research"}
-    bindings = [b for b in of_kind(namespaced, "RoleBinding") if b["metadata"]["name"].endswith("-secrets")]
-    assert {b["metadata"]["namespace"] for b in bindings} == roles
+    bindings = [b for b in of_kind(namespaced, "RoleBinding") if b["roleRef"]["name"].endswith("-secret-reader")]
+    assert {b["metadata"]["namespace"] for b in bindings} == {"ml-team", "ml-research"}
     sa = one(namespaced, "ServiceAccount")["metadata"]["name"]
     assert all(b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}] for b in bindings)
+    args = operator_container(namespaced)["args"]
+    assert f"--secret-reader-role={one(namespaced, 'ClusterRole', '-secret-reader')['metadata']['name']}" in args
+    assert f"--service-account={NAMESPACE}/{sa}" in args
     # Watching listed namespaces: the namespaced objects are granted by a Role in each, never cluster-wide.
     cluster_resources = {res for role, rule in rbac_rules(namespaced) if role["kind"] == "ClusterRole"
                          for res in rule["resources"]}
     assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces", "mutatingwebhookconfigurations",
-                                 "validatingwebhookconfigurations"}
+                                 "validatingwebhookconfigurations", "secrets"}  # secrets: bound per namespace only
     watched = {r["metadata"]["namespace"] for r in of_kind(namespaced, "Role") if not r["metadata"]["name"].endswith(
         ("-secrets", "-leader", "-keys"))}
     assert watched == {"ml-team", "ml-research"}

@@ -7,7 +7,8 @@ run on the real node. The chart's own
 MutatingWebhookConfiguration is pointed at the operator on loopback (the only change: its clientConfig), the
 CompileCache names a Redis password Secret (read through the namespaced Secrets Role), and the flow runs: warm-up
 Job, bundle in Redis, Ready, labelled pod injected through the chart's webhook, preload hit, counted. Nothing in
-the operator's log may have been refused.
+the operator's log may have been refused. A storage Secret in a namespace the chart's RBAC does not reach is
+bound by the command the CompileCache's condition prints.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import re
+import shlex
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,7 +40,15 @@ from tests.chart.e2e_fixtures import (
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import GATEWAY, RealNode
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, pod_terminated, wait_condition
+from tests.operator.e2e_support import (
+    OperatorProcess,
+    cache_path,
+    compile_cache,
+    condition,
+    jobs_of,
+    pod_terminated,
+    wait_condition,
+)
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer, start_redis
@@ -138,6 +149,52 @@ def test_operator_flow_under_the_charts_rbac(
                  30, "the hit in /metrics")
         refused = REFUSED.findall(operator.log_tail(limit=10_000_000))
         assert not refused, f"the operator was refused something under the chart's RBAC: {refused[:5]}"
+    finally:
+        operator.stop()
+        request.node.add_report_section("teardown", "operator log", operator.log_tail())
+
+
+def test_a_storage_secret_the_charts_rbac_does_not_reach_is_bound_by_the_command_its_condition_prints(
+    kube_cluster: LocalCluster, kube_client: KubeClient, real_node: RealNode, kube_namespace: str,
+    install: Callable[..., Release], kubectl_bin: Path, helm_env: dict[str, str], password_redis: RedisServer,
+    tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    """A new team's namespace, not in rbac.secretNamespaces: the operator may not read its storage Secret. The
+    CompileCache says so (SecretForbidden) with the kubectl command that binds the chart's secret-reader ClusterRole
+    there; that command, run as printed by the namespace's admin, lets the operator read it: no Helm change."""
+    ns = kube_namespace
+    release = install("--set", f"operator.watchNamespaces={{{ns}}}",
+                      "--set", f"confinement.storeHosts={{{password_redis.host}:{password_redis.port}}}",
+                      "--set", "confinement.storeSecrets={store}")
+    deployment = kube_client.get(f"/apis/apps/v1/namespaces/{release.namespace}/deployments/{release.fullname}")
+    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "operator"]
+    identity = [a for a in container["args"] if a.startswith(("--secret-reader-role=", "--service-account="))]
+    assert len(identity) == 2, container["args"]
+    kube_client.post(f"/api/v1/namespaces/{ns}/secrets", {"apiVersion": "v1", "kind": "Secret",
+                                                          "metadata": {"name": "store"},
+                                                          "stringData": {"password": REDIS_PASSWORD}})
+
+    kubeconfig = kube_cluster.write_kubeconfig(
+        release.service_account, ("system:serviceaccounts", f"system:serviceaccounts:{release.namespace}"))
+    operator = OperatorProcess(kubeconfig, ns, tmp_path / "operator", "--webhook-config", "off", *identity)
+    operator.spawn()
+    try:
+        wait_for(operator.ready, 60, "the operator ready")
+        store_url = f"redis://{password_redis.host}:{password_redis.port}/0?prefix=t{uuid.uuid4().hex[:12]}"
+        kube_client.post(cache_path(ns), compile_cache("mlp", {
+            "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"},
+            "storage": {"url": store_url, "secretRef": {"name": "store"}}}))
+        forbidden = wait_condition(kube_client, ns, "mlp", "Ready", "False", 60, reason="SecretForbidden")
+        message = str(condition(forbidden, "Ready")["message"])
+        assert message.startswith(f"spec.storage.secretRef.name: the operator may not read Secret 'store' in "
+                                  f"namespace '{ns}'"), message
+        command = shlex.split(message.split("allow it with: ", 1)[1])
+        assert command[:3] == ["kubectl", "create", "rolebinding"], command
+        subprocess.run([str(kubectl_bin), *command[1:]], env=helm_env, check=True, capture_output=True, timeout=60)
+
+        wait_for(lambda: jobs_of(kube_client, ns, "mlp"), 60, "a warm-up Job once the Secret can be read")
+        assert condition(kube_client.get(cache_path(ns, "mlp")), "Ready").get("reason") != "SecretForbidden"
+        assert REDIS_PASSWORD not in operator.log_tail(limit=10_000_000)
     finally:
         operator.stop()
         request.node.add_report_section("teardown", "operator log", operator.log_tail())

@@ -163,13 +163,27 @@ def test_each_write_that_fails_ends_in_a_condition_and_an_event(
 
 
 def test_a_failure_before_any_write_is_a_reconcile_failure_with_a_status() -> None:
-    api = ScriptedAPI({"read_secret": [KubeError("GET", "/api/v1/namespaces/team-a/secrets/s", 403,
-                                                 '{"reason": "Forbidden", "message": "no"}')]})
+    api = ScriptedAPI({"read_secret": [KubeError("GET", "/api/v1/namespaces/team-a/secrets/s", 500,
+                                                 '{"reason": "InternalError", "message": "etcd timeout"}')]})
     _, result, events = run(cache(storage={"url": "redis://r:6379/0", "secretRef": {"name": "s"}}), api)
     assert result is not None and result.problem
     condition = ready(api.statuses[-1])
-    assert condition["reason"] == failures.RECONCILE_FAILED and "HTTP 403 Forbidden" in condition["message"]
+    assert condition["reason"] == failures.RECONCILE_FAILED and "HTTP 500 InternalError" in condition["message"]
     assert events and events[-1][:2] == ("Warning", failures.RECONCILE_FAILED)
+
+
+def test_a_storage_secret_the_operator_may_not_read_is_said_with_how_to_allow_it() -> None:
+    """HTTP 403 on the storage Secret: SecretForbidden on the status and in one Warning event, looked at again
+    (a RoleBinding made later is seen at the next look), nothing created."""
+    api = ScriptedAPI({"read_secret": [KubeError("GET", "/api/v1/namespaces/team-a/secrets/s", 403,
+                                                 '{"reason": "Forbidden", "message": "no"}')]})
+    _, result, events = run(cache(storage={"url": "redis://r:6379/0", "secretRef": {"name": "s"}}), api)
+    assert result is not None and result.problem and result.retry_after
+    condition = ready(api.statuses[-1])
+    assert (condition["status"], condition["reason"]) == ("False", "SecretForbidden")
+    assert "may not read Secret 's' in namespace 'team-a'" in condition["message"]
+    assert [e[:2] for e in events if e[0] == "Warning"] == [("Warning", "SecretForbidden")]
+    assert "create_job" not in api.calls
 
 
 def test_a_status_that_cannot_be_written_is_said_in_the_event_and_the_log(caplog: pytest.LogCaptureFixture) -> None:

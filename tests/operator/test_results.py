@@ -22,6 +22,7 @@ from compilecache_operator.results import (
 )
 from compilecache_operator.spec import SecretKey, StorageSpec
 from compilecache_operator.startup import CountedPods
+from compilecache_operator.store_access import SecretReader
 from compilecache_operator.webhook import fill_namespace
 
 KEY = "cc1/team-a/mlp/0123456789abcdef/fedcba9876543210/nvidia-l4/sm89/torch-2.13.0/triton-3.6.0/cuda-12.8/py-3.11.7"
@@ -244,6 +245,16 @@ def test_secret_problems_name_the_field() -> None:
     assert no_key is not None and no_key.reason == "SecretKeyMissing" and "'password'" in no_key.message
     assert reconcile.secret_problem(storage, {"password": b"pw"}, "team-a") is None
     assert reconcile.secret_credentials(storage, {"password": b"pw"}) == {"COMPILECACHE_REDIS_PASSWORD": "pw"}
+    reader = SecretReader("cc-compilecache-operator-secret-reader", "compilecache-system/cc-compilecache-operator")
+    forbidden = reconcile.secret_problem(storage, None, "team-a", reader)
+    assert forbidden is not None and forbidden.reason == "SecretForbidden"
+    assert forbidden.message == (
+        "spec.storage.secretRef.name: the operator may not read Secret 'creds' in namespace 'team-a' (HTTP 403); "
+        "allow it with: kubectl create rolebinding compilecache-secret-reader -n team-a "
+        "--clusterrole=cc-compilecache-operator-secret-reader "
+        "--serviceaccount=compilecache-system:cc-compilecache-operator")
+    unknown = reconcile.secret_problem(storage, None, "team-a", SecretReader())
+    assert unknown is not None and "get on Secrets of namespace 'team-a'" in unknown.message
 
 
 # -- command line and webhook plumbing -------------------------------------------------------------
