@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from compilecache_operator import cacheview, main, names, results, warmup_job
-from compilecache_operator.plan import Variant
+from compilecache_operator.plan import BundleRecord, Variant
 from compilecache_operator.spec import (
     DEFAULT_HELPER_RESOURCES,
     DEFAULT_PRELOAD_RESOURCES,
@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.operator.samples import SETTINGS, inject, owner, pod, raw_spec
-from tests.operator.samples import view as sample_view
+from tests.operator.test_examples import EXAMPLES, QUICK_START_STORE
 
 CPUS = st.sampled_from(["50m", "100m", "250m", "1", "2", "1500m"])
 MEMORY = st.sampled_from(["64Mi", "128Mi", "256Mi", "1Gi", "512M", "2Gi"])
@@ -52,10 +52,11 @@ def created_containers(spec: dict[str, Any], defaults: Defaults, gpu: str = "") 
     variant = Variant(id="0123456789", gpu=gpu, image=parsed.image)
     job = warmup_job.build_job(body, parsed, variant, name="cc-mlp-0123456789-g3", job_id="cc-abc", settings=SETTINGS)
     pod_spec = job["spec"]["template"]["spec"]
-    view = sample_view(**spec)
-    view = cacheview.CacheView(namespace=view.namespace, name=view.name, ready=view.ready, spec=parsed,
-                               bundles=view.bundles, current_variants=view.current_variants, job_id=view.job_id)
-    patch = inject(pod(), view)
+    bundle = BundleRecord(variant=variant.id, key="k", gpu=variant.gpu, image=parsed.image, job_id="cc-abc")
+    view = cacheview.CacheView(namespace="team-a", name="mlp", ready=True, spec=parsed, bundles=(bundle,),
+                               current_variants=frozenset({variant.id}), job_id="cc-abc")
+    app = {"name": "app", "image": parsed.image, "command": ["python", "app.py"]}
+    patch = inject(pod(containers=[app]), view)
     preload = [c for c in [*(patch.init_containers or []), *(patch.containers or [])]
                if c.get("name") == names.PRELOAD_CONTAINER]
     assert len(preload) == 1, patch
@@ -132,3 +133,13 @@ def test_the_operator_flags_set_the_defaults_and_refuse_a_bad_quantity(capsys: p
         with pytest.raises(SystemExit):
             main.parse_args(["--preload-resources", bad, "--webhook-config", "off"])
         assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "doc"), EXAMPLES, ids=[name for name, _ in EXAMPLES])
+def test_every_example_makes_containers_a_limits_quota_admits(name: str, doc: dict[str, Any]) -> None:
+    """A spec section replaces the operator's setting whole, so an example that sets resources must set both
+    limits itself: copied into a namespace with a limits quota or a require-limits policy, it must still run."""
+    spec = doc["spec"]
+    gpu = (spec.get("gpuTypes") or [""])[0]
+    for container in created_containers(spec, Defaults(storage_url=QUICK_START_STORE), gpu):
+        assert_quota_ready(container)
