@@ -106,7 +106,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     header["digest"] = digest
     if args.verify:
         header["verified"] = True
-    print(json.dumps(header, indent=2, sort_keys=True))
+    if args.output == "yaml":
+        from cachelib import yamltext
+
+        print(yamltext.dump(masked(header)), end="", flush=True)
+    else:
+        print(json.dumps(masked(header), indent=2, sort_keys=True))
     if args.verify and trusted and not header["signature"]["verified"]:
         raise CommandError(f"{args.bundle}: {header['signature']['reason']}")
     return 0

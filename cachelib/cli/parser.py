@@ -329,13 +329,14 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_inspect,
         "print a bundle's header",
         "Print the header of a bundle file (or, with --store, of a stored bundle given by its key) as\n"
-        "JSON: key, versions, job id, producer, compile result, parts with sizes and sha256.",
+        "JSON (or YAML): key, versions, job id, producer, compile result, parts with sizes and sha256.",
         "  compilecache inspect /tmp/demo.ccb\n"
-        "  compilecache inspect /tmp/demo.ccb --verify\n"
+        "  compilecache inspect /tmp/demo.ccb --verify -o yaml\n"
         "  compilecache inspect --store file:///tmp/store cc1/default/demo/...",
     )
     p.add_argument("bundle", help="bundle file, or a key with --store")
     p.add_argument("--store", metavar="URL", help="read the bundle from this store")
+    p.add_argument("-o", "--output", choices=("json", "yaml"), default="json", help="json (default) or yaml")
     p.add_argument(
         "--verify",
         action="store_true",
@@ -404,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, metavar="N", help="keep the N most recently published per group")
     p.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     p.add_argument("--yes", action="store_true",
-                   help="confirm --keep 0 without --older-than (deletes every bundle; --dry-run needs none)")
+                   help="confirm a gc that deletes every bundle it finds (--keep 0 without --older-than, or every "
+                        "bundle older than --older-than); --dry-run needs none")
 
     p = _add(
         sub,

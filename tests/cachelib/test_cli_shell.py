@@ -1,6 +1,7 @@
 """What a shell user of the CLI gets: completion scripts that a real bash runs (commands, flags, the values of
-flags with a fixed set, from the parser itself), `ls -o yaml` (the same entries as `-o json`), `--help` naming
-the exit statuses and every credential variable, and `gc --keep 0` refused without `--yes` as a bare `gc` is."""
+flags with a fixed set, from the parser itself), `ls -o yaml` and `inspect -o yaml` (the same entries as `-o json`),
+`--help` naming the exit statuses and every credential variable, and a `gc` that would delete every bundle refused
+without `--yes` as a bare `gc` is."""
 
 from __future__ import annotations
 
@@ -105,6 +106,15 @@ def test_ls_yaml_is_the_json_lines_as_one_list(store: str) -> None:
     assert len(as_yaml) == 3
 
 
+def test_inspect_yaml_is_the_json_header(store: str) -> None:
+    key = json.loads(run_cli("ls", "--store", store, "-o", "json").stdout.splitlines()[0])["key"]
+    as_json = run_cli("inspect", "--store", store, key, "--verify")
+    as_yaml = run_cli("inspect", "--store", store, key, "--verify", "-o", "yaml")
+    assert as_json.returncode == as_yaml.returncode == 0, as_json.stderr + as_yaml.stderr
+    assert yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout)
+    assert json.loads(as_json.stdout)["key"] == key
+
+
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
@@ -136,6 +146,10 @@ def test_gc_keep_zero_needs_yes_as_a_bare_gc_refuses(store: str) -> None:
     aged = run_cli("gc", "--store", store, "--keep", "0", "--older-than", "1d")  # bounded by age: no --yes needed
     assert aged.returncode == 0 and count() == 3
     time.sleep(0.01)
+    every = run_cli("gc", "--store", store, "--older-than", "0s")  # every bundle is older: the same guard
+    assert every.returncode == 2 and "would delete every bundle it found (3)" in every.stderr
+    assert "--yes" in every.stderr
+    assert every.stdout == "" and count() == 3
     confirmed = run_cli("gc", "--store", store, "--keep", "0", "--yes")
     assert confirmed.returncode == 0, confirmed.stderr
     assert count() == 0
