@@ -85,8 +85,13 @@ def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
     check = one(template(helm_bin, set_values=[f"operator.watchNamespaces={{{ns}}}"], namespace=f"{ns}-gone"),
                 "ValidatingWebhookConfiguration")
     check["metadata"]["name"] = f"{ns}-left-behind"
-    kube_client.post(VWC_API, check)
     operator.stop()  # the uninstall removes the operator ...
+    # a cache the operator never wrote a status for (no status.storage), holding its finalizer all the same
+    unseen = compile_cache("unseen", {"image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"},
+                                      "storage": {"url": store}, "deletionPolicy": "Delete"})
+    unseen["metadata"]["finalizers"] = [OURS]
+    kube_client.post(cache_path(ns), unseen)
+    kube_client.post(VWC_API, check)
     try:
         def refused_unchecked() -> bool:
             try:
@@ -114,6 +119,7 @@ def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
                               text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert not crd_exists(kube_client), proc.stdout + proc.stderr
+        assert "unseen" not in proc.stderr, proc.stderr  # nothing to collect for it, and no error
         assert bundles(store) == 0, proc.stdout + proc.stderr  # what the finalizer would have deleted
     finally:
         kube_client.delete(f"{VWC_API}/{ns}-left-behind")
