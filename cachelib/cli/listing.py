@@ -85,11 +85,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
             raise ValueError("--keep 0 without --older-than deletes every bundle: refusing without --yes")
         now = time.time()
         with open_listed_store(args) as store:
-            found = list(list_bundles(store, _prefix(args)))
+            prefix = _prefix(args)
+            found = list(list_bundles(store, prefix))
             doomed = plan_gc(found, now, older_than=older_than, keep=args.keep)
-            if found and len(doomed) == len(found) and not args.yes and not args.dry_run:
-                raise ValueError(f"this gc would delete every bundle it found ({len(found)}): refusing without --yes "
-                                 "(--dry-run lists them)")
+            if not prefix and found and len(doomed) == len(found) and not args.yes and not args.dry_run:
+                raise ValueError(f"this gc would empty the store ({len(found)} bundles): refusing without --yes "
+                                 "(--dry-run lists them; --cache or --prefix limits a gc to some)")
             deleted = 0
             for entry in doomed:
                 if not args.dry_run and delete_signed(store, str(entry.key)):

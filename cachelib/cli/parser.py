@@ -405,8 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, metavar="N", help="keep the N most recently published per group")
     p.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     p.add_argument("--yes", action="store_true",
-                   help="confirm a gc that deletes every bundle it finds (--keep 0 without --older-than, or every "
-                        "bundle older than --older-than); --dry-run needs none")
+                   help="confirm a gc that deletes every bundle of its scope (--keep 0 without --older-than) or of "
+                        "the whole store (without --cache or --prefix); --dry-run needs none")
 
     p = _add(
         sub,

@@ -32,6 +32,9 @@ class CleanupOutcome:
     done: bool
     message: str
     retry_after: float | None = None
+    warning: str | None = None
+    """The reason of a Warning event to post at the first attempt that meets it: something only the cache's
+    owner or an admin can fix (SecretForbidden), said once rather than only logged."""
 
 
 async def finalize(state: State, body: Mapping[str, Any], emit: Emit | None) -> float | None:
@@ -51,6 +54,8 @@ async def finalize(state: State, body: Mapping[str, Any], emit: Emit | None) -> 
         elif attempts >= state.settings.delete_attempts:
             emit_event(emit, body, "Warning", "BundlesLeft", f"gave up deleting bundles: {result.message}")
         else:
+            if result.warning and attempts == 1:
+                emit_event(emit, body, "Warning", result.warning, result.message)
             logger.info("deleting the bundles of %s/%s: %s", key[0], key[1], result.message)
             return result.retry_after or state.settings.retry_seconds
         assert state.api is not None
@@ -83,7 +88,8 @@ async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
     if forbidden:
         problem = secret_problem(spec.storage, None, namespace, state.settings.secret_reader)
         assert problem is not None
-        return CleanupOutcome(False, problem.message, retry_after=state.settings.retry_seconds)
+        return CleanupOutcome(False, problem.message, retry_after=state.settings.retry_seconds,
+                              warning=problem.reason)
     return await _clear_store(state, spec, secret, namespace, name)
 
 

@@ -10,9 +10,6 @@ from typing import Any
 
 from compilecache_operator.spec import StorageSpec
 
-SECRET_READER_BINDING = "compilecache-secret-reader"
-"""The name :meth:`SecretReader.how_to_allow` gives the RoleBinding it suggests."""
-
 
 @dataclass(frozen=True)
 class SecretReader:
@@ -25,8 +22,8 @@ class SecretReader:
     """``--service-account``: the operator's ServiceAccount as ``namespace/name``."""
 
     def how_to_allow(self, namespace: str) -> str:
-        if self.cluster_role and self.service_account:
-            return (f"allow it with: kubectl create rolebinding {SECRET_READER_BINDING} -n {namespace} "
+        if self.cluster_role and self.service_account:  # the binding named as the role: one per release
+            return (f"allow it with: kubectl create rolebinding {self.cluster_role} -n {namespace} "
                     f"--clusterrole={self.cluster_role} --serviceaccount={self.service_account.replace('/', ':', 1)}")
         return f"grant the operator's ServiceAccount get on Secrets of namespace {namespace!r} (a RoleBinding there)"
 

@@ -147,9 +147,12 @@ def test_gc_keep_zero_needs_yes_as_a_bare_gc_refuses(store: str) -> None:
     assert aged.returncode == 0 and count() == 3
     time.sleep(0.01)
     every = run_cli("gc", "--store", store, "--older-than", "0s")  # every bundle is older: the same guard
-    assert every.returncode == 2 and "would delete every bundle it found (3)" in every.stderr
+    assert every.returncode == 2 and "would empty the store (3 bundles)" in every.stderr
     assert "--yes" in every.stderr
     assert every.stdout == "" and count() == 3
+    one = json.loads(run_cli("ls", "--store", store, "-o", "json").stdout.splitlines()[0])["key"]
+    scoped = run_cli("gc", "--store", store, "--prefix", one, "--older-than", "0s")  # a retention job: no --yes
+    assert scoped.returncode == 0 and count() == 2, scoped.stderr
     confirmed = run_cli("gc", "--store", store, "--keep", "0", "--yes")
     assert confirmed.returncode == 0, confirmed.stderr
     assert count() == 0

@@ -189,14 +189,10 @@ OPTIONAL_CHECKS = ("container-seccomp-profile", "container-ports-check")
 
 
 def kube_score(linters: dict[str, Path], *files: Path) -> tuple[int, list[str]]:  # noqa: F811
-    """kube-score's exit status and its findings below OK (critical and warning), one line each.
-
-    No CPU limit is asked of our containers (``--ignore-container-cpu-limit``): the chart leaves it out on
-    purpose (values.yaml: throttling only slows webhook answers); memory limits and every request stay checked.
-    """
+    """kube-score's exit status and its findings below OK (critical and warning), one line each; every
+    container's requests and limits (cpu and memory) are checked."""
     minor = ".".join(kube_version().split(".")[:2])
-    args = [str(linters["kube-score"]), "score", "--output-format", "ci", "--kubernetes-version", f"v{minor}",
-            "--ignore-container-cpu-limit"]
+    args = [str(linters["kube-score"]), "score", "--output-format", "ci", "--kubernetes-version", f"v{minor}"]
     for check in OPTIONAL_CHECKS:
         args += ["--enable-optional-test", check]
     proc = subprocess.run([*args, *map(str, files)], capture_output=True, text=True, timeout=300)

@@ -524,3 +524,13 @@ def test_monitoring_objects_render_where_the_group_version_is_served(helm_bin: P
     assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds
     kinds = {m["kind"] for m in template(helm_bin, values, set_values=sets, apis=())}
     assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def test_only_the_kinds_named_render_where_some_kinds_of_the_group_are_named(helm_bin: Path) -> None:
+    """A cluster that serves ServiceMonitor and PodMonitor but not PrometheusRule (helm install names every kind it
+    serves, beside the group/version): no PrometheusRule, which the API server would refuse."""
+    apis = ("--api-versions", "monitoring.coreos.com/v1", "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
+            "--api-versions", "monitoring.coreos.com/v1/PodMonitor")
+    kinds = {m["kind"] for m in template(helm_bin, CI_DIR / "monitoring-values.yaml",
+                                         set_values=["metrics.podMonitor.enabled=true"], apis=apis)}
+    assert {"ServiceMonitor", "PodMonitor"} <= kinds and "PrometheusRule" not in kinds

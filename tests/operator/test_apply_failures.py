@@ -319,3 +319,21 @@ def test_a_deletion_opens_only_a_store_within_the_allow_lists() -> None:
     (reason, message), = events
     assert reason == "BundlesDeleted" and message.startswith("spec is invalid, bundles left in place: spec.storage.url")
     assert api.calls[-1] == "set_finalizers" and KEY not in state.scheduler.retries
+
+
+def test_a_deletion_whose_storage_secret_may_not_be_read_says_so_once_and_keeps_the_finalizer() -> None:
+    """HTTP 403 on the storage Secret of a cache being deleted: the bundles cannot be deleted yet; one Warning
+    event SecretForbidden with the command that lets the operator in, the finalizer kept, looked at again."""
+    body = cache(storage={"url": "redis://redis.cache:6379/0", "secretRef": {"name": "s"}}, deletionPolicy="Delete")
+    body["metadata"]["finalizers"] = [FINALIZER]
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    forbidden = KubeError("GET", "/api/v1/namespaces/team-a/secrets/s", 403, '{"reason": "Forbidden"}')
+    api = ScriptedAPI({"read_secret": [forbidden, forbidden]})
+    state = State(settings=SETTINGS, metrics=Metrics(), api=cast(KubeAPI, api))
+    state.cluster.indexes = Indexes(caches={KEY: [body]}, jobs={})
+    events: list[tuple[str, str]] = []
+    for _ in range(2):
+        asyncio.run(scheduling.handle(state, KEY, lambda _b, _t, reason, message: events.append((reason, message))))
+    assert [reason for reason, _ in events] == ["SecretForbidden"], events
+    assert "may not read Secret 's' in namespace 'team-a'" in events[0][1]
+    assert api.calls.count("read_secret") == 2 and "set_finalizers" not in api.calls

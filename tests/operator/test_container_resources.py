@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.operator.samples import SETTINGS, inject, owner, pod, raw_spec
-from tests.operator.test_examples import EXAMPLES, QUICK_START_STORE
+from tests.operator.test_examples import EXAMPLES, EXAMPLES_DIR, QUICK_START_STORE
 
 CPUS = st.sampled_from(["50m", "100m", "250m", "1", "2", "1500m"])
 MEMORY = st.sampled_from(["64Mi", "128Mi", "256Mi", "1Gi", "512M", "2Gi"])
@@ -143,3 +143,28 @@ def test_every_example_makes_containers_a_limits_quota_admits(name: str, doc: di
     gpu = (spec.get("gpuTypes") or [""])[0]
     for container in created_containers(spec, Defaults(storage_url=QUICK_START_STORE), gpu):
         assert_quota_ready(container)
+
+
+def workload_containers() -> list[tuple[str, dict[str, Any]]]:
+    """(file:name/container, container) of every Pod and pod template among the examples."""
+    import yaml
+
+    out = []
+    for path in sorted(EXAMPLES_DIR.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc.get("kind") not in ("Pod", "Deployment", "StatefulSet", "Job"):
+                continue
+            spec = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
+            out += [(f"{path.name}:{doc['metadata']['name']}/{c['name']}", c)
+                    for c in [*spec.get("initContainers", []), *spec["containers"]]]
+    return out
+
+
+WORKLOADS = workload_containers()
+
+
+@pytest.mark.parametrize(("name", "container"), WORKLOADS, ids=[name for name, _ in WORKLOADS])
+def test_every_example_workload_container_has_cpu_and_memory_limits(name: str, container: dict[str, Any]) -> None:
+    """The opted-in Pod and Deployment of the examples run where the warm-ups and preloads do: a namespace with
+    a limits quota or a require-limits policy."""
+    assert_quota_ready(container)

@@ -21,7 +21,7 @@ def named(option: str, text: str) -> bool:
 
 
 def options(parser: argparse.ArgumentParser) -> list[list[str]]:
-    return [a.option_strings for a in parser._actions if a.option_strings and "--help" not in a.option_strings]
+    return [list(a.option_strings) for a in parser._actions if a.option_strings and "--help" not in a.option_strings]
 
 
 def test_every_operator_flag_is_in_the_synopsis() -> None:

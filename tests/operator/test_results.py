@@ -250,7 +250,7 @@ def test_secret_problems_name_the_field() -> None:
     assert forbidden is not None and forbidden.reason == "SecretForbidden"
     assert forbidden.message == (
         "spec.storage.secretRef.name: the operator may not read Secret 'creds' in namespace 'team-a' (HTTP 403); "
-        "allow it with: kubectl create rolebinding compilecache-secret-reader -n team-a "
+        "allow it with: kubectl create rolebinding cc-compilecache-operator-secret-reader -n team-a "
         "--clusterrole=cc-compilecache-operator-secret-reader "
         "--serviceaccount=compilecache-system:cc-compilecache-operator")
     unknown = reconcile.secret_problem(storage, None, "team-a", SecretReader())

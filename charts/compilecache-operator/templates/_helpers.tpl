@@ -133,9 +133,15 @@ served by the same server as the pod webhook. */}}
 {{- end }}
 
 {{/* "true" where the cluster serves prometheus-operator's kind (list . "ServiceMonitor"): helm install asks the API
-server; helm template takes --api-versions, as the group/version ("monitoring.coreos.com/v1", as Argo CD passes it) or
-the kind ("monitoring.coreos.com/v1/ServiceMonitor"). */}}
+server, which names every kind it serves; helm template takes --api-versions, the kinds
+("monitoring.coreos.com/v1/ServiceMonitor") or the group/version alone ("monitoring.coreos.com/v1", as Argo CD may
+pass it), which then stands for all three. Where any kind of the group is named, only the kinds named count (a
+cluster may serve ServiceMonitor and PodMonitor without PrometheusRule). */}}
 {{- define "compilecache-operator.servesMonitoring" -}}
 {{- $caps := (index . 0).Capabilities.APIVersions }}
-{{- or ($caps.Has (printf "monitoring.coreos.com/v1/%s" (index . 1))) ($caps.Has "monitoring.coreos.com/v1") -}}
+{{- $gv := "monitoring.coreos.com/v1" }}
+{{- $kinds := list "ServiceMonitor" "PodMonitor" "PrometheusRule" }}
+{{- $named := false }}
+{{- range $kinds }}{{ if $caps.Has (printf "%s/%s" $gv .) }}{{ $named = true }}{{ end }}{{ end }}
+{{- or ($caps.Has (printf "%s/%s" $gv (index . 1))) (and (not $named) ($caps.Has $gv)) -}}
 {{- end }}
