@@ -68,3 +68,5 @@ def test_the_charts_own_pods_pass_a_policy_that_requires_cpu_and_memory_limits(h
         assert {"cpu", "memory"} <= set(c["resources"]["limits"]), name
     unlimited = operator_container(template(helm_bin, values, set_values=["operator.resources.limits.cpu=null"]))
     assert set(unlimited["resources"]["limits"]) == {"memory"}
+    text = (CHART_DIR.parent.parent / "docs" / "install.md").read_text()
+    assert "operator.resources.limits.cpu=null" in text, "docs/install.md does not say how to remove the CPU limit"
