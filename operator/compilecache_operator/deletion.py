@@ -16,7 +16,7 @@ from compilecache_operator.reconcile import (
     emit_event,
     read_storage_secret,
     secret_credentials,
-    secret_problem,
+    secret_forbidden,
 )
 from compilecache_operator.spec import CacheSpec, InvalidSpec
 from compilecache_operator.state import Emit, State
@@ -86,8 +86,7 @@ async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
         return CleanupOutcome(True, f"spec is invalid, bundles left in place: {spec}")
     secret, forbidden = await read_storage_secret(api, namespace, spec.storage)
     if forbidden:
-        problem = secret_problem(spec.storage, None, namespace, state.settings.secret_reader)
-        assert problem is not None
+        problem = secret_forbidden(spec.storage, namespace, state.settings.secret_reader)
         return CleanupOutcome(False, problem.message, retry_after=state.settings.retry_seconds,
                               warning=problem.reason)
     return await _clear_store(state, spec, secret, namespace, name)

@@ -251,11 +251,7 @@ def secret_problem(
     if not storage.secret_name:
         return None
     if forbidden is not None:
-        return cache_status.Failure(
-            "SecretForbidden",
-            f"spec.storage.secretRef.name: the operator may not read Secret {storage.secret_name!r} in namespace "
-            f"{namespace!r} (HTTP 403); {forbidden.how_to_allow(namespace)}",
-        )
+        return secret_forbidden(storage, namespace, forbidden)
     if data is None:
         return cache_status.Failure(
             "SecretNotFound",
@@ -268,6 +264,15 @@ def secret_problem(
                 f"spec.storage.secretRef.keys: Secret {storage.secret_name!r} has no key {cred.key!r} ({cred.env})",
             )
     return None
+
+
+def secret_forbidden(storage: StorageSpec, namespace: str, reader: SecretReader) -> cache_status.Failure:
+    """The storage Secret may not be read by the operator (HTTP 403), with how the namespace lets it."""
+    return cache_status.Failure(
+        "SecretForbidden",
+        f"spec.storage.secretRef.name: the operator may not read Secret {storage.secret_name!r} in namespace "
+        f"{namespace!r} (HTTP 403); {reader.how_to_allow(namespace)}",
+    )
 
 
 def finalizers_for(current: Sequence[str], spec: CacheSpec) -> tuple[str, ...] | None:
