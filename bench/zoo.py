@@ -10,15 +10,20 @@ with ``--backward``), every measured row is its own fresh Python process, one af
                  publish`` to a file store, ``compilecache preload --strict`` into an empty
                  directory; then a pod process on a copy of that directory that calls
                  ``cachelib.runtime.warm_start()`` before ``torch.compile``
-  auto-env       the same bundle, no call: only the webhook's environment
-                 (``TORCH_CACHING_PRECOMPILE=1`` where the check verified the part)
+  auto-env       the same bundle, no call: only the webhook's environment (which never turns
+                 caching precompile on: this pod runs on the bundle's Off entries)
   off            the same model warmed with ``--precompile off``, published, preloaded; a pod
                  process with nothing else (the ordinary warm start, "without Auto")
+  auto-1t        as ``auto``, with ``OMP_NUM_THREADS=1`` (torchrun's default): a global state other
+                 than the warm-up's, which ``warm_start()`` must meet without crashing or losing
+                 the Off entries
+  auto-env-1t    as ``auto-env``, with ``OMP_NUM_THREADS=1``
+  off-1t         as ``off``, with ``OMP_NUM_THREADS=1``: what the one-thread pods compare with
 
 Every pod process gets the webhook's environment (``TORCHINDUCTOR_CACHE_DIR`` on its own copy of
-the preloaded directory, ``TORCH_COMPILE_JOB_ID`` of the warm-up, for a verified Auto bundle
-``TORCH_CACHING_PRECOMPILE=1``, and ``PYTHONPYCACHEPREFIX`` on the bundle's byte-code part when it
-carries one, as for an init-container preload). It imports torch, builds the model on the device, imports Dynamo
+the preloaded directory, ``TORCH_COMPILE_JOB_ID`` of the warm-up, and ``PYTHONPYCACHEPREFIX`` on the
+bundle's byte-code part when it carries one, as for an init-container preload). It imports torch,
+builds the model on the device, imports Dynamo
 and Inductor (``import_s``, paid by every compiled process whatever its cache), then times *load*
 (``warm_start()`` where called, and ``torch.compile`` returning: with caching precompile Dynamo
 loads its entry there) and the first call (synchronised). "To first output" runs from the
@@ -63,7 +68,9 @@ from bench.zoo_gpu import DEVICE_ENV, DYNAMIC, NAMES, TRAINING  # noqa: E402  (n
 from cachelib.bytecode import PYCACHE_DIR  # noqa: E402
 
 CLI = ("-m", "cachelib.cli")
-POD_ROWS = ("eager", "auto", "auto-env", "off")
+POD_ROWS = ("eager", "auto", "auto-env", "off", "auto-1t", "auto-env-1t", "off-1t")
+ONE_THREAD = "-1t"
+"""Rows whose pod runs with OMP_NUM_THREADS=1."""
 OURS = ("TORCHINDUCTOR_", "TRITON_CACHE", "TORCH_CACHING", "TORCH_COMPILE", "PYTHONPYCACHEPREFIX")
 CHILD_TIMEOUT = 600
 
@@ -357,18 +364,19 @@ class Bench:
         if row == "eager":
             self.child(model, row, sample, {"TORCHINDUCTOR_CACHE_DIR": str(self.work / model / "eager-cache")})
             return
-        warmed = self.warmed.get((model, "off" if row == "off" else "auto"))
+        kind = row.removesuffix(ONE_THREAD)
+        warmed = self.warmed.get((model, "off" if kind == "off" else "auto"))
         if warmed is None or warmed.preloaded is None or warmed.result is None:
             return
         copy = self.work / model / f"pod-{row}-{sample}"
         shutil.rmtree(copy, ignore_errors=True)
         shutil.copytree(warmed.preloaded, copy, symlinks=True)
         env = {"TORCHINDUCTOR_CACHE_DIR": str(copy), "TORCH_COMPILE_JOB_ID": str(warmed.result["job_id"])}
-        if row != "off" and warmed.verified:
-            env["TORCH_CACHING_PRECOMPILE"] = "1"  # what the webhook sets for a verified Auto bundle
+        if row.endswith(ONE_THREAD):
+            env["OMP_NUM_THREADS"] = "1"
         if (copy / PYCACHE_DIR).is_dir():  # the bundle's byte-code part: the webhook points an init-preloaded pod at it
             env["PYTHONPYCACHEPREFIX"] = str(copy / PYCACHE_DIR)
-        self.child(model, row, sample, env, *(["--warm-start"] if row == "auto" else []))
+        self.child(model, row, sample, env, *(["--warm-start"] if kind == "auto" else []))
 
     def run(self, models: Sequence[str]) -> None:
         self.meta["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -488,6 +496,11 @@ def summarise(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "frames_compiled": sorted({c.get("frames", {}).get("ok", 0) for c in counters}),
                 "fxgraph_hit": sorted({c.get("inductor", {}).get("fxgraph_cache_hit", 0) for c in counters}),
                 "fxgraph_miss": sorted({c.get("inductor", {}).get("fxgraph_cache_miss", 0) for c in counters}),
+                "aot_hit": sorted({c.get("aot_autograd", {}).get("autograd_cache_hit", 0) for c in counters}),
+                "aot_miss": sorted({c.get("aot_autograd", {}).get("autograd_cache_miss", 0) for c in counters}),
+                "autotune": sorted({_autotune(c) for c in counters}),
+                "declined": sorted({d for r in good for d in ((r.get("warm_start") or {}).get("declined") or [])
+                                    if d.startswith("caching_precompile")}),
                 "fallbacks": sorted({sum((r.get("fallbacks") or {}).values()) for r in good}),
                 "notes": sorted({n for r in good for n in r.get("notes") or []}),
             }
@@ -508,6 +521,13 @@ def summarise(data: dict[str, Any]) -> list[dict[str, Any]]:
             }
         summary.append(item)
     return summary
+
+
+def _autotune(counters: dict[str, Any]) -> str:
+    """Inductor's autotuning lookups of one process as ``hits/misses`` (``0/0`` when nothing was autotuned)."""
+    inductor = counters.get("inductor", {})
+    tuned = {k: int(v) for k, v in inductor.items() if "autotune" in k}
+    return f"{sum(v for k, v in tuned.items() if 'hit' in k)}/{sum(v for k, v in tuned.items() if 'miss' in k)}"
 
 
 def _ran(record: dict[str, Any]) -> bool:
@@ -544,13 +564,14 @@ def render(datas: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| model | eager 1st | Auto: load + 1st (`warm_start()`) | Auto, env only: load + 1st "
         "| without Auto: load + 1st | to first output: eager / Auto / env only / without Auto "
+        "| one thread (OMP_NUM_THREADS=1): Auto / env only / without Auto "
         "| warm-up compile s (Auto / off) | the warm-up's check |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     counters_lines = [
         "| model | row | samples ok | import | load | 1st call | Dynamo hit | frames compiled | FX-graph hit / miss "
-        "| fallbacks | vs eager |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| AOTAutograd hit / miss | autotune hit/miss | fallbacks | vs eager |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for data in datas:
         for item in summarise(data):
@@ -561,11 +582,12 @@ def render(datas: Sequence[dict[str, Any]]) -> str:
                     return _cell(row, "load_plus_first_s")
                 return f"{_fmt(row['load_s'])} + {_fmt(row['first_call_s'])} = {_cell(row, 'load_plus_first_s')}"
 
-            outputs = " / ".join(_cell(rows[r], "to_first_output_s") for r in POD_ROWS)
+            outputs = " / ".join(_cell(rows[r], "to_first_output_s") for r in POD_ROWS[:4])
+            one_thread = " / ".join(_cell(rows[r], "load_plus_first_s") for r in POD_ROWS[4:])
             compile_s = " / ".join(_fmt((warms.get(p) or {}).get("compile_s")) for p in ("auto", "off"))
             lines.append(
                 f"| {item['model']} | {_cell(rows['eager'], 'first_call_s')} | {split(rows['auto'])} "
-                f"| {split(rows['auto-env'])} | {split(rows['off'])} | {outputs} | {compile_s} "
+                f"| {split(rows['auto-env'])} | {split(rows['off'])} | {outputs} | {one_thread} | {compile_s} "
                 f"| {_verdict(warms.get('auto'))} |"
             )
             for name in POD_ROWS[1:]:
@@ -578,6 +600,7 @@ def render(datas: Sequence[dict[str, Any]]) -> str:
                     f"| {item['model']} | {name} | {row['ok']}/{row['samples']} | {_fmt(row['import_s'])} "
                     f"| {_fmt(row['load_s'])} | {_fmt(row['first_call_s'])} | {_set(row['dynamo_hit'])} "
                     f"| {_set(row['frames_compiled'])} | {_set(row['fxgraph_hit'])} / {_set(row['fxgraph_miss'])} "
+                    f"| {_set(row['aot_hit'])} / {_set(row['aot_miss'])} | {'/'.join(row['autotune']) or '—'} "
                     f"| {_set(row['fallbacks'])} | {vs_eager} |"
                 )
     failures = _failures(datas)

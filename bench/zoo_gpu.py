@@ -19,22 +19,31 @@ if TYPE_CHECKING:
     import torch
 
 DEVICE_ENV = "COMPILECACHE_ZOO_DEVICE"
-TRAINING = frozenset({"hf_bert_train", "timm_resnet_train"})
+TRAINING = frozenset({"hf_bert_train", "hf_qwen2_train", "timm_resnet_train"})
 """Training steps: the harness and the pods run them with ``--backward``, in float32."""
 DYNAMIC = frozenset({"hf_gpt2_dynamic"})
 """Compiled with ``--dynamic true``; the pods also call them with ``models.SECOND_INPUTS``."""
 NAMES = (
     "hf_bert",
     "hf_bert_train",
+    "hf_clip_vision",
+    "hf_distilbert",
     "hf_gpt2",
     "hf_gpt2_dynamic",
     "hf_llama",
+    "hf_phi3",
+    "hf_qwen2_train",
+    "hf_qwen3",
     "hf_t5_encoder",
     "hf_vit",
+    "hf_wav2vec2",
     "hf_whisper_encoder",
+    "pyg_gcn",
     "timm_convnext",
+    "timm_regnet",
     "timm_resnet_train",
     "timm_vit",
+    "tv_efficientnet",
     "tv_resnet",
     "tv_swin",
 )

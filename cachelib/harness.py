@@ -30,15 +30,18 @@ one parameter receives a ``compile(fn)`` function applying the requested options
 may also compile and run its own models and return ``None``.
 
 Exit status: 0 done, 2 bad arguments, 3 target cannot be imported, 4 target (or command)
-failed, 5 target returned the wrong shape, 6 output cannot be written.
+failed, 5 target returned the wrong shape, 6 output cannot be written, 7 (only with
+``--require-precompile``) the output is complete but its precompiled part was left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import sys
@@ -67,6 +70,12 @@ PRECOMPILE_ENV = podcontract.PRECOMPILE_ENV
 JOB_ID_ENV = podcontract.JOB_ID_ENV
 CHECK_FLAG = "--check-precompile"
 """The harness in its checking role (cachelib.precheck): run by the harness itself, never by users."""
+REQUIRE_FLAG = "--require-precompile"
+EXIT_PRECOMPILE_LEFT_OUT = 7
+"""With ``--require-precompile``: the output is complete, but its precompiled part was left out."""
+LOG_FILE = "warmup.log"
+"""In OUT: what the harness kept out of its own output (torch's dropped-guard warnings, in full)."""
+DROPPED_GUARD = "is dropped with caching_precompile=True"
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
@@ -104,18 +113,20 @@ def prepare_environment(request: Request, job_id: str) -> dict[str, str]:
     os.environ[CACHE_DIR_ENV] = str(request.cache_path)
     os.environ[JOB_ID_ENV] = job_id
     os.environ.pop("TRITON_CACHE_DIR", None)  # keep triton's cache inside the inductor cache dir
-    if request.options.precompile == "auto":  # read at import by torch, here and in a --command
-        os.environ[PRECOMPILE_ENV] = "1"
+    # Never TORCH_CACHING_PRECOMPILE here: the first pass (and a --command, which ships no precompiled part)
+    # compiles exactly as Off does, so the bundle's FX-graph and AOTAutograd entries are Off's (caching
+    # precompile keys AOTAutograd's entries on its own backend id, which no other process reproduces).
+    os.environ.pop(PRECOMPILE_ENV, None)
     return dict(os.environ)
 
 
 def apply_options(options: compilekey.CompileOptions, job_id: str) -> None:
+    """The compile options into torch's configs (caching precompile stays off: :func:`precompile_pass`)."""
     import torch
 
     torch.compiler.config.job_id = job_id
     torch._dynamo.config.compiled_autograd = options.compiled_autograd
-    if options.precompile == "auto":
-        load_warmstart().enable_caching_precompile()  # a torch without it compiles as with "off"
+    load_warmstart().disable_caching_precompile()
     import torch._inductor.config as inductor_config
 
     for name, value in options.inductor_config:
@@ -161,20 +172,33 @@ def warm_up(request: Request) -> dict[str, Any]:
         counters: dict[str, dict[str, int]] | None = None
     else:
         assert request.target is not None
-        timings, precompile_failure = run_target_with_fallback(request, function)
+        timings = compilestep.run_target(request.target, request.options, function)
         counters = compilestep.counters_snapshot()
     total = time.perf_counter() - started
-    recorded = write_factors(request.cache_path, factors)
-    megacache = save_megacache(request.out)  # with caching precompile, also writes Dynamo's entries
+    recorded = write_factors(request.cache_path, factors)  # Off's graphs: what every pod's lookups are compared with
+    precompile_pass_result = None
+    if request.options.precompile == "auto" and request.target is not None:
+        precompile_pass_result = precompile_pass(request, function)
+    megacache = save_megacache(request.out)  # caching precompile on (second pass): writes Dynamo's entries too
+    load_warmstart().disable_caching_precompile()
     bytecode = write_bytecode(request)
     triton_modules = compilestep.load_companion("cachelib.triton_modules").collect(request.cache_path).to_dict()
     precompile = write_warm_start(request) if request.options.precompile == "auto" else None
-    if precompile is not None and request.target is not None and precompile_failure is not None:
-        _record_check(request.cache_path, {"verified": False, "reason": precompile_failure})
-        precompile["check"] = {"verified": False, "reason": precompile_failure, "seconds": 0.0}
-    elif precompile is not None and precompile["dynamo_entries"]:
-        precompile.update(prove_precompiled(request, job_id, total))
-        megacache = megacache_after_check(request.out, megacache, precompile)
+    if precompile is not None:
+        precompile["pass"] = precompile_pass_result
+        failure = (precompile_pass_result or {}).get("failure") or (
+            None if request.target is not None else "a --command warm-up cannot be checked; precompile needs --target"
+        )
+        if failure is not None:
+            _record_check(request.cache_path, {"verified": False, "reason": failure})
+            precompile["check"] = {"verified": False, "reason": failure, "seconds": 0.0}
+        elif precompile["dynamo_entries"]:
+            precompile.update(prove_precompiled(request, job_id, total))
+            megacache = megacache_after_check(request.out, megacache, precompile)
+        else:
+            reason = "caching precompile saved no Dynamo entry for this target"
+            _record_check(request.cache_path, {"verified": False, "reason": reason})
+            precompile["check"] = {"verified": False, "reason": reason, "seconds": 0.0}
     result = {
         "format": RESULT_FORMAT,
         "producer": f"compilecache-harness/{HARNESS_VERSION}",
@@ -214,26 +238,94 @@ def write_factors(cache_path: Path, factors: Any) -> dict[str, Any]:
     return {"file": factors.FACTORS_NAME, "graphs": len(document["graphs"]), "problem": document["problem"]}
 
 
-def run_target_with_fallback(
-    request: Request, function: Callable[..., Any] | None
-) -> tuple[list[dict[str, Any]], str | None]:
-    """Run the target; with ``--precompile auto``, once more without Dynamo's caching precompile
-    when compiling with it failed (seen: torch 2.13 asserting ``check_fn.guards_state must not be
-    None`` on a T5 encoder). The bundle then ships without a precompiled part, and the second value
-    says why; the key stays the cache's (the options are unchanged)."""
+class DroppedGuards(logging.Filter):
+    """Dynamo says, one warning per guard, each guard that caching precompile cannot save (118 for a
+    Hugging Face Llama): counted here and written to OUT/warmup.log instead of the harness's output,
+    where they buried the one line that matters."""
+
+    def __init__(self, log_path: Path) -> None:
+        super().__init__()
+        self.count = 0
+        self.log_path = log_path
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if DROPPED_GUARD not in message:
+            return True
+        self.count += 1
+        with contextlib.suppress(OSError), self.log_path.open("a") as f:
+            f.write(f"{record.name}: {message}\n")
+        return False
+
+
+def precompile_pass(request: Request, function: Callable[..., Any] | None) -> dict[str, Any]:
+    """``--precompile auto``'s second pass: the target once more, with Dynamo's caching precompile, after
+    the first pass compiled it exactly as Off does. Its FX-graph lookups hit the first pass's entries;
+    what it adds is Dynamo's precompiled entries (and AOTAutograd's in the bundled form that caching
+    precompile reads). So a pod that does not load the precompiled part (no ``warm_start()``, another
+    global state, a part left out) still finds every entry Off would have shipped. A failure here
+    (seen: torch 2.13 asserting ``check_fn.guards_state must not be None`` on a T5 encoder) leaves
+    the part out; the first pass's cache is whole. On success caching precompile stays on until the
+    Mega-Cache is saved, which writes Dynamo's entries into the cache directory."""
     assert request.target is not None
-    try:
-        return compilestep.run_target(request.target, request.options, function), None
-    except compilestep.HarnessError as exc:
-        if request.options.precompile != "auto" or exc.exit_code != compilestep.EXIT_FAILED:
-            raise
-        reason = f"compiling with Dynamo's caching precompile failed: {(str(exc).splitlines() or [''])[0][:300]}"
-    print(f"harness: {reason}; compiling again without it", file=sys.stderr)
     import torch
 
     torch._dynamo.reset()
-    load_warmstart().disable_caching_precompile()
-    return compilestep.run_target(request.target, request.options, function), reason
+    warmstart = load_warmstart()
+    if not warmstart.enable_caching_precompile():
+        return {"seconds": 0.0, "failure": "this torch has no Dynamo caching precompile"}
+    started = time.perf_counter()
+    before = compilestep.cache_summary(compilestep.counters_snapshot())
+    dropped = DroppedGuards(request.out / LOG_FILE)
+    logging.getLogger("torch._dynamo.guards").addFilter(dropped)
+    try:
+        compilestep.run_target(request.target, request.options, function)
+        failure = None
+    except compilestep.HarnessError as exc:
+        torch._dynamo.reset()
+        warmstart.disable_caching_precompile()  # nothing of this pass is saved
+        if exc.exit_code != compilestep.EXIT_FAILED:
+            raise
+        failure = f"compiling with Dynamo's caching precompile failed: {(str(exc).splitlines() or [''])[0][:300]}"
+        print(f"harness: {failure}; the bundle ships the first pass's cache without a precompiled part",
+              file=sys.stderr)  # fmt: skip
+    finally:
+        logging.getLogger("torch._dynamo.guards").removeFilter(dropped)
+    after = compilestep.cache_summary(compilestep.counters_snapshot())
+    return {
+        "seconds": round(time.perf_counter() - started, 4),
+        "failure": failure,
+        "cache": {k: after[k] - before.get(k, 0) for k in after},
+        "dropped_guards": dropped.count,
+    }
+
+
+def precompile_summary(precompile: Mapping[str, Any], out: Path) -> list[str]:
+    """The lines a person reads about the precompiled part (pure): one per entry of the target,
+    verified or left out and why, and the dropped guards as one count."""
+    check = precompile.get("check") or {}
+    names = check.get("entry_names") or ["the target"]
+    problems = [str(p) for p in check.get("problems") or []]
+    lines = []
+    for index, name in enumerate(names):
+        if check.get("verified"):
+            lines.append(f"precompile: entry {index} ({name}): verified, shipped")
+            continue
+        own = [p.split(": ", 1)[1] for p in problems if p.startswith(f"entry {index}: ")]
+        lines.append(f"precompile: entry {index} ({name}): left out: {own[0] if own else check.get('reason')}")
+    timed = check.get("first_call_seconds") or {}
+    if timed.get("plain") and timed.get("precompiled"):
+        with_part, without = (", ".join(f"{x:.2f}" for x in timed[role]) for role in ("precompiled", "plain"))
+        lines.append(f"precompile: first call {with_part} s with the part, {without} s without")
+    plain = check.get("plain") or {}
+    if plain and not plain.get("verified"):
+        lines.append(f"precompile: a pod without warm_start() would not start warm: {plain.get('reason')}")
+    dropped = (precompile.get("pass") or {}).get("dropped_guards", 0)
+    if dropped:
+        lines.append(
+            f"precompile: caching precompile dropped {dropped} guard(s) it cannot save (each in {out / LOG_FILE})"
+        )
+    return lines
 
 
 def write_bytecode(request: Request) -> dict[str, Any]:
@@ -249,25 +341,46 @@ def write_bytecode(request: Request) -> dict[str, Any]:
 
 
 def prove_precompiled(request: Request, job_id: str, compile_seconds: float) -> dict[str, Any]:
-    """Check the precompiled part as a pod will load it (:mod:`cachelib.precheck`); when it fails,
-    take it out of the cache directory and record why in the manifest. What the check decided."""
+    """Check the precompiled part as pods will use it (:mod:`cachelib.precheck`): a fresh process that
+    calls ``warm_start()`` must load it and match eager, and a fresh process without the call must hit
+    every FX-graph and AOTAutograd entry (Off's). When the part fails, or makes the first call slower
+    than the bundle without it, take it out of the cache directory and record why in the manifest.
+    What the check decided, with the plain pod's own result beside it."""
     precheck = load_precheck()
-    if request.target is None:
-        verdict = precheck.Verdict(False, "a --command warm-up cannot be checked; precompile needs --target", 0.0, {})
-    else:
-        _release_compiled()
-        argv = [sys.executable, str(Path(__file__).absolute()), CHECK_FLAG, "--target", request.target,
-                "--namespace", request.namespace, "--name", request.name, *request.options.harness_args()]  # fmt: skip
-        timeout = max(600.0, 4 * compile_seconds)
-        pycache = compilestep.load_companion("cachelib.bytecode").PYCACHE_DIR
-        verdict = precheck.check_in_fresh_process(argv, request.cache_path, job_id, timeout, pycache)
-    check = verdict.to_dict()
-    if not verdict.verified:
-        print(f"harness: precompiled part left out: {verdict.reason}", file=sys.stderr)
+    assert request.target is not None
+    _release_compiled()
+    argv = [sys.executable, str(Path(__file__).absolute()), "--target", request.target,
+            "--namespace", request.namespace, "--name", request.name, *request.options.harness_args()]  # fmt: skip
+    timeout = max(600.0, 4 * compile_seconds)
+    pycache = compilestep.load_companion("cachelib.bytecode").PYCACHE_DIR
+
+    def run(role: str) -> Any:
+        return precheck.check_in_fresh_process(
+            [*argv, CHECK_FLAG, role], request.cache_path, job_id, timeout, pycache
+        )
+
+    def first_call(verdict: Any) -> list[float]:
+        return [float(verdict.details["first_call_seconds"])] if verdict.verified else []
+
+    verdict = run(precheck.PRECOMPILED)
+    plain = run(precheck.PLAIN)
+    timed, untimed = first_call(verdict), first_call(plain)
+    spent = verdict.seconds + plain.seconds
+    if precheck.slower(timed, untimed) is not None:  # one pair may be noise: another pair decides with it
+        again, plain_again = run(precheck.PRECOMPILED), run(precheck.PLAIN)
+        timed, untimed, spent = timed + first_call(again), untimed + first_call(plain_again), spent + again.seconds
+        spent += plain_again.seconds
+    reason = verdict.reason if not verdict.verified else precheck.slower(timed, untimed)
+    check = {**verdict.to_dict(), "verified": reason is None, "reason": reason, "seconds": round(spent, 4),
+             "first_call_seconds": {"precompiled": [round(x, 4) for x in timed],
+                                    "plain": [round(x, 4) for x in untimed]},
+             "plain": {"verified": plain.verified, "reason": plain.reason, "seconds": round(plain.seconds, 4),
+                       "counters": plain.details.get("counters", {})}}  # fmt: skip
+    if reason is not None:
         check["removed_entries"] = precheck.strip_precompiled(request.cache_path)
         warmstart = load_warmstart()
         manifest = warmstart.build_manifest(request.cache_path)
-        manifest["precompile_check"] = {"verified": False, "reason": verdict.reason}
+        manifest["precompile_check"] = {"verified": False, "reason": reason}
         warmstart.write_manifest(request.cache_path, manifest)
     else:
         _record_check(request.cache_path, {"verified": True, "reason": None})
@@ -305,19 +418,27 @@ def megacache_after_check(out: Path, megacache: dict[str, Any], precompile: Mapp
     return {"bytes": len(kept), "sha256": hashlib.sha256(kept).hexdigest(), "artifacts": artifacts}
 
 
-def check_precompiled(request: Request) -> int:
-    """The checking process (``--check-precompile``): the pod's ``warm_start()``, then each entry
-    eager and compiled; writes :data:`cachelib.precheck.CHECK_FILE` into ``--out``."""
+def check_precompiled(request: Request, role: str) -> int:
+    """A checking process (``--check-precompile ROLE``): as a pod that calls ``warm_start()``
+    (``precompiled``) or as one with the environment only (``plain``), each entry eager and compiled;
+    writes :data:`cachelib.precheck.CHECK_FILE` into ``--out``, with the first compiled call's seconds
+    (``warm_start()`` included; Dynamo and Inductor imported before either, as both roles pay that)."""
     precheck = load_precheck()
     warmstart = load_warmstart()
     options = request.options
     job_id = os.environ.get(JOB_ID_ENV) or compilekey.default_job_id(request.namespace, request.name)
-    prepared = warmstart.prepare(request.cache_path)  # what cachelib.runtime.warm_start() does in a pod
-    function = compilestep.load_target(request.target or "")
-    apply_options(dataclasses.replace(options, precompile="off"), job_id)  # prepare() decided precompile
-    import torch
+    import torch._dynamo
+    import torch._inductor.compile_fx  # every compiled process pays these imports, whatever its cache
 
+    started = time.perf_counter()
+    prepared = warmstart.prepare(request.cache_path) if role == precheck.PRECOMPILED else None
+    prepare_seconds = time.perf_counter() - started
+    function = compilestep.load_target(request.target or "")
+    apply_options(dataclasses.replace(options, precompile="off"), job_id)
+    if prepared is not None and "caching_precompile" in prepared.applied:
+        warmstart.enable_caching_precompile()  # apply_options turned it off; prepare() decided it
     torch.manual_seed(precheck.SEED)
+    first_calls: list[float] = []
     try:
         takes_compile = compilestep.required_params(function) >= 1
         returned = function(compilestep.make_compile(options)) if takes_compile else function()
@@ -328,6 +449,7 @@ def check_precompiled(request: Request) -> int:
             lambda fn: compilestep.eager_entry(fn, options),
             lambda fn, args, kwargs: compilestep.run_entry(fn, args, kwargs, options),
             training=options.backward or options.compiled_autograd,
+            first_calls=first_calls,
         )
     except Exception as exc:
         traceback.print_exc()
@@ -335,13 +457,20 @@ def check_precompiled(request: Request) -> int:
         problems, notes = [f"{precheck.RAISED}{type(exc).__name__}: {first_line}"], []
         entries = []
     counters = compilestep.counters_snapshot()
-    fell_back = [d.split(": fell back ", 1)[1] for d in prepared.declined if ": fell back " in d]
-    reason = precheck.judge(counters, fell_back, problems)
+    if prepared is not None:
+        fell_back = [d.split(": fell back ", 1)[1] for d in prepared.declined if ": fell back " in d]
+        reason = precheck.judge(counters, fell_back, problems)
+    else:
+        reason = precheck.judge_plain(counters, problems)
     if not entries and reason is None:
         reason = "the target compiled its own models (returned None): nothing to check"
+    groups = ("dynamo_cache", "frames", "inductor", "aot_autograd")
     precheck.write_check(request.out, {
-        "verified": reason is None, "reason": reason, "notes": notes, "entries": len(entries),
-        "prepared": prepared.to_dict(), "counters": {g: counters.get(g, {}) for g in ("dynamo_cache", "frames")},
+        "role": role, "verified": reason is None, "reason": reason, "notes": notes, "entries": len(entries),
+        "prepared": prepared.to_dict() if prepared is not None else None,
+        "counters": {g: counters.get(g, {}) for g in groups},
+        "first_call_seconds": round(prepare_seconds + sum(first_calls), 4),
+        "entry_names": [compilestep.describe(fn) for fn, _, _ in entries], "problems": problems[:20],
     })  # fmt: skip
     return compilestep.EXIT_OK
 
@@ -400,7 +529,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="compile into this cache directory instead of OUT/cachedir (to measure a preloaded cache)",
     )
-    parser.add_argument(CHECK_FLAG, action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        REQUIRE_FLAG,
+        action="store_true",
+        help=f"with --precompile auto: exit {EXIT_PRECOMPILE_LEFT_OUT} when the check leaves the precompiled part out "
+        "(the output is complete and can still be published)",
+    )
+    parser.add_argument(CHECK_FLAG, choices=("precompiled", "plain"), default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -435,12 +570,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.check_precompile:
-            return check_precompiled(request_from_args(args))
+            return check_precompiled(request_from_args(args), args.check_precompile)
         result = warm_up(request_from_args(args))
     except (compilestep.HarnessError, compilekey.UsageError) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         write_termination_log({"result": "error", "stage": "compile", "reason": str(exc)})
         return exc.exit_code
+    precompile = result.get("precompile")
+    if precompile is not None:
+        for line in precompile_summary(precompile, result_out(args)):
+            print(f"harness: {line}", file=sys.stderr)
     summary = {
         "result": "compiled",
         "key": result["key_string"],
@@ -450,7 +589,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "megacache_bytes": result["megacache"]["bytes"],
     }
     print(json.dumps(summary, sort_keys=True))
+    if args.require_precompile and precompile is not None and not (precompile.get("check") or {}).get("verified"):
+        reason = (precompile.get("check") or {}).get("reason")
+        print(f"harness: {REQUIRE_FLAG}: the precompiled part was left out: {reason}", file=sys.stderr)
+        return EXIT_PRECOMPILE_LEFT_OUT
     return compilestep.EXIT_OK
+
+
+def result_out(args: argparse.Namespace) -> Path:
+    return Path(args.out).absolute()
 
 
 if __name__ == "__main__":

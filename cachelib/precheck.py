@@ -7,11 +7,17 @@ So before anything ships, the harness checks the part the way a pod uses it:
 
 1. a copy of the cache directory (the bundle-to-be) in a new place;
 2. a fresh process of the same image with the pod's environment (``TORCHINDUCTOR_CACHE_DIR``
-   on the copy, ``TORCH_CACHING_PRECOMPILE=1``, the job id) that calls the workload's
-   ``warm_start()`` (:func:`cachelib.warmstart.prepare`), builds each entry of the target, runs it
-   eagerly and compiled, and compares the outputs (and gradients, for a training step) within a
-   tolerance per dtype;
-3. torch's counters: a Dynamo cache hit, no Dynamo miss, no frame compiled afresh, no fallback.
+   on the copy, the job id) that calls the workload's ``warm_start()``
+   (:func:`cachelib.warmstart.prepare`, which turns caching precompile on), builds each entry of
+   the target, runs it eagerly and compiled, and compares the outputs (and gradients, for a
+   training step) within a tolerance per dtype;
+3. torch's counters: a Dynamo cache hit, no Dynamo miss, no frame compiled afresh, no fallback;
+4. a second fresh process as a pod without ``warm_start()`` runs (:data:`PLAIN`): the same entries,
+   with nothing but the environment, must hit the FX-graph and AOTAutograd caches (the entries
+   Off would have shipped, which the harness's first pass wrote);
+5. the first compiled call of both, timed in their own processes: a part that makes the pod's
+   first call slower than the bundle without it is left out too (``slower``), after a second
+   pair of samples confirms it.
 
 Only a part that passes is published as precompiled. One that fails is removed from the cache
 directory and the Mega-Cache (the FX-graph and AOTAutograd parts stay and still hit), and the
@@ -75,6 +81,15 @@ or its scale."""
 FP8_SCALED = (2e-2, 0.5)
 RAISED = "building or calling the entries raised "
 """How the checking process reports an exception (seen: a NameError from a loaded entry's first call)."""
+PRECOMPILED = "precompiled"
+"""The checking process as a pod that calls ``warm_start()``: the precompiled part loaded."""
+PLAIN = "plain"
+"""The checking process as a pod without ``warm_start()``: the environment only, no caching precompile."""
+ROLES = (PRECOMPILED, PLAIN)
+SLOWER_MARGIN = (1.10, 0.05)
+"""(factor, seconds): the precompiled part is ``slower`` when its pod's first call takes longer than
+factor × the plain pod's plus these seconds, in every sample of both (two each: a second pair is
+taken only when the first says slower)."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +200,35 @@ def judge(counters: Mapping[str, Mapping[str, int]], fell_back: Sequence[str], p
     return None
 
 
+def judge_plain(counters: Mapping[str, Mapping[str, int]], problems: Sequence[str]) -> str | None:
+    """Why a pod without ``warm_start()`` would not start warm on this bundle; None when every
+    FX-graph and AOTAutograd lookup hit (pure)."""
+    if problems:
+        return problems[0] if problems[0].startswith(RAISED) else "outputs differ from eager: " + problems[0]
+    inductor, aot = counters.get("inductor", {}), counters.get("aot_autograd", {})
+    misses = {name: count for name, count in (
+        ("FX-graph", inductor.get("fxgraph_cache_miss", 0)), ("AOTAutograd", aot.get("autograd_cache_miss", 0)),
+    ) if count}  # fmt: skip
+    if misses:
+        return "missed " + ", ".join(f"{count} {name} lookup(s)" for name, count in misses.items())
+    if not inductor.get("fxgraph_cache_hit") and not aot.get("autograd_cache_hit"):
+        return "no FX-graph or AOTAutograd lookup hit"
+    return None
+
+
+def slower(precompiled: Sequence[float], plain: Sequence[float]) -> str | None:
+    """``slower: ...`` when every sample of the precompiled pod's first call is beyond the margin over
+    every sample of the plain pod's (pure): an outlier on either side never decides alone. None when
+    the part pays for itself, or a side has no sample."""
+    factor, seconds = SLOWER_MARGIN
+    if not precompiled or not plain or min(precompiled) <= max(plain) * factor + seconds:
+        return None
+    return (
+        f"slower: the first call took {min(precompiled):.2f} s with the precompiled part "
+        f"and {max(plain):.2f} s without it"
+    )
+
+
 # -- the checking process ----------------------------------------------------------------------------
 Entry = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
@@ -219,11 +263,14 @@ def check_entries(
     eager_entry: Callable[[Callable[..., Any]], Callable[..., Any]],
     run_entry: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
     training: bool,
+    first_calls: list[float] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Each entry eager and compiled from the same random state; the differences, and notes on
     what could not be compared. Eager runs once more from another random state: a model whose
     output depends on it (dropout left on, sampling) cannot match a compiled run value for value
-    (Inductor draws its random numbers its own way), so only its structure is compared."""
+    (Inductor draws its random numbers its own way), so only its structure is compared.
+    ``first_calls`` receives the seconds of each entry's first compiled call (load and compile
+    included), in order."""
     problems: list[str] = []
     notes: list[str] = []
     for index, (fn, args, kwargs) in enumerate(entries):
@@ -234,7 +281,10 @@ def check_entries(
 
         want, want_grads = _one_call(functools.partial(call, eager), fn, training)
         other, other_grads = _one_call(functools.partial(call, eager), fn, training, seed=SEED + 1)
+        started = time.perf_counter()
         got, got_grads = _one_call(functools.partial(call, compiled), fn, training)
+        if first_calls is not None:
+            first_calls.append(time.perf_counter() - started)
         random = bool(compare((want, dict(want_grads)), (other, dict(other_grads))))
         if random:
             notes.append(f"entry {index}: the output depends on the random state; only its structure was compared")
@@ -252,11 +302,13 @@ def write_check(out: Path, record: Mapping[str, Any]) -> None:
 def check_environment(
     base: Mapping[str, str], cache_copy: Path, job_id: str, pycache: Path | None = None
 ) -> dict[str, str]:
-    """The pod's environment for the checking process (pure); ``pycache``: the copy's byte-code
-    tree, when the bundle carries one (the webhook points ``PYTHONPYCACHEPREFIX`` at it)."""
-    env = {k: v for k, v in base.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_CACHE", "PYTHONPYCACHEPREFIX"))}
-    env.update({podcontract.CACHE_DIR_ENV: str(cache_copy), podcontract.PRECOMPILE_ENV: "1",
-                podcontract.JOB_ID_ENV: job_id})
+    """The pod's environment for the checking process (pure): what the webhook gives a pod, which is
+    never ``TORCH_CACHING_PRECOMPILE`` (``warm_start()`` turns caching precompile on, behind its
+    guard); ``pycache``: the copy's byte-code tree, when the bundle carries one (the webhook points
+    ``PYTHONPYCACHEPREFIX`` at it)."""
+    dropped = ("TORCHINDUCTOR_", "TRITON_CACHE", "PYTHONPYCACHEPREFIX", podcontract.PRECOMPILE_ENV)
+    env = {k: v for k, v in base.items() if not k.startswith(dropped)}
+    env.update({podcontract.CACHE_DIR_ENV: str(cache_copy), podcontract.JOB_ID_ENV: job_id})
     if pycache is not None:
         env["PYTHONPYCACHEPREFIX"] = str(pycache)
     return env

@@ -184,6 +184,43 @@ def dynamo_entries(cache_dir: Path) -> int:
     return sum(1 for _ in (cache_dir / "dynamo").glob("*/entry"))
 
 
+PER_CALL_STATE = frozenset({"grad_mode", "autocast_state", "torch_function", "torch_function_all_disabled"})
+"""Fields of Dynamo's global-state guard that a workload sets around each call (``no_grad``, autocast),
+not for the process: they cannot be compared before the first call."""
+
+
+def global_state() -> dict[str, Any] | None:
+    """The process-wide state Dynamo guards every compiled frame on (its ``GlobalStateGuard``: thread
+    count, default dtype, deterministic algorithms, reduced-precision matmuls), less what is set per
+    call; None when this torch cannot say it."""
+    import torch
+
+    guard_type = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    guard_type = getattr(guard_type, "GlobalStateGuard", None)
+    try:
+        state = json.loads(guard_type().__getstate__()) if guard_type is not None else None
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if not isinstance(state, dict):
+        return None
+    out = {k: v for k, v in state.items() if k not in PER_CALL_STATE}
+    if "default_dtype" in out:
+        out["default_dtype"] = str(torch.get_default_dtype()).removeprefix("torch.")
+    return out
+
+
+def global_state_differences(warmup: Mapping[str, Any] | None, here: Mapping[str, Any] | None) -> list[str]:
+    """Each process-wide setting that differs between the warm-up and this process, both values (pure);
+    none when either side could not say."""
+    if not isinstance(warmup, Mapping) or not isinstance(here, Mapping):
+        return []
+    return [
+        f"{name} {here[name]!r} here, {warmup[name]!r} in the warm-up"
+        for name in sorted(set(warmup) & set(here))
+        if warmup[name] != here[name]
+    ]
+
+
 def build_manifest(cache_dir: Path) -> dict[str, Any]:
     """The manifest of this process's installation and of what it left in ``cache_dir``."""
     return {
@@ -192,6 +229,7 @@ def build_manifest(cache_dir: Path) -> dict[str, Any]:
         "installation": installation(),
         "source_keys": source_keys(),
         "dynamo_precompile": dynamo_entries(cache_dir) > 0,
+        "global_state": global_state(),
     }
 
 
@@ -373,7 +411,16 @@ def prepare(cache_dir: str | Path | None = None, env: Mapping[str, str] | None =
         _set_source_key("torch_key", bytes.fromhex(keys["torch_key"]), done)
     if isinstance(keys.get("triton_key"), str):
         hand_over_triton_key(keys["triton_key"], done)
-    if manifest["dynamo_precompile"]:
+    state_differs = global_state_differences(manifest.get("global_state"), global_state())
+    if manifest["dynamo_precompile"] and state_differs:
+        # The entry's guards would fail at the first call; Dynamo would then compile afresh under caching
+        # precompile, whose AOTAutograd keys are new: without it, the bundle's FX-graph and AOTAutograd
+        # entries still serve where the setting enters no key of theirs.
+        _set_caching_precompile(False)
+        done.declined.append(
+            "caching_precompile: the precompiled entry was made with another global state: " + "; ".join(state_differs)
+        )
+    elif manifest["dynamo_precompile"]:
         _apply_caching_precompile(done)
         if "caching_precompile" in done.applied:
             defer_compile_pool(done, environ)

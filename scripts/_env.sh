@@ -10,7 +10,7 @@ export COMPILECACHE_TEST_CACHE="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilec
 WHEELHOUSE="${COMPILECACHE_WHEELHOUSE:-$HOME/.cache/compilecache-wheels}"
 TORCH_REQUIREMENT="torch==2.13.0"
 # The model zoo's libraries (tests/zoo), at the versions that go with that torch.
-ZOO_REQUIREMENTS="torchvision==0.28.0 transformers==5.24.0 timm==1.0.31 numpy"
+ZOO_REQUIREMENTS="torchvision==0.28.0 transformers==5.24.0 timm==1.0.31 torch-geometric==2.8.1 numpy"
 # The newest torch the project supports, in a venv of its own for the zoo's other end (scripts/test.sh).
 NEWEST_TORCH_REQUIREMENT="torch==2.15.0"
 NEWEST_VENV="$COMPILECACHE_TEST_CACHE/venv-torch-2.15"
@@ -70,15 +70,18 @@ install_torch() {
     from_wheelhouse "$VENV/bin/python" "$TORCH_REQUIREMENT"
 }
 
+# The zoo's libraries at the versions that go with the newest torch (torchvision 0.29 declares torch>=2.14).
+NEWEST_ZOO_REQUIREMENTS="torchvision==0.29.2 transformers==5.24.0 timm==1.0.31 torch-geometric==2.8.1 numpy"
+
 ensure_newest_torch_venv() {
-    # ensure_newest_torch_venv : $NEWEST_VENV with the newest supported torch and the zoo's libraries that have a
-    # release for it (transformers; torchvision, and timm with it, have none for torch 2.15 yet).
-    local stamp="$NEWEST_VENV/.compilecache-zoo-2.stamp"  # 2: with zstandard (cachelib's own dependency)
+    # ensure_newest_torch_venv : $NEWEST_VENV with the newest supported torch and the zoo's libraries at their
+    # releases for it.
+    local stamp="$NEWEST_VENV/.compilecache-zoo-3.stamp"  # 3: torchvision, timm and torch-geometric too
     [ -f "$stamp" ] && return 0
     log "a venv with $NEWEST_TORCH_REQUIREMENT for the zoo's newest end: $NEWEST_VENV (once)"
     rm -rf "$NEWEST_VENV"
     "$(pick_python)" -m venv "$NEWEST_VENV"
-    from_wheelhouse "$NEWEST_VENV/bin/python" "$NEWEST_TORCH_REQUIREMENT" transformers==5.24.0 numpy prometheus-client \
+    from_wheelhouse "$NEWEST_VENV/bin/python" "$NEWEST_TORCH_REQUIREMENT" $NEWEST_ZOO_REQUIREMENTS prometheus-client \
         "zstandard>=0.22"
     touch "$stamp"
 }

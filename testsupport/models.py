@@ -68,6 +68,77 @@ def hf_llama() -> Target:
     return [(_eval(LlamaModel(config)), (_ids(2, 16),))]
 
 
+def hf_distilbert() -> Target:
+    """Sequence classification (the warm-up's check left DistilBERT's part out on an H200, torch 2.11:
+    ``install_failed``, a ``DefaultsSource.__init__()`` TypeError)."""
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    torch.manual_seed(SEED)
+    config = DistilBertConfig(
+        dim=64, n_layers=2, n_heads=2, hidden_dim=128, vocab_size=1000, max_position_embeddings=64
+    )
+    return [(_eval(DistilBertForSequenceClassification(config)), (_ids(2, 16),))]
+
+
+def hf_qwen3() -> Target:
+    from transformers import Qwen3Config, Qwen3Model
+
+    torch.manual_seed(SEED)
+    config = Qwen3Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=1000, max_position_embeddings=64,
+    )  # fmt: skip
+    return [(_eval(Qwen3Model(config)), (_ids(2, 16),))]
+
+
+def hf_wav2vec2() -> Target:
+    """Its positional convolution carries a weight-norm parametrization (compiling it with caching
+    precompile failed on an H200, torch 2.11)."""
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    torch.manual_seed(SEED)
+    config = Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2, do_stable_layer_norm=False, feat_extract_norm="group",
+    )  # fmt: skip
+    audio = torch.randn(2, 1600, generator=torch.Generator().manual_seed(5))
+    return [(_eval(Wav2Vec2Model(config)), (audio,))]
+
+
+def hf_phi3() -> Target:
+    from transformers import Phi3Config, Phi3Model
+
+    torch.manual_seed(SEED)
+    config = Phi3Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        vocab_size=1000, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    return [(_eval(Phi3Model(config)), (_ids(2, 16),))]
+
+
+def hf_qwen2_train() -> Target:
+    """A causal-LM training step (the harness runs it with --backward)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(SEED)
+    config = Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=1000, max_position_embeddings=64,
+    )  # fmt: skip
+    return [(Qwen2ForCausalLM(config).train(), (_ids(2, 16),))]
+
+
+def hf_clip_vision() -> Target:
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    torch.manual_seed(SEED)
+    config = CLIPVisionConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8
+    )
+    return [(_eval(CLIPVisionModel(config)), (_image(2, 32),))]
+
+
 def hf_t5_encoder() -> Target:
     from transformers import T5Config, T5EncoderModel
 
@@ -116,6 +187,11 @@ def timm_resnet_train() -> Target:
     return [(_timm("resnet10t", num_classes=10).train(), (_image(2, 32),))]
 
 
+def timm_regnet() -> Target:
+    """RegNetY-1.6GF at its own width (its verified part was measured on an H200: first call 0.49 s)."""
+    return [(_eval(_timm("regnety_016", num_classes=10)), (_image(2, 64),))]
+
+
 def timm_vit() -> Target:
     model = _timm("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10)
     return [(_eval(model), (_image(2, 32),))]
@@ -129,6 +205,14 @@ def tv_resnet() -> Target:
     return [(_eval(resnet18(num_classes=10)), (_image(2, 32),))]
 
 
+def tv_efficientnet() -> Target:
+    """EfficientNet-B0 at its own width (its precompiled part made the first call slower on an H200)."""
+    from torchvision.models import efficientnet_b0
+
+    torch.manual_seed(SEED)
+    return [(_eval(efficientnet_b0(num_classes=10)), (_image(2, 64),))]
+
+
 def tv_swin() -> Target:
     from torchvision.models.swin_transformer import SwinTransformer
 
@@ -137,6 +221,52 @@ def tv_swin() -> Target:
         patch_size=[4, 4], embed_dim=32, depths=[1, 1], num_heads=[2, 2], window_size=[4, 4], num_classes=10
     )
     return [(_eval(model), (_image(2, 32),))]
+
+
+# -- torch-geometric -------------------------------------------------------------------------------------
+class _GCN(torch.nn.Module):
+    def __init__(self, features: int = 16, hidden: int = 32, classes: int = 4) -> None:
+        from torch_geometric.nn import GCNConv
+
+        super().__init__()
+        self.conv1 = GCNConv(features, hidden)
+        self.conv2 = GCNConv(hidden, classes)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.conv2(torch.relu(self.conv1(x, edge_index)), edge_index)  # type: ignore[no-any-return]
+
+
+def pyg_gcn() -> Target:
+    """A two-layer GCN on a random graph (its part was left out on an H200, torch 2.11: ``install_failed``,
+    ``'_Missing' object has no attribute 'implements'``)."""
+    torch.manual_seed(SEED)
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(20, 16, generator=generator)
+    edge_index = torch.randint(0, 20, (2, 60), generator=generator)
+    return [(_eval(_GCN()), (x, edge_index))]
+
+
+# -- the global state of a pod -----------------------------------------------------------------------------
+class _LayerLoop(torch.nn.Module):
+    """Python builtins (``range``, ``len``) in its traced code: Dynamo installs a builtins dict into the
+    module's globals under a minted name, which a loaded precompiled entry brings from the warm-up's
+    process; a recompile in the pod then mints the same name (torch 2.11-2.14)."""
+
+    def __init__(self, width: int = 16, depth: int = 2) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(width, width) for _ in range(depth)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index in range(len(self.layers)):
+            x = torch.nn.functional.gelu(self.layers[index](x))
+        return x
+
+
+def layer_loop() -> Target:
+    """The smallest model on which a pod whose global state differs from the warm-up's recompiles a loaded
+    precompiled frame (tests/cachelib/test_precompile_pods.py)."""
+    torch.manual_seed(SEED)
+    return [(_eval(_LayerLoop()), (torch.randn(4, 16, generator=torch.Generator().manual_seed(4)),))]
 
 
 # -- dynamic shapes -------------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
     argv = [sys.executable, harness.__file__]
     argv += ["--target", args.target] if args.target else ["--command", args.command]
     argv += ["--out", str(out), "--namespace", args.namespace, "--name", args.name]
+    argv += ["--require-precompile"] if getattr(args, "require_precompile", False) else []
     return argv + options_from_args(args).harness_args()
 
 

@@ -180,8 +180,9 @@ HELP_EXIT_AND_ENV = (
     "  0  done (preload and load: also a miss or a bad bundle, unless --strict)\n"
     "  1  failed: the store, the bundle or the command's work (one line on stderr says why)\n"
     "  2  bad arguments, before anything runs\n"
-    "  3-6  warmup: the harness's own status (3 the target cannot be imported, 4 it failed to compile or run,\n"
-    "       5 it returned something other than (function, example inputs) entries, 6 its output cannot be written)\n"
+    "  3-7  warmup: the harness's own status (3 the target cannot be imported, 4 it failed to compile or run,\n"
+    "       5 it returned something other than (function, example inputs) entries, 6 its output cannot be written,\n"
+    "       7 --require-precompile and the precompiled part was left out)\n"
     "  130  interrupted; 141  the reader of stdout went away (as SIGPIPE)\n\n"
     "credentials (environment only, never printed):\n" + _credential_variables() +
     "  COMPILECACHE_STORE  default --store; COMPILECACHE_TRUSTED_KEYS  default --trusted-key"
@@ -223,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(p)
     p.add_argument("--out", help="keep the harness output directory here (default: a temporary one)")
     p.add_argument("--level", type=parse_level_arg, default=3, help="zstd level (default: %(default)s)")
+    p.add_argument(
+        "--require-precompile",
+        action="store_true",
+        help="with --precompile auto: fail (exit 7, nothing published) when the warm-up's check leaves the "
+        "precompiled part out; without it such a bundle is published and serves like one made with off",
+    )
 
     p = _add(
         sub,

@@ -10,7 +10,7 @@ from typing import Any
 from compilecache_operator import conditions as cond
 from compilecache_operator.confinement import Confinement, check_confinement
 from compilecache_operator.plan import CPU, BundleRecord, bundles_from_status, plan_id, variant_id
-from compilecache_operator.spec import PRECOMPILE_AUTO, CacheSpec, Defaults, InvalidSpec
+from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec
 from compilecache_operator.spec_parse import parse_spec
 
 
@@ -63,15 +63,6 @@ def cache_view(body: Mapping[str, Any], defaults: Defaults, confinement: Confine
 def view_current_bundles(view: CacheView) -> list[BundleRecord]:
     """The bundles of ``view``'s current plan (older generations may still be kept)."""
     return [b for b in view.bundles if b.variant in view.current_variants]
-
-
-def precompile_verified(view: CacheView) -> bool:
-    """Whether pods of ``view`` may get TORCH_CACHING_PRECOMPILE: Auto, and every current bundle's
-    precompiled part passed the warm-up's check (a pod's GPU picks its bundle only at preload time)."""
-    if view.spec is None or view.spec.model.precompile != PRECOMPILE_AUTO:
-        return False
-    current = view_current_bundles(view)
-    return bool(current) and all(b.precompile == "Verified" for b in current)
 
 
 def bytecode_ready(view: CacheView) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compilecache_operator import reasons, store_ca
-from compilecache_operator.cacheview import CacheView, bytecode_ready, precompile_verified
+from compilecache_operator.cacheview import CacheView, bytecode_ready
 from compilecache_operator.names import (
     CACHE_LABEL,
     CACHE_MOUNT,
@@ -47,7 +47,7 @@ from compilecache_operator.wiring import CACHE_DIR_ENV, cache_mount_point, env_f
 
 from cachelib.bytecode import PYCACHE_DIR, PYCACHE_ENV
 from cachelib.keyformat import gpu_slug
-from cachelib.podcontract import JOB_ID_ENV, PRECOMPILE_ENV
+from cachelib.podcontract import JOB_ID_ENV
 
 
 @dataclass(frozen=True)
@@ -377,7 +377,6 @@ def _wired_apps(
             job_id=view.job_id,
             remote=view.spec.remote_cache,
             handoff=handoff,
-            precompile=precompile_verified(view),
             bytecode=not sidecar and bytecode_ready(view),
         )
         containers.append(wired)
@@ -394,7 +393,6 @@ def _with_cache(
     job_id: str,
     remote: RemoteCacheSpec | None,
     handoff: bool,
-    precompile: bool = False,
     bytecode: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
     """One app container with the cache directory mounted and the environment set, keeping
@@ -424,8 +422,6 @@ def _with_cache(
         extra[DONE_FILE_ENV] = done_file
     if remote is not None:
         extra.update(remote.env())
-    if precompile:  # Dynamo loads the bundle's verified precompiled entries (cachelib.warmstart): no code change
-        extra[PRECOMPILE_ENV] = "1"
     if pycache is not None:  # the byte code of what the warm-up imported, from an init-container preload
         extra[PYCACHE_ENV] = pycache
     added = [k for k in extra if k not in names]

@@ -304,3 +304,46 @@ def test_built_in_targets_load_from_beside_the_harness_without_cachelib(tmp_path
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["TinyMLP", "(8,", "64)", warmstart.MANIFEST_NAME]
+
+
+# -- what the harness says of the precompiled part ---------------------------------------------------------
+def test_the_precompile_summary_is_one_line_per_entry_and_one_count() -> None:
+    out = Path("/out")
+    verified = {"check": {"verified": True, "entry_names": ["Llama", "Head"],
+                          "first_call_seconds": {"precompiled": [0.41], "plain": [2.1]}},
+                "pass": {"dropped_guards": 118}}  # fmt: skip
+    assert harness.precompile_summary(verified, out) == [
+        "precompile: entry 0 (Llama): verified, shipped",
+        "precompile: entry 1 (Head): verified, shipped",
+        "precompile: first call 0.41 s with the part, 2.10 s without",
+        "precompile: caching precompile dropped 118 guard(s) it cannot save (each in /out/warmup.log)",
+    ]
+    left_out = {"check": {"verified": False, "reason": "Dynamo compiled 1 frame(s) afresh", "entry_names": ["A", "B"],
+                          "problems": ["entry 1: out.logits: differ"],
+                          "plain": {"verified": False, "reason": "missed 1 AOTAutograd lookup(s)"}}}  # fmt: skip
+    assert harness.precompile_summary(left_out, out) == [
+        "precompile: entry 0 (A): left out: Dynamo compiled 1 frame(s) afresh",
+        "precompile: entry 1 (B): left out: out.logits: differ",
+        "precompile: a pod without warm_start() would not start warm: missed 1 AOTAutograd lookup(s)",
+    ]
+
+
+def test_dropped_guard_warnings_are_counted_and_kept_out_of_the_output(tmp_path: Path) -> None:
+    import logging
+
+    log = logging.getLogger("torch._dynamo.guards.test")
+    caught: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: caught.append(record.getMessage())  # type: ignore[method-assign]
+    log.addHandler(handler)
+    dropped = harness.DroppedGuards(tmp_path / harness.LOG_FILE)
+    log.addFilter(dropped)
+    try:
+        for index in range(3):
+            log.warning("CLOSURE_MATCH guard on G['m'].f%d is dropped with caching_precompile=True.", index)
+        log.warning("something else")
+    finally:
+        log.removeFilter(dropped)
+        log.removeHandler(handler)
+    assert dropped.count == 3 and caught == ["something else"]
+    assert (tmp_path / harness.LOG_FILE).read_text().count("is dropped with caching_precompile=True") == 3

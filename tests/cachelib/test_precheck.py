@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cachelib import harness, precheck, precompileguard, warmstart
 from tests.cachelib.helpers import ROOT, last_json
@@ -105,14 +107,44 @@ def test_the_verdict_names_the_first_reason(
 
 
 def test_the_check_runs_in_the_pods_environment(tmp_path: Path) -> None:
-    base = {"PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": "/warm-up", "TRITON_CACHE_DIR": "/t", "TORCHINDUCTOR_X": "1"}
+    """What the webhook gives a pod: the cache directory and the job id, never TORCH_CACHING_PRECOMPILE
+    (``warm_start()`` turns caching precompile on behind its guard)."""
+    base = {"PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": "/warm-up", "TRITON_CACHE_DIR": "/t", "TORCHINDUCTOR_X": "1",
+            "TORCH_CACHING_PRECOMPILE": "1"}  # fmt: skip
     env = precheck.check_environment(base, tmp_path, "job")
-    assert env == {
-        "PATH": "/bin",
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path),
-        "TORCH_CACHING_PRECOMPILE": "1",
-        "TORCH_COMPILE_JOB_ID": "job",
-    }
+    assert env == {"PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "TORCH_COMPILE_JOB_ID": "job"}
+
+
+@pytest.mark.parametrize(
+    ("counters", "problems", "reason"),
+    [
+        ({"inductor": {"fxgraph_cache_hit": 2}, "aot_autograd": {"autograd_cache_hit": 2}}, [], None),
+        ({"inductor": {"fxgraph_cache_hit": 1}, "aot_autograd": {"autograd_cache_miss": 1}}, [], "1 AOTAutograd"),
+        ({"inductor": {"fxgraph_cache_miss": 2}, "aot_autograd": {"autograd_cache_miss": 2}}, [],
+         "missed 2 FX-graph lookup(s), 2 AOTAutograd"),
+        ({}, [], "no FX-graph or AOTAutograd lookup hit"),
+        ({"inductor": {"fxgraph_cache_hit": 1}}, ["entry 0: out: differ"], "outputs differ from eager: entry 0"),
+        ({}, [precheck.RAISED + "NameError: x"], precheck.RAISED + "NameError"),
+    ],
+)
+def test_a_pod_without_warm_start_must_hit_every_lookup(
+    counters: dict[str, dict[str, int]], problems: list[str], reason: str | None
+) -> None:
+    found = precheck.judge_plain(counters, problems)
+    assert found == reason if reason is None else found is not None and reason in found, found
+
+
+@given(
+    plain=st.lists(st.floats(min_value=0.01, max_value=100), min_size=1, max_size=2),
+    samples=st.lists(st.floats(min_value=0.01, max_value=200), min_size=1, max_size=2),
+)
+def test_a_part_is_slower_only_when_every_sample_is_beyond_the_margin(plain: list[float], samples: list[float]) -> None:
+    factor, seconds = precheck.SLOWER_MARGIN
+    found = precheck.slower(samples, plain)
+    assert (found is not None) == all(s > p * factor + seconds for s in samples for p in plain)
+    if found is not None:
+        assert found.startswith("slower: ") and f"{min(samples):.2f} s" in found and f"{max(plain):.2f} s" in found
+    assert precheck.slower([], plain) is None and precheck.slower(samples, []) is None
 
 
 def test_stripping_removes_entries_and_keeps_the_dynamic_shape_profile(tmp_path: Path) -> None:
@@ -294,15 +326,19 @@ def build():
 
 
 @pytest.mark.slow
-def test_a_compile_that_fails_with_caching_precompile_is_warmed_without_it(tmp_path: Path) -> None:
+def test_a_compile_that_fails_with_caching_precompile_ships_the_first_pass(tmp_path: Path) -> None:
+    """The first pass compiled as Off does; the second, with caching precompile, fails: the part is left out
+    with the reason and the first pass's cache ships whole."""
     (tmp_path / "fragile.py").write_text(FRAGILE)
     out = tmp_path / "out"
     result, stderr = warm_up_auto("fragile:build", tmp_path, out)
-    assert "compiling again without it" in stderr
+    assert "the bundle ships the first pass's cache without a precompiled part" in stderr
+    assert "harness: precompile: entry 0 (the target): left out: compiling with Dynamo's caching precompile" in stderr
     check = result["precompile"]["check"]
     assert check["verified"] is False
     assert check["reason"].startswith("compiling with Dynamo's caching precompile failed"), check
     manifest = warmstart.read_manifest(out / "cachedir")
     assert manifest is not None and manifest["dynamo_precompile"] is False
     assert manifest["precompile_check"]["verified"] is False
-    assert result["cache"]["fxgraph_miss"] >= 1, "the second compile filled the cache"
+    assert result["cache"]["fxgraph_miss"] >= 1, "the first pass filled the cache"
+    assert result["precompile"]["pass"]["failure"] == check["reason"]

@@ -1,7 +1,8 @@
-"""``spec.model.precompile: Auto`` end to end on a real API server: the warm-up Job compiles with Dynamo's
-caching precompile and writes the warm-start manifest, the webhook gives the app TORCH_CACHING_PRECOMPILE=1,
-the preload lays the bundle down, and the app's one call (``cachelib.runtime.warm_start()``) applies the
-manifest: its first compile loads Dynamo's entry (no frame traced) and its output equals eager's.
+"""``spec.model.precompile: Auto`` end to end on a real API server: the warm-up Job compiles as Off does and
+again with Dynamo's caching precompile and writes the warm-start manifest, the preload lays the bundle down,
+the webhook gives the app the cache directory (never TORCH_CACHING_PRECOMPILE, which would load the entry
+unguarded), and the app's one call (``cachelib.runtime.warm_start()``) applies the manifest: its first compile
+loads Dynamo's entry (no frame traced) and its output equals eager's.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def test_precompile_auto_warm_starts_the_app_without_tracing(
 
     created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", app_pod("app", "pre", ["python", "-c", WARM_START_APP]))
     env = {e["name"]: e.get("value") for e in created["spec"]["containers"][0]["env"]}
-    assert env["TORCH_CACHING_PRECOMPILE"] == "1"
+    assert "TORCH_CACHING_PRECOMPILE" not in env and env["TORCHINDUCTOR_CACHE_DIR"]
 
     pod = wait_for(lambda: pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT, "the app pod to finish")
     assert pod["status"]["phase"] == "Succeeded", pod["status"]
@@ -83,3 +84,4 @@ def test_precompile_auto_warm_starts_the_app_without_tracing(
     assert report["prepared"]["declined"] == [], report["prepared"]
     assert {"torch_key", "caching_precompile"} <= set(report["prepared"]["applied"]), report["prepared"]
     assert report["counters"] == {"dynamo_cache": {"dynamo_cache_hit": 1}, "frames": {}}, report["counters"]
+    assert report["env"] is None
