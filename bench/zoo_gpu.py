@@ -98,14 +98,26 @@ def _target(name: str) -> Callable[[], list[tuple[Any, tuple[Any, ...]]]]:
 
 hf_bert = _target("hf_bert")
 hf_bert_train = _target("hf_bert_train")
+hf_clip_vision = _target("hf_clip_vision")
+hf_distilbert = _target("hf_distilbert")
 hf_gpt2 = _target("hf_gpt2")
 hf_gpt2_dynamic = _target("hf_gpt2_dynamic")
 hf_llama = _target("hf_llama")
+hf_phi3 = _target("hf_phi3")
+hf_qwen2_train = _target("hf_qwen2_train")
+hf_qwen3 = _target("hf_qwen3")
 hf_t5_encoder = _target("hf_t5_encoder")
 hf_vit = _target("hf_vit")
+hf_wav2vec2 = _target("hf_wav2vec2")
 hf_whisper_encoder = _target("hf_whisper_encoder")
+pyg_gcn = _target("pyg_gcn")
 timm_convnext = _target("timm_convnext")
+timm_regnet = _target("timm_regnet")
 timm_resnet_train = _target("timm_resnet_train")
 timm_vit = _target("timm_vit")
+tv_efficientnet = _target("tv_efficientnet")
 tv_resnet = _target("tv_resnet")
 tv_swin = _target("tv_swin")
+
+_missing = [name for name in NAMES if not callable(globals().get(name))]
+assert not _missing, f"bench/zoo_gpu.py: no target for {_missing}"

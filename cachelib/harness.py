@@ -44,10 +44,12 @@ import json
 import logging
 import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,11 +178,11 @@ def warm_up(request: Request) -> dict[str, Any]:
         counters = compilestep.counters_snapshot()
     total = time.perf_counter() - started
     recorded = write_factors(request.cache_path, factors)  # Off's graphs: what every pod's lookups are compared with
+    megacache = save_megacache(request.out)
     precompile_pass_result = None
     if request.options.precompile == "auto" and request.target is not None:
-        precompile_pass_result = precompile_pass(request, function)
-    megacache = save_megacache(request.out)  # caching precompile on (second pass): writes Dynamo's entries too
-    load_warmstart().disable_caching_precompile()
+        precompile_pass_result = precompile_in_fresh_process(request, job_id, total)
+        megacache = merge_megacache(request.out, megacache, precompile_pass_result.pop("megacache", None))
     bytecode = write_bytecode(request)
     triton_modules = compilestep.load_companion("cachelib.triton_modules").collect(request.cache_path).to_dict()
     precompile = write_warm_start(request) if request.options.precompile == "auto" else None
@@ -258,46 +260,136 @@ class DroppedGuards(logging.Filter):
         return False
 
 
-def precompile_pass(request: Request, function: Callable[..., Any] | None) -> dict[str, Any]:
-    """``--precompile auto``'s second pass: the target once more, with Dynamo's caching precompile, after
-    the first pass compiled it exactly as Off does. Its FX-graph lookups hit the first pass's entries;
-    what it adds is Dynamo's precompiled entries (and AOTAutograd's in the bundled form that caching
-    precompile reads). So a pod that does not load the precompiled part (no ``warm_start()``, another
-    global state, a part left out) still finds every entry Off would have shipped. A failure here
-    (seen: torch 2.13 asserting ``check_fn.guards_state must not be None`` on a T5 encoder) leaves
-    the part out; the first pass's cache is whole. On success caching precompile stays on until the
-    Mega-Cache is saved, which writes Dynamo's entries into the cache directory."""
-    assert request.target is not None
-    import torch
+PASS_FLAG = "--precompile-pass"
+"""The harness as ``--precompile auto``'s second pass (:func:`precompile_pass`): run by the harness itself."""
+PASS_FILE = "precompile-pass.json"
 
-    torch._dynamo.reset()
-    warmstart = load_warmstart()
-    if not warmstart.enable_caching_precompile():
-        return {"seconds": 0.0, "failure": "this torch has no Dynamo caching precompile"}
+
+def precompile_in_fresh_process(request: Request, job_id: str, compile_seconds: float) -> dict[str, Any]:
+    """``--precompile auto``'s second pass, in a fresh process of the same image: the target once more,
+    with Dynamo's caching precompile on from the start (``TORCH_CACHING_PRECOMPILE=1`` before torch is
+    imported), into a cache directory of its own, whose files are then added to the first pass's (Off's)
+    where they are new: Dynamo's precompiled entries, AOTAutograd's in the bundled form caching precompile
+    reads. Its own directory and process, because on a GPU (torch 2.11) a compile whose FX graph came
+    from a cache hit cannot save its bundled AOTAutograd entry (Triton's launchers are made already), and
+    the precompiled entry it saved then lacked its backend in every pod. What the pass did (seconds, cache
+    counts, dropped guards, ``failure`` when compiling with caching precompile failed, ``megacache``: its
+    Mega-Cache bytes)."""
+    assert request.target is not None
+    scratch = request.out / ".precompile-pass"
+    shutil.rmtree(scratch, ignore_errors=True)
+    own_cache = request.out / ".precompile-pass-cache"
+    shutil.rmtree(own_cache, ignore_errors=True)
+    argv = [sys.executable, str(Path(__file__).absolute()), "--target", request.target, "--out", str(scratch),
+            "--namespace", request.namespace, "--name", request.name, "--cache-dir", str(own_cache),
+            *request.options.harness_args(), PASS_FLAG]  # fmt: skip
+    env = {**os.environ, PRECOMPILE_ENV: "1", JOB_ID_ENV: job_id}
     started = time.perf_counter()
-    before = compilestep.cache_summary(compilestep.counters_snapshot())
+    timeout = max(600.0, 4 * compile_seconds)
+    try:
+        proc = subprocess.run(argv, env=env, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, timeout=timeout,
+                              check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        proc = None
+    try:
+        record: dict[str, Any] = json.loads((scratch / PASS_FILE).read_text())
+    except (OSError, ValueError):
+        if proc is None:
+            record = {"failure": f"the caching-precompile pass did not finish in {timeout:.0f} s"}
+        else:
+            sys.stderr.write(proc.stderr[-4000:])
+            tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            record = {"failure": f"the caching-precompile pass failed (exit {proc.returncode}): {tail[:300]}"}
+    if record.get("failure"):
+        print(f"harness: {record['failure']}; the bundle ships the first pass's cache without a precompiled part",
+              file=sys.stderr)  # fmt: skip
+    else:
+        record["added_files"] = add_missing_files(own_cache, request.cache_path)
+    with contextlib.suppress(OSError):
+        kept = (scratch / LOG_FILE).read_text()
+        with (request.out / LOG_FILE).open("a") as log:
+            log.write(kept)
+    megacache = scratch / MEGACACHE_FILE
+    record["megacache"] = megacache.read_bytes() if megacache.is_file() and not record.get("failure") else None
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(own_cache, ignore_errors=True)
+    record["seconds"] = round(time.perf_counter() - started, 4)
+    return record
+
+
+def add_missing_files(source: Path, target: Path) -> int:
+    """Copy every file of ``source`` into ``target`` under the same relative path where ``target`` has none
+    (what both passes compiled is the same entry under the same key: the first pass's stays); how many."""
+    added = 0
+    for path in sorted(source.rglob("*")):
+        if path.is_dir() or path.name.endswith((".lock", ".partial")) or path.parent.name == "locks":
+            continue
+        there = target / path.relative_to(source)
+        if there.exists() or there.is_symlink():
+            continue
+        there.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, there, follow_symlinks=False)
+        added += 1
+    return added
+
+
+def precompile_pass(request: Request) -> int:
+    """The second pass's own process (``--precompile-pass``): compile the target with caching precompile,
+    save the Mega-Cache (which writes Dynamo's entries into the cache directory), and say what it did in
+    OUT/precompile-pass.json; a compile that fails is reported there, not by the exit status."""
+    assert request.target is not None
+    job_id = os.environ.get(JOB_ID_ENV) or compilekey.default_job_id(request.namespace, request.name)
+    os.environ[CACHE_DIR_ENV] = str(request.cache_path)
+    os.environ.pop("TRITON_CACHE_DIR", None)
+    os.environ[PRECOMPILE_ENV] = "1"  # read by torch at import
+    function = compilestep.load_target(request.target)
+    apply_options(request.options, job_id)
+    warmstart = load_warmstart()
+    record: dict[str, Any] = {"failure": None, "dropped_guards": 0}
+    if not warmstart.enable_caching_precompile():
+        record["failure"] = "this torch has no Dynamo caching precompile"
+        write_pass_record(request.out, record)
+        return compilestep.EXIT_OK
     dropped = DroppedGuards(request.out / LOG_FILE)
     logging.getLogger("torch._dynamo.guards").addFilter(dropped)
+    before = compilestep.cache_summary(compilestep.counters_snapshot())
     try:
         compilestep.run_target(request.target, request.options, function)
-        failure = None
+        save_megacache(request.out)
     except compilestep.HarnessError as exc:
-        torch._dynamo.reset()
-        warmstart.disable_caching_precompile()  # nothing of this pass is saved
         if exc.exit_code != compilestep.EXIT_FAILED:
             raise
-        failure = f"compiling with Dynamo's caching precompile failed: {(str(exc).splitlines() or [''])[0][:300]}"
-        print(f"harness: {failure}; the bundle ships the first pass's cache without a precompiled part",
-              file=sys.stderr)  # fmt: skip
+        record["failure"] = (
+            f"compiling with Dynamo's caching precompile failed: {(str(exc).splitlines() or [''])[0][:300]}"
+        )
     finally:
         logging.getLogger("torch._dynamo.guards").removeFilter(dropped)
     after = compilestep.cache_summary(compilestep.counters_snapshot())
-    return {
-        "seconds": round(time.perf_counter() - started, 4),
-        "failure": failure,
-        "cache": {k: after[k] - before.get(k, 0) for k in after},
-        "dropped_guards": dropped.count,
-    }
+    record.update(cache={k: after[k] - before.get(k, 0) for k in after}, dropped_guards=dropped.count)
+    write_pass_record(request.out, record)
+    return compilestep.EXIT_OK
+
+
+def write_pass_record(out: Path, record: Mapping[str, Any]) -> None:
+    _write_atomic(out / PASS_FILE, (json.dumps(dict(record), sort_keys=True) + "\n").encode())
+
+
+def merge_megacache(out: Path, megacache: dict[str, Any], added: bytes | None) -> dict[str, Any]:
+    """OUT/megacache.bin with the second pass's artifacts added (the precompiled ones among them); the
+    first pass's alone when there are none, or when this torch's format cannot be merged (the cache
+    directory carries everything either way)."""
+    if not added:
+        return megacache
+    data = (out / MEGACACHE_FILE).read_bytes()
+    merged = load_precheck().merged_artifacts(data, added)
+    if merged is None:
+        return megacache
+    _write_atomic(out / MEGACACHE_FILE, merged)
+    from torch.compiler._cache import CacheArtifactManager
+
+    kinds = CacheArtifactManager.deserialize(merged) or {}
+    artifacts = {str(kind): len(items) for kind, items in kinds.items()}
+    return {"bytes": len(merged), "sha256": hashlib.sha256(merged).hexdigest(), "artifacts": artifacts}
 
 
 def precompile_summary(precompile: Mapping[str, Any], out: Path) -> list[str]:
@@ -536,6 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(the output is complete and can still be published)",
     )
     parser.add_argument(CHECK_FLAG, choices=("precompiled", "plain"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument(PASS_FLAG, action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -571,6 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.check_precompile:
             return check_precompiled(request_from_args(args), args.check_precompile)
+        if args.precompile_pass:
+            return precompile_pass(request_from_args(args))
         result = warm_up(request_from_args(args))
     except (compilestep.HarnessError, compilekey.UsageError) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)

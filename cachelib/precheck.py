@@ -371,3 +371,25 @@ def without_precompiled_artifacts(data: bytes) -> bytes | None:
     serializer = AppendingByteSerializer(serialize_fn=_serialize_single_cache)
     serializer.extend(kept)
     return bytes(serializer.to_bytes()) if kept else b""
+
+
+def merged_artifacts(first: bytes, second: bytes) -> bytes | None:
+    """One Mega-Cache of two (the harness's passes): every artifact of both, each key once, the first's
+    kept where both have it; None when this torch's format cannot be read or rewritten."""
+    try:
+        from torch.compiler._cache import CacheArtifactManager, _serialize_single_cache
+        from torch.utils._appending_byte_serializer import AppendingByteSerializer
+    except ImportError:
+        return None
+    parts = [CacheArtifactManager.deserialize(data) if data else {} for data in (first, second)]
+    if any(part is None for part in parts):
+        return None
+    merged: dict[Any, list[Any]] = {}
+    for part in parts:
+        for kind, items in (part or {}).items():
+            have = merged.setdefault(kind, [])
+            seen = {getattr(item, "key", None) for item in have}
+            have.extend(item for item in items if getattr(item, "key", None) not in seen)
+    serializer = AppendingByteSerializer(serialize_fn=_serialize_single_cache)
+    serializer.extend(list(merged.items()))
+    return bytes(serializer.to_bytes())
