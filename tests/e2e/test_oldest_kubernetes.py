@@ -1,5 +1,6 @@
 """The chart on the oldest Kubernetes it supports: ``helm install`` against a control plane of
-versions.env's KUBE_OLDEST_VERSION (built by testsupport/kube/build.sh beside the newest; etcd shared),
+versions.env's KUBE_OLDEST_VERSION (its API server alone, built by testsupport/kube/build.sh beside the newest; etcd
+shared; no controller manager: nothing here needs a controller, no pod runs),
 the CRD's validation rules in force there, and the chart's check of CompileCaches at admission (a validating
 webhook with matchConditions) refusing there as on the newest: the operator runs as a host process against that
 API server, the chart's webhook configurations pointed at it (no node runs its pod here)."""
@@ -20,6 +21,7 @@ from tests.chart.e2e_fixtures import CC_API, CRDS_API, MWC_API, VWC_API
 from tests.e2e.test_chart_operator_flow import ChartOperator, point_webhook_at
 from tests.e2e.test_chart_server_dry_run import assert_the_server_accepts
 from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
+from testsupport.builds import BuildFailed, wait_for_build
 from testsupport.kube.cluster import BinariesMissing, LocalCluster, find_binaries, versions
 from testsupport.kube.crd import CRD_NAME
 from testsupport.kube.namespaces import create_namespace
@@ -48,8 +50,9 @@ def test_the_chart_states_the_oldest_version_everywhere() -> None:
 @pytest.fixture(scope="module")
 def oldest_cluster() -> Iterator[LocalCluster]:
     try:
-        binaries = find_binaries(OLDEST)
-    except BinariesMissing as missing:
+        wait_for_build("oldest")
+        binaries = find_binaries(OLDEST, controller_manager=False)
+    except (BuildFailed, BinariesMissing) as missing:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {missing}")
         pytest.skip(str(missing))
@@ -63,7 +66,7 @@ def test_the_chart_installs_on_the_oldest_supported_kubernetes(oldest_cluster: L
     client = KubeClient(oldest_cluster.kubeconfig)
     try:
         assert client.get("/version")["gitVersion"] == f"v{OLDEST}"
-        ns = create_namespace(client, "restricted", prefix="ccs")
+        ns = create_namespace(client, "restricted", prefix="ccs", default_account=False)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HELM_", "KUBECONFIG"))}
         env.update(KUBECONFIG=str(oldest_cluster.kubeconfig), HELM_CACHE_HOME=str(tmp_path / "cache"),
                    HELM_CONFIG_HOME=str(tmp_path / "config"), HELM_DATA_HOME=str(tmp_path / "data"))
@@ -114,7 +117,8 @@ def test_the_oldest_api_server_accepts_every_scenario(scenario: str, oldest_clus
     """As tests/e2e/test_chart_server_dry_run.py, on the oldest supported Kubernetes."""
     client = KubeClient(oldest_cluster.kubeconfig)
     try:
-        assert_the_server_accepts(oldest_cluster, client, helm_bin, kubectl_bin, scenario, tmp_path)
+        assert_the_server_accepts(oldest_cluster, client, helm_bin, kubectl_bin, scenario, tmp_path,
+                                  default_account=False)
     finally:
         client.close()
 
