@@ -5,6 +5,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${COMPILECACHE_VENV:-$ROOT/.venv}"
 export COMPILECACHE_TEST_CACHE="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
+# Everything the set-up fetches or builds lives under these two, so that empty ones are a new machine (docs/testing.md):
+# pip's own cache and mypy's (shared by every clone: a fresh clone checks only what changed) too.
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$COMPILECACHE_TEST_CACHE/pip}"
+export MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-$COMPILECACHE_TEST_CACHE/mypy}"
 # torch and its dependencies (several GB) are downloaded once into a wheelhouse outside the checkout and
 # installed from there, so a fresh clone (CI's) does not download them again.
 WHEELHOUSE="${COMPILECACHE_WHEELHOUSE:-$HOME/.cache/compilecache-wheels}"

@@ -1,12 +1,16 @@
 """The whole suite's plugins and order.
 
 - testsupport/timing.py: the durations report and the time budget.
+- The lanes: a test marked ``full_lane`` buys breadth (more models, more versions of a kind of behaviour the default
+  lane checks once) and runs only with ``COMPILECACHE_LANE=full`` (docs/testing.md); the default lane deselects it.
 - The order: the tests that need no build first, then those that need the manifest linters, then the end-to-end
   tests, then the oldest API server's: the order in which tests/infra/builds.sh makes them, so that on a machine
   without its builds cached the tests run while the builds do (testsupport/builds.py).
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -15,6 +19,22 @@ from testsupport.builds import in_build_order
 pytest_plugins = ("testsupport.timing",)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+LANES = ("default", "full")
+
+
+def lane() -> str:
+    """COMPILECACHE_LANE: ``default`` (every kind of behaviour) or ``full`` (and the breadth of the slow lane)."""
+    chosen = os.environ.get("COMPILECACHE_LANE") or "default"
+    if chosen not in LANES:
+        raise pytest.UsageError(f"COMPILECACHE_LANE={chosen!r}: the lanes are {', '.join(LANES)}")
+    return chosen
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if lane() != "full":
+        breadth = [item for item in items if item.get_closest_marker("full_lane")]
+        if breadth:
+            config.hook.pytest_deselected(items=breadth)
+            items[:] = [item for item in items if not item.get_closest_marker("full_lane")]
     described = [(str(item.path), str(item.path), frozenset(getattr(item, "fixturenames", ()))) for item in items]
     items[:] = [items[i] for i in in_build_order(described)]

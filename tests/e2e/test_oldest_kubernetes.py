@@ -139,3 +139,45 @@ def answering_operator(cluster: LocalCluster, client: KubeClient, namespace: str
                          api)
     operator.start(client)
     return operator
+
+
+NEWER_CEL = {
+    "isIP(self)": "ip",                        # Kubernetes 1.31's IP library
+    "isCIDR(self)": "cidr",                    # and its CIDR library
+    "isSemver(self)": "semver",                # 1.33's semver library
+    "!format.dns1123Label().validate(self).hasValue()": "format",  # 1.31's format library
+}
+"""CRD rules that compile on the newest API server and not on the oldest: the libraries k8s.io/apiserver 0.29 lacks
+(its pkg/cel/library has lists, regex, urls, quantity and authz only)."""
+
+
+def crd_with_rule(rule: str) -> dict[str, object]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "probes.oldest.compilecache.test"},
+        "spec": {"group": "oldest.compilecache.test", "scope": "Namespaced",
+                 "names": {"plural": "probes", "singular": "probe", "kind": "Probe", "listKind": "ProbeList"},
+                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                     "type": "object", "properties": {"spec": {"type": "object", "properties": {"address": {
+                         "type": "string", "maxLength": 64, "x-kubernetes-validations": [{"rule": rule}]}}}}}}}]},
+    }
+
+
+@pytest.mark.parametrize("rule", sorted(NEWER_CEL))
+def test_only_the_oldest_api_server_refuses_a_cel_rule_it_cannot_compile(
+    rule: str, oldest_cluster: LocalCluster, kube_client: KubeClient,
+) -> None:
+    """What this file's API server catches and nothing else in the suite does: the OpenAPI schemas of the oldest
+    version (kubeconform, tests/chart/test_manifest_lint.py) see a rule as a string, and the newest API server's
+    dry-run (tests/e2e/test_chart_server_dry_run.py) compiles it with the newest CEL libraries."""
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    kube_client.request("POST", path, body=crd_with_rule(rule), query={"dryRun": "All"})  # the newest: accepted
+    client = KubeClient(oldest_cluster.kubeconfig)
+    try:
+        with pytest.raises(KubeAPIError) as refused:
+            client.request("POST", path, body=crd_with_rule(rule), query={"dryRun": "All"})
+    finally:
+        client.close()
+    assert refused.value.status == 422, refused.value.body
+    assert "compilation failed" in refused.value.body and "undeclared reference" in refused.value.body, (
+        refused.value.body)
