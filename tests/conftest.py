@@ -1,8 +1,9 @@
 """The whole suite's plugins and order.
 
 - testsupport/timing.py: the durations report and the time budget.
-- The lanes: a test marked ``full_lane`` buys breadth (more models, more versions of a kind of behaviour the default
-  lane checks once) and runs only with ``COMPILECACHE_LANE=full`` (docs/testing.md); the default lane deselects it.
+- The lanes: a test marked ``full_lane`` (or a case its module's ``in_full_lane`` names) buys breadth (more models,
+  more versions of a kind of behaviour the default lane checks once) and runs only with ``COMPILECACHE_LANE=full``
+  (docs/testing.md); the default lane deselects it.
 - The order: the tests that need no build first, then those that need the manifest linters, then the end-to-end
   tests, then the oldest API server's: the order in which tests/infra/builds.sh makes them, so that on a machine
   without its builds cached the tests run while the builds do (testsupport/builds.py).
@@ -30,11 +31,21 @@ def lane() -> str:
     return chosen
 
 
+def in_full_lane(item: pytest.Item) -> bool:
+    """Marked ``full_lane``, or a parametrized case its module's ``in_full_lane(params)`` puts there (for cases of a
+    module-scoped parametrized fixture, which a mark on the test's own parameters cannot reach)."""
+    if item.get_closest_marker("full_lane"):
+        return True
+    decide = getattr(getattr(item, "module", None), "in_full_lane", None)
+    callspec = getattr(item, "callspec", None)
+    return callable(decide) and callspec is not None and bool(decide(callspec.params))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if lane() != "full":
-        breadth = [item for item in items if item.get_closest_marker("full_lane")]
+        breadth = [item for item in items if in_full_lane(item)]
         if breadth:
             config.hook.pytest_deselected(items=breadth)
-            items[:] = [item for item in items if not item.get_closest_marker("full_lane")]
+            items[:] = [item for item in items if not in_full_lane(item)]
     described = [(str(item.path), str(item.path), frozenset(getattr(item, "fixturenames", ()))) for item in items]
     items[:] = [items[i] for i in in_build_order(described)]

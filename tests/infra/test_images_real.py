@@ -13,8 +13,8 @@ import json
 import os
 import stat
 import subprocess
-import tomllib
 import time
+import tomllib
 import uuid
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath

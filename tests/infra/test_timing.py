@@ -218,3 +218,36 @@ def test_the_table_by_cause_adds_up_to_the_report(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_time.py"), str(bad)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "not a durations report" in proc.stderr
+
+
+class _Item:
+    """What tests/conftest.py reads of a collected test: its closest full_lane mark, its module, its parameters."""
+
+    def __init__(self, marked: bool, module: object = None, params: dict[str, object] | None = None) -> None:
+        self.marked, self.module = marked, module
+        if params is not None:
+            self.callspec = type("CallSpec", (), {"params": params})()
+
+    def get_closest_marker(self, name: str) -> object:
+        return object() if self.marked and name == "full_lane" else None
+
+
+def test_the_full_lane_takes_marked_tests_and_the_cases_a_module_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import conftest
+    from tests.cachelib import test_factors
+
+    module = type("Module", (), {"in_full_lane": staticmethod(lambda params: params.get("end") == "newest")})()
+    assert conftest.in_full_lane(_Item(True))
+    assert not conftest.in_full_lane(_Item(False))
+    assert conftest.in_full_lane(_Item(False, module, {"end": "newest"}))
+    assert not conftest.in_full_lane(_Item(False, module, {"end": "oldest"}))
+    assert not conftest.in_full_lane(_Item(False, module))  # not parametrized
+    # The model-zoo and the changed factors on the newest torch: breadth; each kind of change stays in the default.
+    newest_changes = [c for c in test_factors.CHANGES if not test_factors.in_full_lane({"warm": "newest", "change": c})]
+    assert {c.name for c in newest_changes} == test_factors.NEWEST_DEFAULT_LANE
+    assert not any(test_factors.in_full_lane({"warm": "oldest", "change": c}) for c in test_factors.CHANGES)
+    monkeypatch.setenv("COMPILECACHE_LANE", "full")
+    assert conftest.lane() == "full"
+    monkeypatch.setenv("COMPILECACHE_LANE", "quick")
+    with pytest.raises(pytest.UsageError, match="the lanes are default, full"):
+        conftest.lane()
