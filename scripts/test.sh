@@ -35,9 +35,13 @@ step apt apt_install redis-server prometheus binutils ca-certificates podman bui
     python3-dev zsh  # the real node: CNI bridge, ip, the static pause binary; Python.h: Triton's C modules (tests);
                      # zsh parses the CLI's completion script
 
-# The Go builds, in the background when something is not cached (each skips what is).
+# The Go builds, in the background when something is not cached (each skips what is); COMPILECACHE_TEST_OVERLAP=0
+# runs them first, in the foreground (to measure what the overlap saves: docs/testing.md).
 BUILDS_PID=""
-if ! bash tests/infra/builds.sh --check >/dev/null 2>&1; then
+if [[ "${COMPILECACHE_TEST_OVERLAP:-1}" == 0 ]]; then
+    bash tests/infra/builds.sh "$REPORT_DIR/setup.tsv" "$REPORT_DIR/builds.done" >"$REPORT_DIR/builds.log" 2>&1 \
+        || { tail -n 40 "$REPORT_DIR/builds.log" >&2; log "a build failed (log: $REPORT_DIR/builds.log)"; }
+elif ! bash tests/infra/builds.sh --check >/dev/null 2>&1; then
     log "building the missing test binaries in the background (log: $REPORT_DIR/builds.log)"
     # A session of its own (setsid), so that stopping it stops every compiler it started.
     setsid bash tests/infra/builds.sh "$REPORT_DIR/setup.tsv" "$REPORT_DIR/builds.done" >"$REPORT_DIR/builds.log" 2>&1 &
@@ -54,9 +58,10 @@ trap stop_builds EXIT
 
 step venv ensure_venv "test"
 step checkout-access bash tests/infra/checkout_access.sh "$VENV/bin/python"  # tests run processes as other uids
-# No PYTHONPYCACHEPREFIX for the suite: pip writes byte code beside every installed module even with
-# PYTHONDONTWRITEBYTECODE=1 (measured: 2,284 .pyc in the venv's torch/), and a prefix hides those files, also from
-# the tests' processes that run as other uids and could not read a prefix under $HOME (docs/benchmarks.md).
+# No PYTHONPYCACHEPREFIX for the suite: the venv has byte code beside every installed module (uv
+# --compile-bytecode, as pip did even with PYTHONDONTWRITEBYTECODE=1: 2,284 .pyc in the venv's torch/), and a
+# prefix hides those files, also from the tests' processes that run as other uids and could not read a prefix
+# under $HOME (docs/benchmarks.md).
 step newest-torch ensure_newest_torch_venv
 step triton ensure_triton_target
 log "helm and kubectl (fetched once, then cached)"

@@ -128,12 +128,19 @@ def format_slowest(tests: Sequence[TestTiming], count: int) -> list[str]:
     return lines
 
 
+BUILD_PREFIX = "build "
+"""Steps of tests/infra/builds.sh: in the background unless COMPILECACHE_TEST_OVERLAP=0, so not added to the others."""
+
+
 def format_steps(steps: Sequence[SetupStep], pytest_seconds: float) -> list[str]:
     if not steps:
         return []
     lines = ["the set-up's steps (scripts/test.sh):"]
     lines += [f"{step.seconds:8.0f}s  {step.step}" for step in steps]
-    lines.append(f"{sum(s.seconds for s in steps):8.0f}s  set-up in all; pytest {pytest_seconds:.0f}s")
+    own = sum(s.seconds for s in steps if not s.step.startswith(BUILD_PREFIX))
+    built = sum(s.seconds for s in steps if s.step.startswith(BUILD_PREFIX))
+    lines.append(f"{own:8.0f}s  set-up in all; pytest {pytest_seconds:.0f}s"
+                 + (f"; the Go builds {built:.0f}s" if built else ""))
     return lines
 
 
