@@ -50,6 +50,10 @@ elif ! bash tests/infra/builds.sh --check >/dev/null 2>&1; then
 fi
 stop_builds() {
     [ -n "$BUILDS_PID" ] && kill -0 "$BUILDS_PID" 2>/dev/null || return 0
+    if grep -qx oldest "$REPORT_DIR/builds.done" 2>/dev/null; then  # the last build is done: it only cleans up
+        wait "$BUILDS_PID" 2>/dev/null
+        return 0
+    fi
     log "stopping the background builds (the next run goes on from what they finished)"
     kill -TERM -- "-$BUILDS_PID" 2>/dev/null; wait "$BUILDS_PID" 2>/dev/null
     return 0

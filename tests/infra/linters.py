@@ -36,6 +36,7 @@ Shell entry (used by scripts/test.sh)::
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -285,8 +286,20 @@ class _staged:
 
 
 def ensure_linters(root: Path | None = None, log: Any = print) -> dict[str, Path]:
-    """Build whatever is missing; returns the tools and schema directories by name."""
+    """Build whatever is missing; returns the tools and schema directories by name. Takes the set-up's build lock
+    (testsupport/kube/module.sh's, ``.go-build.lock``): another set-up's build may delete the shared build cache."""
     root = root or cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".go-build.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another set-up's build in {root} to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_linters(root, log)
+
+
+def _ensure_linters(root: Path, log: Any) -> dict[str, Path]:
     started = time.monotonic()
     for tool in TOOLS:
         if os.access(tool_path(tool, root), os.X_OK):
