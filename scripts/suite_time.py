@@ -2,6 +2,11 @@
 """Where the suite's time goes, by cause: docs/testing.md's table, made from a durations report.
 
     python scripts/suite_time.py ~/.cache/compilecache-test/reports/<time>/durations.json
+    python scripts/suite_time.py ~/.cache/compilecache-test/reports/<time>/*/durations.json   # a split run
+
+A run of the whole suite is two pytest sessions at once (scripts/test.sh: tests/e2e and the others), each with its
+report in a folder of its own; given both, the rows add up the seconds of both sessions, and the wall is the
+longer session's.
 
 Every run of scripts/test.sh writes such a report (testsupport/timing.py). Each second of pytest's own time lands in
 exactly one row: a fixture that starts something expensive once (an API server, the real node, helm's renders, a
@@ -122,27 +127,49 @@ def setup_table(steps: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def load(path: Path) -> dict[str, Any]:
+    report = json.loads(path.read_text())
+    if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
+        raise ValueError(f"format {report.get('format') if isinstance(report, dict) else None!r}")
+    return report
+
+
+def rows_of(reports: Sequence[Mapping[str, Any]]) -> list[Row]:
+    """The rows of every session, added up by cause (the overhead row last)."""
+    merged: dict[str, Row] = {}
+    for report in reports:
+        for row in by_cause(report):
+            into = merged.setdefault(row.cause, Row(row.cause))
+            into.seconds += row.seconds
+            into.cpu += row.cpu
+            into.tests |= row.tests
+    overhead = merged.pop(OVERHEAD)
+    return [*sorted(merged.values(), key=lambda r: r.seconds, reverse=True), overhead]
+
+
 def main(argv: Sequence[str]) -> int:
-    if len(argv) != 1:
+    if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    path = Path(argv[0])
-    try:
-        report = json.loads(path.read_text())
-        if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
-            raise ValueError(f"format {report.get('format') if isinstance(report, dict) else None!r}")
-    except (OSError, ValueError) as error:
-        print(f"{path}: not a durations report of format {REPORT_FORMAT} ({error})", file=sys.stderr)
-        return 2
-    own = report["pytest_seconds"] - report.get("waited_for_builds", 0)
-    machine = report.get("machine", {})
-    passed = sum(t["outcome"] == "passed" for t in report["tests"])
-    print(f"{len(report['tests'])} tests ({passed} passed), pytest {own:.0f} s, started {report['started']}, "
+    reports = []
+    for name in argv:
+        try:
+            reports.append(load(Path(name)))
+        except (OSError, ValueError) as error:
+            print(f"{name}: not a durations report of format {REPORT_FORMAT} ({error})", file=sys.stderr)
+            return 2
+    sessions = [r["pytest_seconds"] - r.get("waited_for_builds", 0) for r in reports]
+    tests = [t for r in reports for t in r["tests"]]
+    passed = sum(t["outcome"] == "passed" for t in tests)
+    first = min(reports, key=lambda r: str(r["started"]))
+    machine = first.get("machine", {})
+    split = f" (sessions at once: {', '.join(f'{s:.0f} s' for s in sessions)})" if len(reports) > 1 else ""
+    print(f"{len(tests)} tests ({passed} passed), pytest {max(sessions):.0f} s{split}, started {first['started']}, "
           f"{machine.get('cpus')} cores, load {machine.get('load_at_start')} at the start, {machine.get('load')} at "
           "the end")
     print()
-    print("\n".join(table(by_cause(report), own)))
-    steps = setup_table(report.get("setup", []))
+    print("\n".join(table(rows_of(reports), sum(sessions))))
+    steps = setup_table(next((r["setup"] for r in reports if r.get("setup")), []))
     if steps:
         print()
         print("\n".join(steps))

@@ -8,7 +8,8 @@ Loaded for every run by ``tests/conftest.py``. It writes only when asked, with `
   the set-up's steps), each test (node id, outcome, setup/call/teardown seconds, the CPU seconds of the test
   process and its children, its markers and fixtures, the programs it started) and each fixture set-up that
   took time (its name, scope and the test that paid for it);
-- ``DIR/setup.tsv``: read, not written: the set-up's steps as ``scripts/test.sh`` timed them (``step<TAB>seconds``).
+- ``DIR/setup.tsv`` (or ``DIR/../setup.tsv``, for the sessions of a split run): read, not written: the set-up's steps
+  as ``scripts/test.sh`` timed them (``step<TAB>seconds``).
 
 ``scripts/suite_time.py DIR/durations.json`` turns a report into the "where the time goes" table of
 docs/testing.md.
@@ -268,18 +269,23 @@ class TimingPlugin:
             "ci": os.environ.get("CI", "").lower() == "true",
             "lane": os.environ.get("COMPILECACHE_LANE", "default"),
             "machine": {**machine(), "load_at_start": self.load_at_start},
-            "setup": [asdict(s) for s in read_setup_steps(self.report_dir / "setup.tsv")],
+            "setup": [asdict(s) for s in read_setup_steps(self.setup_tsv())],
             "tests": [asdict(t) for t in self.tests.values()],
             "fixtures": [asdict(f) for f in self.fixtures],
         }
         (self.report_dir / "durations.json").write_text(json.dumps(report, indent=1) + "\n")
+
+    def setup_tsv(self) -> Path:
+        assert self.report_dir is not None
+        here = self.report_dir / "setup.tsv"
+        return here if here.is_file() else self.report_dir.parent / "setup.tsv"
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         seconds = (self.finished or time.monotonic()) - self.started
         lines: list[str] = []
         if self.report_dir is not None:
             lines += format_slowest(list(self.tests.values()), int(self.config.getoption("slowest")))
-            lines += format_steps(read_setup_steps(self.report_dir / "setup.tsv"), seconds)
+            lines += format_steps(read_setup_steps(self.setup_tsv()), seconds)
             lines.append(f"durations report: {self.report_dir / 'durations.json'} "
                          f"(table by cause: scripts/suite_time.py {self.report_dir / 'durations.json'})")
         if getattr(self, "budget_line", None):

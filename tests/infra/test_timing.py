@@ -214,6 +214,21 @@ def test_the_table_by_cause_adds_up_to_the_report(tmp_path: Path) -> None:
     assert rows["collection, imports, session teardown"] == "492"
     total = sum(float(v) for v in rows.values() if v)
     assert abs(total - 1000) < 1, proc.stdout  # every second of pytest's time, once
+    # A split run: the e2e session and the others, at once; the rows add up both, the wall is the longer one.
+    e2e = {**report, "pytest_seconds": 400.0, "tests": report["tests"][1:2], "fixtures": report["fixtures"][:2]}
+    rest = {**report, "pytest_seconds": 700.0, "tests": [report["tests"][i] for i in (0, 2, 3)],
+            "fixtures": report["fixtures"][2:]}
+    (tmp_path / "e2e.json").write_text(json.dumps(e2e))
+    (tmp_path / "rest.json").write_text(json.dumps(rest))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_time.py"), str(tmp_path / "e2e.json"),
+                           str(tmp_path / "rest.json")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "pytest 700 s (sessions at once: 400 s, 700 s)" in proc.stdout
+    split = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in proc.stdout.splitlines()
+             if line.startswith("| ") and not line.startswith("| cause") and "---" not in line}
+    assert {k: v for k, v in split.items() if k != "collection, imports, session teardown"} == {
+        k: v for k, v in rows.items() if k != "collection, imports, session teardown"}
+    assert split["collection, imports, session teardown"] == str(400 - 165 + 700 - 343)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_time.py"), str(bad)], capture_output=True,
