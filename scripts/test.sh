@@ -16,6 +16,8 @@ cd "$ROOT"
 
 REPORT_DIR="$COMPILECACHE_TEST_CACHE/reports/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$REPORT_DIR"
+# The 30 newest reports are kept.
+ls -1d "$COMPILECACHE_TEST_CACHE"/reports/*/ 2>/dev/null | sort | head -n -30 | xargs -r rm -rf
 : >"$REPORT_DIR/setup.tsv"
 
 step() {  # step NAME COMMAND... : run it in this shell, its seconds into the report
