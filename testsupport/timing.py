@@ -191,6 +191,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("check_time_budget") and not float(config.getini("time_budget") or 0) > 0:
+        raise pytest.UsageError("--check-time-budget needs the ini option time_budget (seconds, more than 0)")
     config.pluginmanager.register(TimingPlugin(config), "compilecache-timing")
 
 

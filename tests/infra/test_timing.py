@@ -173,6 +173,8 @@ def test_the_budget_fails_a_run_that_passed_only_when_asked(tmp_path: Path) -> N
     assert code == 0 and "time budget" not in out, out
     code, out = inner_run(tmp_path, "--check-time-budget", budget=600, sleep=0.1)
     assert code == 0 and "of its 600s budget" in out, out
+    code, out = inner_run(tmp_path, "--check-time-budget", budget=0, sleep=0.1)  # no budget stated
+    assert code == 4 and "needs the ini option time_budget" in out, out
 
 
 def test_the_table_by_cause_adds_up_to_the_report(tmp_path: Path) -> None:
