@@ -21,7 +21,9 @@
 # directive of k8s.io/kubernetes (1.26 for 1.37); GOTOOLCHAIN=auto fetches a newer toolchain as a module when the
 # machine's is older. The versions live in versions.env beside this script (KUBE_BUILD_VERSION / ETCD_BUILD_VERSION
 # override them; without KUBE_BUILD_VERSION the oldest supported version, KUBE_OLDEST_VERSION, is built too: its API
-# server only, which is all tests/e2e/test_oldest_kubernetes.py runs); KUBE_BUILD_FORCE=1 rebuilds what is present.
+# server only, which is all tests/e2e/test_oldest_kubernetes.py runs); KUBE_BUILD_ONLY=newest or oldest builds etcd and
+# that one (tests/infra/builds.sh makes them apart, in the order the tests need them); KUBE_BUILD_FORCE=1 rebuilds what
+# is present.
 # The Go build cache is deleted at the end (COMPILECACHE_KEEP_GOCACHE=1 keeps it for a later build of the same set-up:
 # tests/infra/builds.sh).
 set -euo pipefail
