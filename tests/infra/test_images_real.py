@@ -26,7 +26,7 @@ from cachelib.keyformat import CacheKey
 from tests.cachelib.helpers import make_key, make_outdir, tree
 from tests.infra import containers, images
 from tests.infra.containers import ContainerConfigError, VolumeMount
-from testsupport.servers import fresh_store_url, missing, redis_server, s3_server  # noqa: F401  (fixtures)
+from testsupport.servers import fresh_store_url, missing
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="changes file ownership: needs root")
 PRELOADER_USER = "65532:65532"
