@@ -52,5 +52,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if breadth:
             config.hook.pytest_deselected(items=breadth)
             items[:] = [item for item in items if not in_full_lane(item)]
-    described = [(str(item.path), str(item.path), frozenset(getattr(item, "fixturenames", ()))) for item in items]
+    described = [(item.nodeid.split("::")[0],) * 2 + (frozenset(getattr(item, "fixturenames", ())),) for item in items]
     items[:] = [items[i] for i in in_build_order(described)]
