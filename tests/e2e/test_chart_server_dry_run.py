@@ -55,10 +55,10 @@ def server_dry_run(cluster: LocalCluster, client: KubeClient, helm_bin: Path, ku
 
 
 def assert_the_server_accepts(cluster: LocalCluster, client: KubeClient, helm_bin: Path, kubectl_bin: Path,
-                              scenario: str, tmp_path: Path, default_account: bool = True) -> None:
-    """The API server of ``cluster`` dry-runs every object of ``scenario`` without an error or a warning (in a
-    namespace whose default ServiceAccount exists, unless ``default_account`` is false: no controller makes it)."""
-    namespace = create_namespace(client, "restricted", prefix="ccdry", default_account=default_account)
+                              scenario: str, tmp_path: Path, make_default_account: bool = False) -> None:
+    """The API server of ``cluster`` dry-runs every object of ``scenario`` without an error or a warning (the
+    namespace's default ServiceAccount made by the test where no controller manager makes it)."""
+    namespace = create_namespace(client, "restricted", prefix="ccdry", make_default_account=make_default_account)
     try:
         proc = server_dry_run(cluster, client, helm_bin, kubectl_bin, scenario_files()[scenario], namespace, tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr

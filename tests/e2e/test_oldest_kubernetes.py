@@ -66,7 +66,7 @@ def test_the_chart_installs_on_the_oldest_supported_kubernetes(oldest_cluster: L
     client = KubeClient(oldest_cluster.kubeconfig)
     try:
         assert client.get("/version")["gitVersion"] == f"v{OLDEST}"
-        ns = create_namespace(client, "restricted", prefix="ccs", default_account=False)
+        ns = create_namespace(client, "restricted", prefix="ccs", make_default_account=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HELM_", "KUBECONFIG"))}
         env.update(KUBECONFIG=str(oldest_cluster.kubeconfig), HELM_CACHE_HOME=str(tmp_path / "cache"),
                    HELM_CONFIG_HOME=str(tmp_path / "config"), HELM_DATA_HOME=str(tmp_path / "data"))
@@ -118,7 +118,7 @@ def test_the_oldest_api_server_accepts_every_scenario(scenario: str, oldest_clus
     client = KubeClient(oldest_cluster.kubeconfig)
     try:
         assert_the_server_accepts(oldest_cluster, client, helm_bin, kubectl_bin, scenario, tmp_path,
-                                  default_account=False)
+                                  make_default_account=True)
     finally:
         client.close()
 
