@@ -5,6 +5,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${COMPILECACHE_VENV:-$ROOT/.venv}"
 export COMPILECACHE_TEST_CACHE="${COMPILECACHE_TEST_CACHE:-$HOME/.cache/compilecache-test}"
+# Everything the set-up fetches or builds lives under these two, so that empty ones are a new machine (docs/testing.md):
+# pip's own cache and mypy's (shared by every clone: a fresh clone checks only what changed) too.
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$COMPILECACHE_TEST_CACHE/pip}"
+export MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-$COMPILECACHE_TEST_CACHE/mypy}"
 # torch and its dependencies (several GB) are downloaded once into a wheelhouse outside the checkout and
 # installed from there, so a fresh clone (CI's) does not download them again.
 WHEELHOUSE="${COMPILECACHE_WHEELHOUSE:-$HOME/.cache/compilecache-wheels}"
@@ -51,9 +55,13 @@ pick_python() {
     echo "compilecache needs Python >= 3.11" >&2; return 1
 }
 
-from_wheelhouse() {
-    # from_wheelhouse PYTHON [--no-deps] REQUIREMENT... : install into PYTHON's environment from the wheelhouse,
-    # filling the wheelhouse first (once per set of requirements).
+# uv installs from the wheelhouse: it unpacks each wheel once into its cache (under the test cache) and links the
+# files into every venv, where pip unpacks torch's ~3 GB again for each fresh clone (docs/testing.md: measured).
+UV_REQUIREMENT="uv==0.13.8"
+export UV_CACHE_DIR="${UV_CACHE_DIR:-$COMPILECACHE_TEST_CACHE/uv}"
+
+fill_wheelhouse() {
+    # fill_wheelhouse PYTHON [--no-deps] REQUIREMENT... : download into the wheelhouse (once per set of requirements).
     local python="$1"; shift
     local stamp="$WHEELHOUSE/.$(echo "$*" | tr ' /' '__').complete"
     if [ ! -f "$stamp" ]; then
@@ -62,7 +70,27 @@ from_wheelhouse() {
         "$python" -m pip download -q -d "$WHEELHOUSE" "$@"
         touch "$stamp"
     fi
-    "$python" -m pip install -q --no-index --find-links "$WHEELHOUSE" "$@"
+}
+
+uv_bin() {
+    # uv_bin : the path of uv (from the wheelhouse into the test cache, once).
+    local target="$COMPILECACHE_TEST_CACHE/${UV_REQUIREMENT/==/-}"
+    if [ ! -x "$target/bin/uv" ]; then
+        fill_wheelhouse "$VENV/bin/python" --no-deps "$UV_REQUIREMENT"
+        rm -rf "$target"
+        "$VENV/bin/python" -m pip install -q --no-index --find-links "$WHEELHOUSE" --no-deps --target "$target" \
+            "$UV_REQUIREMENT" >&2
+    fi
+    echo "$target/bin/uv"
+}
+
+from_wheelhouse() {
+    # from_wheelhouse PYTHON [--no-deps] REQUIREMENT... : install into PYTHON's environment from the wheelhouse,
+    # filling the wheelhouse first (once per set of requirements). Byte code is written beside every module, as pip
+    # does: the node's containers import from the mounted venv, read-only, with PYTHONDONTWRITEBYTECODE=1.
+    local python="$1"; shift
+    fill_wheelhouse "$python" "$@"
+    "$(uv_bin)" pip install -q --python "$python" --compile-bytecode --no-index --find-links "$WHEELHOUSE" "$@"
 }
 
 install_torch() {
@@ -117,7 +145,7 @@ ensure_venv() {
         "$VENV/bin/python" -m pip install -q --upgrade pip
         install_torch
         [ "$extras" = test ] && from_wheelhouse "$VENV/bin/python" $ZOO_REQUIREMENTS
-        "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"
+        "$(uv_bin)" pip install -q --python "$VENV/bin/python" --compile-bytecode -e "$ROOT[$extras]"
         touch "$stamp"
     fi
     export PATH="$VENV/bin:$PATH"

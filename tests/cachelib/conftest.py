@@ -1,4 +1,5 @@
-"""Fixtures of the cachelib tests: the store servers and one real CPU warm-up shared by the session."""
+"""Fixtures of the cachelib tests: one real CPU warm-up shared by the session (the store servers are the whole
+suite's, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from typing import Any
 import pytest
 
 from cachelib import harness
-from testsupport.servers import redis_server, s3_server, store_url
 
-__all__ = ["open_dir", "redis_server", "s3_server", "store_url", "warmed"]
+__all__ = ["open_dir", "warmed"]
 
 WARM_TARGET = "tiny_mlp"
 WARM_NAMESPACE, WARM_NAME = "default", "warm"

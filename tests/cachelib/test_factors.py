@@ -215,6 +215,18 @@ def test_an_unchanged_workload_hits_and_names_no_cause(warm: Warm, tmp_path: Pat
     assert yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout)
 
 
+NEWEST_DEFAULT_LANE = {"inductor config epilogue_fusion", "env TORCHINDUCTOR_NAN_ASSERTS"}
+"""On the newest torch the default lane names an Inductor option and a variable that sets one (the factors that
+follow torch's own config); every change on both ends runs in the full lane (COMPILECACHE_LANE=full)."""
+
+
+def in_full_lane(params: dict[str, Any]) -> bool:
+    """The cases of this module that belong to the full lane (tests/conftest.py asks): the newest end's changes
+    beyond NEWEST_DEFAULT_LANE."""
+    change = params.get("change")
+    return params.get("warm") == "newest" and isinstance(change, Change) and change.name not in NEWEST_DEFAULT_LANE
+
+
 @pytest.mark.parametrize("change", CHANGES, ids=[c.name for c in CHANGES])
 def test_one_changed_factor_is_named_with_both_values(warm: Warm, tmp_path: Path, change: Change) -> None:
     report = workload(warm, tmp_path, change)

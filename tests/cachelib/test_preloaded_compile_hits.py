@@ -34,6 +34,8 @@ def compile_in_fresh_process(cache_dir: Path, out: Path) -> dict[str, int]:
 
 
 def test_preloaded_process_hits_through_every_store(warmed: Warmed, store_url: str, tmp_path: Path) -> None:
+    """Through every store the preload writes the warm-up's tree byte for byte at a new path; a fresh process compiles
+    on it and hits. The compile runs once, on the file store's tree: the others are the same bytes."""
     published = run_cli("publish", str(warmed.out), "--store", store_url)
     assert published.returncode == 0, published.stderr
     assert json.loads(published.stdout)["key"] == warmed.key
@@ -51,6 +53,8 @@ def test_preloaded_process_hits_through_every_store(warmed: Warmed, store_url: s
     expected.update(dict.fromkeys(RUNTIME_DIRS, "dir"))  # what torch writes at run time, made writable
     assert content(cache_dir) == expected  # byte for byte, at a new path
 
+    if not store_url.startswith("file:"):
+        return
     counters = compile_in_fresh_process(cache_dir, tmp_path / "pod-out")
     assert counters["fxgraph_hit"] > 0 and counters["fxgraph_miss"] == 0, counters
     assert counters["aotautograd_hit"] > 0 and counters["aotautograd_miss"] == 0, counters

@@ -1,13 +1,29 @@
-"""Chart tests: the real helm binary renders every scenario once per session."""
+"""Chart tests: the real helm binary renders every scenario once per session; the manifest linters."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.chart.chart import Manifest, scenario_files, template
+from tests.infra import linters as manifest_linters
 from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin  # noqa: F401  (fixtures)
+from testsupport.builds import BuildFailed, wait_for_build
+
+
+@pytest.fixture(scope="session")
+def linters() -> dict[str, Path]:
+    """The built linters and schema directories (tests/infra/linters.py), once their build is done when it runs in
+    the background; skipped when not built, a failure in CI."""
+    try:
+        wait_for_build("linters")
+        return manifest_linters.built()
+    except (BuildFailed, manifest_linters.LintersUnavailable) as absent:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(str(absent))
+        pytest.skip(str(absent))
 
 
 @pytest.fixture(scope="session")

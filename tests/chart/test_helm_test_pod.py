@@ -21,9 +21,7 @@ import pytest
 
 from tests.chart.chart import one, template
 from testsupport.kube.pki import CertificateAuthority
-from testsupport.servers import LOOPBACK, RedisServer, S3Server, s3_server, start_redis
-
-__all__ = ["s3_server"]
+from testsupport.servers import LOOPBACK, RedisServer, S3Server, start_redis
 
 pytestmark = pytest.mark.helm
 

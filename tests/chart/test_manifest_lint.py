@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.chart.chart import CHART_DIR, EXAMPLES_DIR, MONITORING_APIS, NAMESPACE, RELEASE, helm, scenario_files
-from tests.infra.linters import convert_crds, kube_version, kubernetes_schemas, linters  # noqa: F401
+from tests.infra.linters import convert_crds, kube_version, kubernetes_schemas
 
 REPO_ROOT = CHART_DIR.parent.parent
 SCENARIOS = scenario_files()
@@ -56,7 +56,7 @@ def rendered_oldest(helm_bin: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
-def our_crd_schemas(linters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+def our_crd_schemas(linters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """JSON schemas of crds/ as the checkout has them, made by kubeconform's own converter."""
     target = tmp_path_factory.mktemp("crd-schemas")
     written = convert_crds(sorted((REPO_ROOT / "crds").glob("*.yaml")), target)
@@ -64,7 +64,7 @@ def our_crd_schemas(linters: dict[str, Path], tmp_path_factory: pytest.TempPathF
     return target
 
 
-def kubeconform(linters: dict[str, Path], crd_schemas: Path, *files: Path,  # noqa: F811
+def kubeconform(linters: dict[str, Path], crd_schemas: Path, *files: Path,
                 oldest: bool = False) -> dict[str, Any]:
     """kubeconform -strict on ``files``, against the schemas of the control plane's Kubernetes version (or of the
     oldest supported one)."""
@@ -92,7 +92,7 @@ def problems(report: dict[str, Any]) -> list[str]:
 @pytest.mark.helm
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_kubeconform_strict_accepts_every_rendered_object(
-    scenario: str, rendered: dict[str, Path], linters: dict[str, Path], our_crd_schemas: Path,  # noqa: F811
+    scenario: str, rendered: dict[str, Path], linters: dict[str, Path], our_crd_schemas: Path,
 ) -> None:
     report = kubeconform(linters, our_crd_schemas, rendered[scenario])
     assert not problems(report), "\n".join(problems(report))
@@ -103,7 +103,7 @@ def test_kubeconform_strict_accepts_every_rendered_object(
 @pytest.mark.helm
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_kubeconform_strict_accepts_every_object_rendered_for_the_oldest_kubernetes(
-    scenario: str, rendered_oldest: dict[str, Path], linters: dict[str, Path], our_crd_schemas: Path,  # noqa: F811
+    scenario: str, rendered_oldest: dict[str, Path], linters: dict[str, Path], our_crd_schemas: Path,
 ) -> None:
     """Rendered with ``--kube-version`` of the oldest supported release, every object validates against that
     release's own schemas (an API it lacks, such as admissionregistration.k8s.io/v1 policies before 1.30,
@@ -114,7 +114,7 @@ def test_kubeconform_strict_accepts_every_object_rendered_for_the_oldest_kuberne
     assert report["summary"]["valid"] == len(documents(rendered_oldest[scenario])) > 0, report["summary"]
 
 
-def test_kubeconform_strict_accepts_the_examples(linters: dict[str, Path], our_crd_schemas: Path) -> None:  # noqa: F811
+def test_kubeconform_strict_accepts_the_examples(linters: dict[str, Path], our_crd_schemas: Path) -> None:
     files = sorted(EXAMPLES_DIR.glob("*.yaml"))
     report = kubeconform(linters, our_crd_schemas, *files)
     assert not problems(report), "\n".join(problems(report))
@@ -124,7 +124,7 @@ def test_kubeconform_strict_accepts_the_examples(linters: dict[str, Path], our_c
 
 
 def test_kubeconform_refuses_unknown_fields_and_bad_values(
-    linters: dict[str, Path], our_crd_schemas: Path, tmp_path: Path,  # noqa: F811
+    linters: dict[str, Path], our_crd_schemas: Path, tmp_path: Path,
 ) -> None:
     """The set-up can fail: a field our CRD does not know, a value out of its bounds, a typo in a
     Deployment and a kind without a schema are all reported."""
@@ -188,7 +188,7 @@ def test_kubernetes_schemas_are_standalone_and_strict() -> None:
 OPTIONAL_CHECKS = ("container-seccomp-profile", "container-ports-check")
 
 
-def kube_score(linters: dict[str, Path], *files: Path) -> tuple[int, list[str]]:  # noqa: F811
+def kube_score(linters: dict[str, Path], *files: Path) -> tuple[int, list[str]]:
     """kube-score's exit status and its findings below OK (critical and warning), one line each; every
     container's requests and limits (cpu and memory) are checked."""
     minor = ".".join(kube_version().split(".")[:2])
@@ -203,14 +203,14 @@ def kube_score(linters: dict[str, Path], *files: Path) -> tuple[int, list[str]]:
 @pytest.mark.helm
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_kube_score_finds_nothing(
-    scenario: str, rendered: dict[str, Path], linters: dict[str, Path],  # noqa: F811
+    scenario: str, rendered: dict[str, Path], linters: dict[str, Path],
 ) -> None:
     code, findings = kube_score(linters, rendered[scenario])
     assert not findings, "\n".join(findings)
     assert code == 0
 
 
-def test_kube_score_reports_an_insecure_deployment(linters: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_kube_score_reports_an_insecure_deployment(linters: dict[str, Path], tmp_path: Path) -> None:
     """The linter can fail: a Deployment with no security context, resources or probes is critical."""
     bare = tmp_path / "bare.yaml"
     bare.write_text(yaml.safe_dump({
@@ -245,7 +245,7 @@ def ignored_checks() -> list[tuple[str, str, str]]:
     return out
 
 
-def test_every_ignored_check_says_why(linters: dict[str, Path]) -> None:  # noqa: F811
+def test_every_ignored_check_says_why(linters: dict[str, Path]) -> None:
     ignored = ignored_checks()
     assert {check for _, check, _ in ignored} >= {"pod-networkpolicy", "deployment-replicas"}
     listed = subprocess.run([str(linters["kube-score"]), "list"], capture_output=True, text=True, check=True)

@@ -42,6 +42,7 @@ from tests.infra.node import (
     ensure_workload_image,
 )
 from tests.infra.relay import TcpRelay
+from testsupport.builds import BuildFailed, wait_for_build
 from testsupport.kube.cluster import BinariesMissing, LocalCluster, find_binaries
 from testsupport.kube.namespaces import create_namespace, delete_namespace
 from testsupport.kube.rest import KubeClient
@@ -89,8 +90,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[LocalCluster]:
     try:
+        wait_for_build("kube")
         binaries = find_binaries()
-    except BinariesMissing as missing:
+    except (BuildFailed, BinariesMissing) as missing:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {missing}")
         pytest.skip(str(missing))
@@ -118,6 +120,7 @@ def real_node(kube_cluster: LocalCluster) -> Iterator[RealNode]:
     from tests.infra.images import ImagesUnavailable, current_references
 
     try:
+        wait_for_build("node")
         references = {name: ref or "" for name, ref in current_references().items()}
         missing = [name for name in PROJECT_TAGS if not references.get(name)]
         if missing and os.environ.get("CI") == "true":
@@ -132,7 +135,7 @@ def real_node(kube_cluster: LocalCluster) -> Iterator[RealNode]:
             kube_cluster, REAL_NODE_NAME, labels={GPU_LABEL: GPU_PRODUCT}, extended={"nvidia.com/gpu": "8"},
             workload=mounted, images=images, keep_workdir=KEEP,
         )
-    except (NodeUnavailable, ImagesUnavailable) as reason:
+    except (NodeUnavailable, ImagesUnavailable, BuildFailed) as reason:
         unavailable(str(reason))
     with node:
         print(f"\nreal node {node.name} Ready in {node.times.ready:.1f}s (containerd {node.times.containerd:.1f}s, "

@@ -55,9 +55,10 @@ def server_dry_run(cluster: LocalCluster, client: KubeClient, helm_bin: Path, ku
 
 
 def assert_the_server_accepts(cluster: LocalCluster, client: KubeClient, helm_bin: Path, kubectl_bin: Path,
-                              scenario: str, tmp_path: Path) -> None:
-    """The API server of ``cluster`` dry-runs every object of ``scenario`` without an error or a warning."""
-    namespace = create_namespace(client, "restricted", prefix="ccdry")
+                              scenario: str, tmp_path: Path, make_default_account: bool = False) -> None:
+    """The API server of ``cluster`` dry-runs every object of ``scenario`` without an error or a warning (the
+    namespace's default ServiceAccount made by the test where no controller manager makes it)."""
+    namespace = create_namespace(client, "restricted", prefix="ccdry", make_default_account=make_default_account)
     try:
         proc = server_dry_run(cluster, client, helm_bin, kubectl_bin, scenario_files()[scenario], namespace, tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,5 +1,6 @@
 """The chart on the oldest Kubernetes it supports: ``helm install`` against a control plane of
-versions.env's KUBE_OLDEST_VERSION (built by testsupport/kube/build.sh beside the newest; etcd shared),
+versions.env's KUBE_OLDEST_VERSION (its API server alone, built by testsupport/kube/build.sh beside the newest; etcd
+shared; no controller manager: nothing here needs a controller, no pod runs),
 the CRD's validation rules in force there, and the chart's check of CompileCaches at admission (a validating
 webhook with matchConditions) refusing there as on the newest: the operator runs as a host process against that
 API server, the chart's webhook configurations pointed at it (no node runs its pod here)."""
@@ -20,6 +21,7 @@ from tests.chart.e2e_fixtures import CC_API, CRDS_API, MWC_API, VWC_API
 from tests.e2e.test_chart_operator_flow import ChartOperator, point_webhook_at
 from tests.e2e.test_chart_server_dry_run import assert_the_server_accepts
 from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
+from testsupport.builds import BuildFailed, wait_for_build
 from testsupport.kube.cluster import BinariesMissing, LocalCluster, find_binaries, versions
 from testsupport.kube.crd import CRD_NAME
 from testsupport.kube.namespaces import create_namespace
@@ -48,8 +50,9 @@ def test_the_chart_states_the_oldest_version_everywhere() -> None:
 @pytest.fixture(scope="module")
 def oldest_cluster() -> Iterator[LocalCluster]:
     try:
-        binaries = find_binaries(OLDEST)
-    except BinariesMissing as missing:
+        wait_for_build("oldest")
+        binaries = find_binaries(OLDEST, controller_manager=False)
+    except (BuildFailed, BinariesMissing) as missing:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {missing}")
         pytest.skip(str(missing))
@@ -63,7 +66,7 @@ def test_the_chart_installs_on_the_oldest_supported_kubernetes(oldest_cluster: L
     client = KubeClient(oldest_cluster.kubeconfig)
     try:
         assert client.get("/version")["gitVersion"] == f"v{OLDEST}"
-        ns = create_namespace(client, "restricted", prefix="ccs")
+        ns = create_namespace(client, "restricted", prefix="ccs", make_default_account=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HELM_", "KUBECONFIG"))}
         env.update(KUBECONFIG=str(oldest_cluster.kubeconfig), HELM_CACHE_HOME=str(tmp_path / "cache"),
                    HELM_CONFIG_HOME=str(tmp_path / "config"), HELM_DATA_HOME=str(tmp_path / "data"))
@@ -114,7 +117,8 @@ def test_the_oldest_api_server_accepts_every_scenario(scenario: str, oldest_clus
     """As tests/e2e/test_chart_server_dry_run.py, on the oldest supported Kubernetes."""
     client = KubeClient(oldest_cluster.kubeconfig)
     try:
-        assert_the_server_accepts(oldest_cluster, client, helm_bin, kubectl_bin, scenario, tmp_path)
+        assert_the_server_accepts(oldest_cluster, client, helm_bin, kubectl_bin, scenario, tmp_path,
+                                  make_default_account=True)
     finally:
         client.close()
 
@@ -135,3 +139,46 @@ def answering_operator(cluster: LocalCluster, client: KubeClient, namespace: str
                          api)
     operator.start(client)
     return operator
+
+
+NEWER_CEL = {
+    "isIP(self)": "ip",                        # Kubernetes 1.30's IP library
+    "isCIDR(self)": "cidr",                    # and its CIDR library
+    "!format.dns1123Label().validate(self).hasValue()": "format",  # 1.31's format library
+    "isSemver(self)": "semver",                # 1.33's semver library
+}
+"""CRD rules that compile on the newest API server and not on the oldest: the libraries k8s.io/apiserver 0.29 lacks
+(its pkg/cel/library has lists, regex, urls, quantity and authz only; pkg/cel/environment/base.go says when each
+later one came)."""
+
+
+def crd_with_rule(rule: str) -> dict[str, object]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "probes.oldest.compilecache.test"},
+        "spec": {"group": "oldest.compilecache.test", "scope": "Namespaced",
+                 "names": {"plural": "probes", "singular": "probe", "kind": "Probe", "listKind": "ProbeList"},
+                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                     "type": "object", "properties": {"spec": {"type": "object", "properties": {"address": {
+                         "type": "string", "maxLength": 64, "x-kubernetes-validations": [{"rule": rule}]}}}}}}}]},
+    }
+
+
+@pytest.mark.parametrize("rule", sorted(NEWER_CEL))
+def test_only_the_oldest_api_server_refuses_a_cel_rule_it_cannot_compile(
+    rule: str, oldest_cluster: LocalCluster, kube_client: KubeClient,
+) -> None:
+    """What this file's API server catches and nothing else in the suite does: the OpenAPI schemas of the oldest
+    version (kubeconform, tests/chart/test_manifest_lint.py) see a rule as a string, and the newest API server's
+    dry-run (tests/e2e/test_chart_server_dry_run.py) compiles it with the newest CEL libraries."""
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    kube_client.request("POST", path, body=crd_with_rule(rule), query={"dryRun": "All"})  # the newest: accepted
+    client = KubeClient(oldest_cluster.kubeconfig)
+    try:
+        with pytest.raises(KubeAPIError) as refused:
+            client.request("POST", path, body=crd_with_rule(rule), query={"dryRun": "All"})
+    finally:
+        client.close()
+    assert refused.value.status == 422, refused.value.body
+    assert "compilation failed" in refused.value.body and "undeclared reference" in refused.value.body, (
+        refused.value.body)

@@ -97,8 +97,32 @@ def _stderr_log(message: str) -> None:
 
 
 def podman_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for every podman call: ``base`` (default os.environ) plus CONTAINERS_CONF."""
-    return {**(os.environ if base is None else base), "CONTAINERS_CONF": str(CONTAINERS_CONF)}
+    """The environment for every podman call: ``base`` (default os.environ) plus CONTAINERS_CONF and
+    CONTAINERS_STORAGE_CONF (:func:`storage_conf`)."""
+    return {**(os.environ if base is None else base), "CONTAINERS_CONF": str(CONTAINERS_CONF),
+            "CONTAINERS_STORAGE_CONF": str(storage_conf())}
+
+
+def storage_conf_text(root: Path) -> str:
+    """containers-storage.conf with images under ``root``/storage, and a run root of its own (two graph roots must
+    never share one)."""
+    digest = hashlib.sha256(str(root).encode()).hexdigest()[:12]
+    return (f'[storage]\ndriver = "overlay"\ngraphroot = "{root}/storage"\n'
+            f'runroot = "/run/compilecache-test-containers/{digest}"\n')
+
+
+def storage_conf(cache: Path | None = None) -> Path:
+    """The tests' podman keeps its images under the test cache, ``$COMPILECACHE_TEST_CACHE/containers`` (written
+    once): like every other build of the set-up, an empty cache is a machine without them."""
+    root = (cache or cache_root()) / "containers"
+    conf = root / "storage.conf"
+    text = storage_conf_text(root)
+    if not conf.is_file() or conf.read_text() != text:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = conf.with_name(f".storage.conf.{os.getpid()}")
+        tmp.write_text(text)
+        tmp.rename(conf)
+    return conf
 
 
 def podman(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:

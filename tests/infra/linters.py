@@ -1,5 +1,6 @@
 """Linters made for Kubernetes manifests, for the chart tests: kubeconform and kube-score (and helm-docs, which
-writes the chart's README, and promtool, which tests the chart's alerting rules).
+writes the chart's README). promtool, which tests the chart's alerting rules, is Debian's (the ``prometheus``
+package the end-to-end tests run anyway).
 
 All are built from the Go module proxy with ``go install`` and cached outside the checkout, keyed by
 version (a warm machine, and CI's fresh clone on it, builds nothing)::
@@ -7,7 +8,6 @@ version (a warm machine, and CI's fresh clone on it, builds nothing)::
     ${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/tools-kubeconform-<version>/bin/kubeconform
     ${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/tools-kube-score-<version>/bin/kube-score
     ${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/tools-helm-docs-<version>/bin/helm-docs
-    ${COMPILECACHE_TEST_CACHE:-~/.cache/compilecache-test}/tools-promtool-<version>/bin/promtool
 
 kubeconform validates against JSON schemas it normally downloads; here they are made offline, from
 Go modules in the same module cache (``$COMPILECACHE_TEST_CACHE/go/mod``, shared with
@@ -36,6 +36,7 @@ Shell entry (used by scripts/test.sh)::
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -47,8 +48,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KUBE_VERSIONS_ENV = REPO_ROOT / "testsupport" / "kube" / "versions.env"
@@ -68,10 +67,7 @@ KUBE_SCORE = GoTool("kube-score", "github.com/zegl/kube-score", "github.com/zegl
 HELM_DOCS = GoTool("helm-docs", "github.com/norwoodj/helm-docs", "github.com/norwoodj/helm-docs/cmd/helm-docs",
                    "1.14.2")
 """Writes the chart's README from its template and values.yaml's comments (tests/infra/chartdocs.py)."""
-PROMTOOL = GoTool("promtool", "github.com/prometheus/prometheus", "github.com/prometheus/prometheus/cmd/promtool",
-                  "0.316.0")
-"""Prometheus 3.x's promtool (module versions v0.3xx.y are releases 3.xx.y): checks and unit-tests the chart's rules."""
-TOOLS = (KUBECONFORM, KUBE_SCORE, HELM_DOCS, PROMTOOL)
+TOOLS = (KUBECONFORM, KUBE_SCORE, HELM_DOCS)
 PROMETHEUS_OPERATOR = ("github.com/prometheus-operator/prometheus-operator", "0.85.0",
                        "example/prometheus-operator-crd",
                        ("monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_podmonitors.yaml",
@@ -132,7 +128,8 @@ def missing(root: Path | None = None) -> list[str]:
 # -- building -------------------------------------------------------------------------------------------
 def go_env(root: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(GOMODCACHE=str(root / "go" / "mod"), GOCACHE=str(root / "go" / "build-linters"),
+    # The build cache the other Go builds of the set-up use (tests/infra/builds.sh keeps it until all are done).
+    env.update(GOMODCACHE=str(root / "go" / "mod"), GOCACHE=str(root / "go" / "build"),
                GOTOOLCHAIN=env.get("GOTOOLCHAIN", "auto"), CGO_ENABLED="0", GOFLAGS="")
     return env
 
@@ -289,8 +286,20 @@ class _staged:
 
 
 def ensure_linters(root: Path | None = None, log: Any = print) -> dict[str, Path]:
-    """Build whatever is missing; returns the tools and schema directories by name."""
+    """Build whatever is missing; returns the tools and schema directories by name. Takes the set-up's build lock
+    (testsupport/kube/module.sh's, ``.go-build.lock``): another set-up's build may delete the shared build cache."""
     root = root or cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".go-build.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another set-up's build in {root} to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_linters(root, log)
+
+
+def _ensure_linters(root: Path, log: Any) -> dict[str, Path]:
     started = time.monotonic()
     for tool in TOOLS:
         if os.access(tool_path(tool, root), os.X_OK):
@@ -318,25 +327,18 @@ def ensure_linters(root: Path | None = None, log: Any = print) -> dict[str, Path
             t0 = time.monotonic()
             count = writers[name](directory)
             log(f"wrote {count} {name} schemas to {directory} in {time.monotonic() - t0:.0f}s")
-    shutil.rmtree(root / "go" / "build-linters", ignore_errors=True)  # only speeds up a rebuild
+    if os.environ.get("COMPILECACHE_KEEP_GOCACHE") != "1":
+        shutil.rmtree(root / "go" / "build", ignore_errors=True)  # only speeds up a rebuild
     log(f"linters ready in {time.monotonic() - started:.0f}s")
     return {**{t.name: tool_path(t, root) for t in TOOLS}, **{f"schemas-{k}": v for k, v in dirs.items()}}
 
 
-# -- pytest fixtures --------------------------------------------------------------------------------------
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
-@pytest.fixture(scope="session")
-def linters() -> dict[str, Path]:
-    """The built linters and schema directories; skipped when not built, a failure in CI."""
+def built() -> dict[str, Path]:
+    """The built linters and schema directories by name; LintersUnavailable names what is not built."""
     absent = missing()
     if absent:
-        message = f"manifest linters not built ({', '.join(absent)}); run `python -m tests.infra.linters`"
-        if _in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        raise LintersUnavailable(
+            f"manifest linters not built ({', '.join(absent)}); run `python -m tests.infra.linters`")
     root = cache_root()
     return {**{t.name: tool_path(t, root) for t in TOOLS}, **{f"schemas-{k}": v for k, v in schema_dirs().items()}}
 

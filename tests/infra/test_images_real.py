@@ -14,6 +14,7 @@ import os
 import stat
 import subprocess
 import time
+import tomllib
 import uuid
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -25,7 +26,7 @@ from cachelib.keyformat import CacheKey
 from tests.cachelib.helpers import make_key, make_outdir, tree
 from tests.infra import containers, images
 from tests.infra.containers import ContainerConfigError, VolumeMount
-from testsupport.servers import fresh_store_url, missing, redis_server, s3_server  # noqa: F401  (fixtures)
+from testsupport.servers import fresh_store_url, missing
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="changes file ownership: needs root")
 PRELOADER_USER = "65532:65532"
@@ -148,11 +149,20 @@ def test_missing_tools_are_installed_with_apt_as_root_only() -> None:
     assert sudo is not None and all(command[0] == "sudo" for command in sudo)
 
 
-def test_every_podman_call_reads_the_projects_containers_conf() -> None:
+def test_every_podman_call_reads_the_projects_containers_conf(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPILECACHE_TEST_CACHE", str(tmp_path / "cache"))
     env = images.podman_env({"PATH": "/bin"})
-    assert env == {"PATH": "/bin", "CONTAINERS_CONF": str(images.CONTAINERS_CONF)}
+    storage = tmp_path / "cache" / "containers" / "storage.conf"
+    assert env == {"PATH": "/bin", "CONTAINERS_CONF": str(images.CONTAINERS_CONF),
+                   "CONTAINERS_STORAGE_CONF": str(storage)}
     text = images.CONTAINERS_CONF.read_text()
     assert 'runtime = "runc"' in text and "nofile=20000:20000" in text
+    # The images live under the test cache: an empty cache is a machine without images.
+    stored = tomllib.loads(storage.read_text())["storage"]
+    assert stored["graphroot"] == str(tmp_path / "cache" / "containers" / "storage")
+    other = tomllib.loads(images.storage_conf_text(tmp_path / "other"))["storage"]
+    assert other["runroot"] != stored["runroot"] and stored["runroot"].startswith("/run/")
 
 
 # -- the podman run argv (pure) ------------------------------------------------------------------------------

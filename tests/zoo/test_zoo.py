@@ -11,7 +11,8 @@ a pod of Off's bundle hits: never worse than Off), and the warm_start pod either
 precompiled entry (a Dynamo hit, no frame compiled, no fallback) or, where the warm-up's check left
 the part out, has the reason recorded and hits what the env pod hits.
 
-Lanes: ``CI_CASES`` run on every run; ``COMPILECACHE_ZOO=all`` runs every case (the slow lane).
+Lanes: ``CI_CASES`` run on every run; the others are marked ``full_lane`` and run with ``COMPILECACHE_LANE=full``
+(docs/testing.md).
 Both ends of the supported torch range run: the suite's venv (torch 2.13) and the venv
 ``scripts/test.sh`` makes with the newest torch (``$COMPILECACHE_TEST_CACHE/venv-torch-2.15``).
 """
@@ -72,21 +73,20 @@ CASES = [
     Case("tv_swin"),
 ]
 CI_CASES = {("hf_llama", "oldest"), ("timm_convnext", "newest"), ("hf_bert", "newest")}
-"""Every CI run; the rest in the slow lane (COMPILECACHE_ZOO=all). hf_llama: a transformers model
+"""Every CI run; the rest in the full lane (COMPILECACHE_LANE=full). hf_llama: a transformers model
 whose part is left out, where Auto was worse than Off before its bundle carried Off's entries;
 timm_convnext: a verified part on the newest torch; hf_bert: the model whose precompiled entry
 crashed pods on torch 2.11 and 2.13, and hits on 2.15."""
 
 
 def lanes() -> list[Any]:
-    every = os.environ.get("COMPILECACHE_ZOO") == "all"
     params = []
     for case in CASES:
         for end in ("oldest", "newest"):
             if end == "newest" and not case.newest:
                 continue
-            if every or (case.target, end) in CI_CASES:
-                params.append(pytest.param(case, end, id=f"{case.target}-{end}"))
+            marks = () if (case.target, end) in CI_CASES else (pytest.mark.full_lane,)
+            params.append(pytest.param(case, end, id=f"{case.target}-{end}", marks=marks))
     return params
 
 

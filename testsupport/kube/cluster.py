@@ -1,4 +1,5 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-controller-manager.
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-controller-manager (or the API server
+alone, for tests that run no pod and need no controller: ``find_binaries(..., controller_manager=False)``).
 
 ``LocalCluster`` starts the three processes with TLS, RBAC and the admission plugins of a current cluster
 (Pod Security Admission included: a namespace labelled ``pod-security.kubernetes.io/enforce=restricted``
@@ -57,11 +58,11 @@ class BinariesMissing(RuntimeError):
 
 @dataclass(frozen=True)
 class KubeBinaries:
-    """Paths of the three control-plane executables."""
+    """Paths of the control-plane executables (no controller manager: the API server alone)."""
 
     etcd: Path
     apiserver: Path
-    controller_manager: Path
+    controller_manager: Path | None
 
 
 def cache_dir() -> Path:
@@ -76,9 +77,10 @@ def versions(text: str | None = None) -> dict[str, str]:
     return {name.strip(): value.strip() for name, value in pairs}
 
 
-def find_binaries(kube_version: str | None = None) -> KubeBinaries:
+def find_binaries(kube_version: str | None = None, controller_manager: bool = True) -> KubeBinaries:
     """Locate etcd, kube-apiserver and kube-controller-manager (of versions.env's KUBE_VERSION, or
-    ``kube_version``: e.g. KUBE_OLDEST_VERSION); raise BinariesMissing naming what is absent."""
+    ``kube_version``: e.g. KUBE_OLDEST_VERSION, whose API server build.sh builds alone); raise BinariesMissing naming
+    what is absent. Without ``controller_manager`` the controller manager is neither looked for nor started."""
     wanted = versions()
     bin_dir = cache_dir() / f"kube-v{kube_version or wanted['KUBE_VERSION']}" / "bin"
     etcd_dir = cache_dir() / f"etcd-v{wanted['ETCD_VERSION']}" / "bin"
@@ -86,10 +88,11 @@ def find_binaries(kube_version: str | None = None) -> KubeBinaries:
     candidates = {
         "etcd": os.environ.get("ETCD_BIN") or str(etcd_dir / "etcd"),
         "kube-apiserver": (overridden and os.environ.get("KUBE_APISERVER_BIN")) or str(bin_dir / "kube-apiserver"),
-        "kube-controller-manager": (
-            (overridden and os.environ.get("KUBE_CONTROLLER_MANAGER_BIN")) or str(bin_dir / "kube-controller-manager")
-        ),
     }
+    if controller_manager:
+        candidates["kube-controller-manager"] = (
+            (overridden and os.environ.get("KUBE_CONTROLLER_MANAGER_BIN")) or str(bin_dir / "kube-controller-manager")
+        )
     missing = [f"{name} ({path})" for name, path in candidates.items() if not os.access(path, os.X_OK)]
     if missing:
         raise BinariesMissing(
@@ -100,7 +103,7 @@ def find_binaries(kube_version: str | None = None) -> KubeBinaries:
     return KubeBinaries(
         etcd=Path(candidates["etcd"]),
         apiserver=Path(candidates["kube-apiserver"]),
-        controller_manager=Path(candidates["kube-controller-manager"]),
+        controller_manager=Path(candidates["kube-controller-manager"]) if controller_manager else None,
     )
 
 
@@ -190,9 +193,9 @@ def apiserver_args(
     ]
 
 
-def controller_manager_args(binaries: KubeBinaries, kubeconfig: Path, ca: KeyPair, sa: KeyPair) -> list[str]:
+def controller_manager_args(controller_manager: Path, kubeconfig: Path, ca: KeyPair, sa: KeyPair) -> list[str]:
     return [
-        str(binaries.controller_manager),
+        str(controller_manager),
         f"--kubeconfig={kubeconfig}",
         "--controllers=*",
         f"--service-account-private-key-file={sa.key}",
@@ -356,7 +359,9 @@ class LocalCluster:
                            self.audit_log, kubelet_client),
         )
         self._wait_healthz()
-        self._spawn("kube-controller-manager", controller_manager_args(self.binaries, kcm_kubeconfig, ca.pair, sa))
+        if self.binaries.controller_manager is not None:
+            self._spawn("kube-controller-manager",
+                        controller_manager_args(self.binaries.controller_manager, kcm_kubeconfig, ca.pair, sa))
 
     def _spawn(self, name: str, args: list[str]) -> None:
         self.processes.append(ManagedProcess(name, args, self.logs_dir / f"{name}.log"))
@@ -392,7 +397,8 @@ class LocalCluster:
                     raise
                 return True
 
-            wait_for(default_service_account_exists, self.startup_timeout, "the default ServiceAccount")
+            if self.binaries.controller_manager is not None:  # its ServiceAccount controller makes the account
+                wait_for(default_service_account_exists, self.startup_timeout, "the default ServiceAccount")
         finally:
             client.close()
 

@@ -15,6 +15,17 @@ started=$(date +%s)
 log() { printf '[%s %4ss] %s\n' "$BUILD_NAME" "$(( $(date +%s) - started ))" "$*"; }
 die() { log "error: $*" >&2; exit 1; }
 
+# take_build_lock : wait for any other set-up's Go build in this cache directory (two builds at once would replace each
+# other's throwaway module and share two cores); held until this script exits.
+take_build_lock() {
+    mkdir -p "$CACHE_DIR"
+    exec 9>"$CACHE_DIR/.go-build.lock"
+    if ! flock -n 9; then
+        log "waiting for another set-up's build in $CACHE_DIR to finish"
+        flock 9
+    fi
+}
+
 command -v go >/dev/null || die "go not found on PATH: install Go >= 1.26 (Debian: golang from backports, or go.dev's tarball)"
 
 # kubernetes_module DIR NAME VERSION PACKAGE... : write DIR/go.mod (module NAME requiring k8s.io/kubernetes

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build (or reuse) the real node of the end-to-end tests: kubelet and kube-scheduler from the Go module
-# k8s.io/kubernetes (the same throwaway module as testsupport/kube/build.sh), containerd with its runc shim and ctr,
+# Build (or reuse) the real node of the end-to-end tests: kubelet and kube-scheduler (testsupport/kube/build.sh builds
+# them in one `go build` with kube-apiserver and kube-controller-manager), containerd with its runc shim and ctr,
 # crictl, and the pause image from kubernetes' own build/pause/linux/pause.c.
 #
 # Everything lands in the cache directory, outside the checkout and keyed by version; a present, working
@@ -31,22 +31,6 @@ PAUSE_TAG="localhost/compilecache-test/pause:3.10"
 force() { [[ "${NODE_BUILD_FORCE:-0}" == 1 ]]; }
 runs() {  # runs BINARY ARGS... : it exists and answers
     [[ -x "$1" ]] && "$@" >/dev/null 2>&1
-}
-
-build_kube() {
-    local work="$KUBE_DIR/module"
-    rm -rf "$work"; mkdir -p "$work" "$KUBE_DIR/bin"
-    kubernetes_module "$work" compilecache.test/node "$KUBE_VERSION" \
-        k8s.io/kubernetes/cmd/kube-scheduler/app k8s.io/kubernetes/cmd/kubelet/app
-    log "resolving the module graph of kubelet and kube-scheduler"
-    (cd "$work" && go mod tidy -e >"$KUBE_DIR/tidy.log" 2>&1) || { tail -n 40 "$KUBE_DIR/tidy.log" >&2; die "go mod tidy failed"; }
-    local ldflags
-    ldflags=$(kubernetes_ldflags "$KUBE_VERSION")
-    log "go build kubelet kube-scheduler (about 10 minutes on 2 busy cores)"
-    (cd "$work" && go build -trimpath -ldflags "$ldflags" -o "$KUBE_DIR/bin/" \
-        k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler \
-        >"$KUBE_DIR/build.log" 2>&1) || { tail -n 60 "$KUBE_DIR/build.log" >&2; die "go build failed (log: $KUBE_DIR/build.log)"; }
-    rm -rf "$work"
 }
 
 build_containerd() {
@@ -107,11 +91,11 @@ step() {  # step NAME CHECK-COMMAND... -- BUILD-FUNCTION
 }
 
 log "go: $(go version)"
+# kubelet and kube-scheduler, with the control plane's binaries of the same version when they are missing too.
+KUBE_BUILD_VERSION="$KUBE_VERSION" KUBE_BUILD_ONLY=newest bash "$here/../../../testsupport/kube/build.sh"
+take_build_lock
 step "pause image" test -s "$PAUSE_DIR/pause.tar" -- build_pause
 step "containerd v$CONTAINERD_VERSION" runs "$CONTAINERD_DIR/bin/containerd" --version -- build_containerd
 step "crictl v$CRICTL_VERSION" runs "$CRICTL_DIR/bin/crictl" --version -- build_crictl
-step "kubelet and kube-scheduler v$KUBE_VERSION" \
-    eval 'runs "$KUBE_DIR/bin/kubelet" --version && runs "$KUBE_DIR/bin/kube-scheduler" --version' -- build_kube
-# The build cache is large and only speeds up a rebuild of the same version: keep the module cache.
-rm -rf "$GOCACHE"
+[[ "${COMPILECACHE_KEEP_GOCACHE:-0}" == 1 ]] || rm -rf "$GOCACHE"  # only speeds up a rebuild
 log "done: $("$KUBE_DIR/bin/kubelet" --version), containerd $("$CONTAINERD_DIR/bin/containerd" --version | cut -d' ' -f3), crictl $("$CRICTL_DIR/bin/crictl" --version | cut -d' ' -f3)"
