@@ -401,6 +401,7 @@ def _parse_warmup(raw: Mapping[str, Any], defaults: Defaults, errors: FieldError
         gpu_resource_name=gpu_resource,
         gpus_per_job=read_integer(raw, "gpusPerJob", path, errors, 1, low=0, high=16),
         service_account_name=account,
+        automount_service_account_token=read_boolean(raw, "automountServiceAccountToken", path, errors, False),
         image_pull_secrets=tuple(pull_secrets),
         env=warmup_inputs.parse_env(raw.get("env"), f"{path}.env", errors),
         volumes=volumes,
