@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from cachelib.cli.arguments import CommandError
+from cachelib.cli.arguments import CommandError, Terminated
 from cachelib.cli.output import log, setup_logging
 from cachelib.cli.parser import build_parser
 from cachelib.masking import mask_text
@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _reader_gone()
-    except CommandError as exc:
+    except (CommandError, Terminated) as exc:  # Terminated: SIGTERM, where a command turns it into an exception
         return _fail(args, str(exc), exc.exit_code)
     except Exception as exc:
         return _fail(args, f"{type(exc).__name__}: {exc}" if not _is_expected(exc) else str(exc), 1)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from cachelib.stores.base import MAX_SEGMENT_LENGTH
@@ -23,6 +27,32 @@ class CommandError(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread by :func:`sigterm_raises`: what is under way unwinds through its
+    ``finally`` and ``except`` blocks (an S3 upload aborts itself) within the pod's grace period, instead of the
+    process ending where it stood. A BaseException, as KeyboardInterrupt is, so that no ``except Exception``
+    takes it for an error to retry."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within: SIGTERM raises :class:`Terminated` in the main thread (elsewhere, nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def parse_size_arg(text: str) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachelib.cli.arguments import CommandError, store_url, trusted_keys_of
+from cachelib.cli.arguments import CommandError, Terminated, sigterm_raises, store_url, trusted_keys_of
 from cachelib.cli.output import log, masked, print_json
 from cachelib.compilekey import options_from_args
 from cachelib.masking import mask_command, mask_text
@@ -42,8 +42,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from cachelib.publish import publish
 
     try:
-        published = publish(Path(args.source), store_url(args), level=args.level, watch=stderr_bar)
-    except Exception as exc:
+        with sigterm_raises():  # a warm-up pod stopped mid-publish aborts its upload (cachelib.stores.s3store)
+            published = publish(Path(args.source), store_url(args), level=args.level, watch=stderr_bar)
+    except (Exception, Terminated) as exc:
         write_termination_message({"result": "error", "stage": "publish", "reason": f"{type(exc).__name__}: {exc}"})
         raise
     payload = published.to_dict()
@@ -74,7 +75,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         status = subprocess.run(argv, stdout=sys.stderr, check=False).returncode
         if status != 0:
             raise CommandError(f"the warm-up harness failed (exit status {status}); see its message above", status)
-        published = publish(out, url, level=args.level, watch=stderr_bar)
+        with sigterm_raises():
+            published = publish(out, url, level=args.level, watch=stderr_bar)
     print_json(published.to_dict())
     return 0
 

@@ -183,7 +183,8 @@ HELP_EXIT_AND_ENV = (
     "  3-7  warmup: the harness's own status (3 the target cannot be imported, 4 it failed to compile or run,\n"
     "       5 it returned something other than (function, example inputs) entries, 6 its output cannot be written,\n"
     "       7 --require-precompile and the precompiled part was left out)\n"
-    "  130  interrupted; 141  the reader of stdout went away (as SIGPIPE)\n\n"
+    "  130  interrupted; 141  the reader of stdout went away (as SIGPIPE)\n"
+    "  143  publish and warmup stopped by SIGTERM, after aborting the upload under way\n\n"
     "credentials (environment only, never printed):\n" + _credential_variables() +
     "  COMPILECACHE_STORE  default --store; COMPILECACHE_TRUSTED_KEYS  default --trusted-key"
 )

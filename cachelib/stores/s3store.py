@@ -2,7 +2,12 @@
 
 Small objects go up in one PUT, larger ones as a multipart upload with parts sized for
 the object and uploaded in parallel; S3 shows the object only once the upload completes,
-and a failed upload is aborted, so readers never see a partial object. Reads are parallel
+so readers never see a partial object. An upload that fails on any path (an error, a
+timeout, an exception raised into it such as the publish command's SIGTERM) is aborted at
+once, without waiting for parts in flight, and the abort is tried again for up to
+:data:`ABORT_SECONDS` while the server does not answer (a frozen or restarting server),
+so that no incomplete upload keeps its parts' storage. A process killed outright cannot
+abort: a bucket lifecycle rule (AbortIncompleteMultipartUpload) cleans those up. Reads are parallel
 ranged GETs pinned to the ETag seen at open (``If-Match``): a reader racing a re-publish
 either reads the version it opened or gets :class:`ObjectChanged`.
 The object's sha256 travels as user metadata (``x-amz-meta-sha256``), given with the upload
@@ -15,13 +20,15 @@ instance roles); the endpoint from the URL, else ``AWS_ENDPOINT_URL_S3`` or ``AW
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import logging
 import math
 import re
+import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from contextlib import AbstractContextManager, contextmanager
 from itertools import chain
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
@@ -47,9 +54,16 @@ from cachelib.units import MiB
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
+log = logging.getLogger(__name__)
+
 DEFAULT_PART = 8 * MiB
 UNKNOWN_SIZE_PART = 16 * MiB
 """Part size when the size is not announced: up to 160 GiB in 10,000 parts."""
+ABORT_SECONDS = 60.0
+"""How long an upload that failed keeps trying to abort itself while the server does not answer."""
+ABORT_ATTEMPT_SECONDS = 5.0
+"""The longest one abort request waits (less when the URL's timeout= is shorter): a frozen server is asked again
+rather than waited for."""
 
 _UNAVAILABLE_CODES = frozenset(
     {
@@ -112,6 +126,13 @@ class S3Store(Store):
         self._client: S3Client = session.client(
             "s3", endpoint_url=endpoint, region_name=config.region, config=client_config
         )
+        attempt = min(config.timeout, ABORT_ATTEMPT_SECONDS)
+        # Aborts go through a client of their own: one short attempt each, repeated by _abort until it answers.
+        self._abort_client: S3Client = session.client(
+            "s3", endpoint_url=endpoint, region_name=config.region,
+            config=client_config.merge(botocore.config.Config(
+                connect_timeout=attempt, read_timeout=attempt, retries={"total_max_attempts": 1})),
+        )  # fmt: skip
 
     def object_key(self, key: str) -> str:
         return self._base + check_key(key)
@@ -160,23 +181,19 @@ class S3Store(Store):
 
         parts: list[dict[str, Any]] = []
         pending: deque[Future[dict[str, Any]]] = deque()
+        pool = ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="s3-put")
         try:
-            with ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="s3-put") as pool:
-                try:
-                    for number, piece in enumerate(pieces, 1):
-                        if number > S3_MAX_PARTS:
-                            raise StoreError(
-                                f"{self.url}: {name!r} needs more than {S3_MAX_PARTS} parts; "
-                                "announce the size or raise part= in the URL"
-                            )
-                        if len(pending) >= self.config.workers:
-                            parts.append(pending.popleft().result())
-                        pending.append(pool.submit(upload, number, piece))
-                    while pending:
-                        parts.append(pending.popleft().result())
-                finally:
-                    for future in pending:
-                        future.cancel()
+            for number, piece in enumerate(pieces, 1):
+                if number > S3_MAX_PARTS:
+                    raise StoreError(
+                        f"{self.url}: {name!r} needs more than {S3_MAX_PARTS} parts; "
+                        "announce the size or raise part= in the URL"
+                    )
+                if len(pending) >= self.config.workers:
+                    parts.append(pending.popleft().result())
+                pending.append(pool.submit(upload, number, piece))
+            while pending:
+                parts.append(pending.popleft().result())
             before_complete()
             self._client.complete_multipart_upload(
                 Bucket=bucket,
@@ -185,10 +202,43 @@ class S3Store(Store):
                 MultipartUpload={"Parts": parts},  # type: ignore[typeddict-item]
             )
         except BaseException:
-            # When the abort fails too, a bucket lifecycle rule for incomplete uploads cleans up.
-            with contextlib.suppress(botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
-                self._client.abort_multipart_upload(Bucket=bucket, Key=name, UploadId=upload_id)
+            for future in pending:
+                future.cancel()
+            self._abort(name, upload_id, in_flight=[f for f in pending if not f.cancelled()])
             raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _abort(self, name: str, upload_id: str, in_flight: Collection[Future[dict[str, Any]]]) -> None:
+        """Abort a failed upload at once, not waiting for the parts in flight (a frozen server would hold them
+        until their timeouts, past a SIGTERM's grace period). Asked again while the server does not answer, up
+        to :data:`ABORT_SECONDS`; and once more after the parts that were in flight have ended, since S3 may
+        keep a part that arrived after the abort."""
+        deadline = time.monotonic() + ABORT_SECONDS
+        if not self._abort_until(name, upload_id, deadline):
+            return
+        if in_flight:
+            wait_for_futures(in_flight, timeout=max(0.0, deadline - time.monotonic()))
+            if any(f.done() and f.exception() is None for f in in_flight):
+                self._abort_until(name, upload_id, deadline)
+
+    def _abort_until(self, name: str, upload_id: str, deadline: float) -> bool:
+        """One abort, asked again until it is answered or ``deadline`` passes; whether the upload is gone."""
+        while True:
+            try:
+                self._abort_client.abort_multipart_upload(Bucket=self.config.bucket, Key=name, UploadId=upload_id)
+                return True
+            except botocore.exceptions.ClientError as exc:
+                if _code(exc) in ("NoSuchUpload", "404"):
+                    return True  # gone already (an earlier attempt the server answered late)
+                problem: Exception = exc
+            except botocore.exceptions.BotoCoreError as exc:
+                problem = exc
+            if time.monotonic() >= deadline:
+                log.warning("%s: could not abort the multipart upload of %r (%s); a bucket lifecycle rule "
+                            "(AbortIncompleteMultipartUpload) removes it", self.url, name, problem)
+                return False
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     # -- get / head -----------------------------------------------------------------------
     def _head(self, key: str) -> dict[str, Any] | None:
@@ -268,6 +318,7 @@ class S3Store(Store):
 
     def close(self) -> None:
         self._client.close()
+        self._abort_client.close()
 
     # -- errors ---------------------------------------------------------------------------
     @contextmanager

@@ -171,9 +171,9 @@ def _parse_redis(url: str, parts: SplitResult) -> RedisStoreURL:
     tls = scheme.startswith("rediss")
     cluster = scheme.endswith("-cluster")
     try:
-        port = parts.port or REDIS_DEFAULT_PORT
-    except ValueError:
-        raise StoreURLError(f"store URL {shown!r}: the port is not a number from 0 to 65535") from None
+        port = _port(parts, "the port") or REDIS_DEFAULT_PORT
+    except ValueError as exc:
+        raise StoreURLError(f"store URL {shown!r}: {exc}") from None
     host = parts.hostname
     if not host:
         raise StoreURLError(f"store URL {shown!r}: no host (expected {parts.scheme}://host:port/db)")
@@ -214,14 +214,30 @@ def _parse_redis(url: str, parts: SplitResult) -> RedisStoreURL:
         raise StoreURLError(f"store URL {shown!r}: {exc}") from None
 
 
+def _port(parts: SplitResult, what: str) -> int | None:
+    """The port of a URL's authority, as ``parts.port`` reads it (None when it names none); raises ValueError
+    naming ``what`` unless it is 1 to 65535: nothing listens on port 0, so such a store is never reached."""
+    host_and_port = parts.netloc.rpartition("@")[2]
+    text = host_and_port.rpartition("]")[2].partition(":")[2]  # after an IPv6 address's brackets
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{what} {text[:16]!r} is not a port number from 1 to 65535")
+    return port
+
+
 def _nodes(text: str) -> tuple[tuple[str, int], ...]:
     """``host:port,host:port`` (``[v6]:port`` for IPv6) -> ((host, port), ...)."""
     nodes = []
     for item in text.split(",") if text else ():
         try:
             parts = urlsplit(f"//{item.strip()}")
-            host, port = parts.hostname, parts.port
-        except ValueError:
+            host, port = parts.hostname, _port(parts, f"nodes: {item!r}: the port")
+        except ValueError as exc:
+            if "port number" in str(exc):
+                raise
             host, port = None, None
         if not host or not port or parts.path or parts.username or parts.password:
             raise ValueError(f"nodes: {item!r} is not host:port")
@@ -257,6 +273,7 @@ def _parse_s3(raw: str, parts: SplitResult) -> S3StoreURL:
             endpoint_parts = urlsplit(endpoint)
             if endpoint_parts.scheme not in ("http", "https") or not endpoint_parts.hostname:
                 raise ValueError(f"endpoint={endpoint!r} must be an http:// or https:// URL with a host")
+            _port(endpoint_parts, "the endpoint's port")
         addressing = opts.get("addressing", "auto")
         if addressing not in S3_ADDRESSING:
             raise ValueError(f"addressing={addressing!r} must be one of {', '.join(S3_ADDRESSING)}")

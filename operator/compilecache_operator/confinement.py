@@ -13,14 +13,28 @@ The operator therefore accepts only:
   ``NAMESPACE/NAME``;
 - warm-up ServiceAccounts on the allow-list (``--allowed-warmup-service-accounts``), same forms.
 
+The warm-up's compile container runs the user's own code, so every Secret it can reach is one its author can
+read. Each is checked too:
+
+- Secrets the compile container reads (``--allowed-warmup-secrets``): ``spec.warmup.env[].valueFrom.secretKeyRef``
+  and ``spec.warmup.volumes[].secret``;
+- Secrets the kubelet pulls the image with (``--allowed-warmup-pull-secrets``): ``spec.warmup.imagePullSecrets``
+  (the operator's own ``--image-pull-secrets`` are always allowed);
+- the API token of the warm-up's ServiceAccount (``--allowed-warmup-service-account-tokens``): the pod mounts
+  none unless ``spec.warmup.automountServiceAccountToken`` asks for it and the ServiceAccount is on this list.
+
+The CRD offers no other way in (no ``envFrom``, no ``projected`` volume, no ``serviceAccountToken`` source: the
+schema prunes them and the operator refuses them). A Secret allowed as store credentials is not thereby readable by
+the warm-up: the publish container, not the user's code, holds those.
+
 A list that is not configured (None) confines nothing; an empty one allows nothing. A CompileCache
 outside the lists is ``InvalidSpec``: no Job is created and no pod is given its Secret.
 
 Per namespace, the lists grow by *grants*: ConfigMaps labelled ``compilecache.io/allow`` in the operator's own
 namespace (so only who may write there, the cluster's or that namespace's admins, can grant), each naming
-``namespaces`` and the ``storeHosts`` and ``storeSecrets`` (comma- or line-separated) their CompileCaches may use
-besides the operator's lists: a new team needs no change of the operator's flags. A Secret granted is that
-namespace's Secret of the name.
+``namespaces`` and the ``storeHosts``, ``storeSecrets``, ``warmupSecrets`` and ``warmupPullSecrets`` (comma- or
+line-separated) their CompileCaches may use besides the operator's lists: a new team needs no change of the
+operator's flags. A Secret granted is that namespace's Secret of the name.
 """
 
 from __future__ import annotations
@@ -30,7 +44,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
-from compilecache_operator.spec import CacheSpec, FieldError, InvalidSpec
+from compilecache_operator.spec import CacheSpec, FieldError, InvalidSpec, WarmupSpec
+from compilecache_operator.warmup_inputs import secrets_read
 
 from cachelib.stores import StoreURLError
 from cachelib.stores.urls import FileStoreURL, RedisStoreURL, S3StoreURL, StoreURL, parse_store_url
@@ -38,7 +53,9 @@ from cachelib.stores.urls import FileStoreURL, RedisStoreURL, S3StoreURL, StoreU
 ANY = "*"
 ALLOW_LABEL = "compilecache.io/allow"
 """The label of the ConfigMaps (in the operator's namespace) that grant stores and Secrets to namespaces."""
-GRANT_KEYS = ("namespaces", "storeHosts", "storeSecrets")
+GRANT_KEYS = ("namespaces", "storeHosts", "storeSecrets", "warmupSecrets", "warmupPullSecrets")
+DEFAULT_SERVICE_ACCOUNT = "default"
+"""The ServiceAccount a pod runs as when it names none."""
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _SECRET = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
@@ -51,6 +68,8 @@ class Grant:
     namespaces: tuple[str, ...]
     store_hosts: tuple[str, ...] = ()
     store_secrets: tuple[str, ...] = ()
+    warmup_secrets: tuple[str, ...] = ()
+    warmup_pull_secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,6 +77,12 @@ class Confinement:
     store_hosts: tuple[str, ...] | None = None
     store_secrets: tuple[str, ...] | None = None
     warmup_service_accounts: tuple[str, ...] | None = None
+    warmup_secrets: tuple[str, ...] | None = None
+    """Secrets a warm-up's compile container may read (env ``secretKeyRef``, ``secret`` volumes)."""
+    warmup_pull_secrets: tuple[str, ...] | None = None
+    """Secrets a warm-up's image may be pulled with (``spec.warmup.imagePullSecrets``)."""
+    warmup_service_account_tokens: tuple[str, ...] | None = None
+    """ServiceAccounts whose API token a warm-up pod may mount (``spec.warmup.automountServiceAccountToken``)."""
     grants: tuple[Grant, ...] = ()
 
     def for_namespace(self, namespace: str) -> Confinement:
@@ -74,6 +99,9 @@ class Confinement:
             self,
             store_hosts=grown(self.store_hosts, (h for g in mine for h in g.store_hosts)),
             store_secrets=grown(self.store_secrets, (f"{namespace}/{s}" for g in mine for s in g.store_secrets)),
+            warmup_secrets=grown(self.warmup_secrets, (f"{namespace}/{s}" for g in mine for s in g.warmup_secrets)),
+            warmup_pull_secrets=grown(self.warmup_pull_secrets,
+                                      (f"{namespace}/{s}" for g in mine for s in g.warmup_pull_secrets)),
             grants=(),
         )
 
@@ -106,11 +134,18 @@ def grant_from_configmap(configmap: Mapping[str, object]) -> Grant:
     if ANY in hosts:
         raise ValueError(f"{name}: data.storeHosts: '*' cannot be granted per namespace (the operator's own list "
                          "may allow any store)")
-    secrets = _items(str(data.get("storeSecrets", "")))
+    secrets = {key: _secret_names(name, data, key) for key in ("storeSecrets", "warmupSecrets", "warmupPullSecrets")}
+    return Grant(source=name, namespaces=namespaces, store_hosts=hosts, store_secrets=secrets["storeSecrets"],
+                 warmup_secrets=secrets["warmupSecrets"], warmup_pull_secrets=secrets["warmupPullSecrets"])
+
+
+def _secret_names(source: str, data: Mapping[str, object], key: str) -> tuple[str, ...]:
+    """The Secret names of one key of a grant; raises ValueError naming the ConfigMap, the key and the name."""
+    secrets = _items(str(data.get(key, "")))
     for secret in secrets:
         if len(secret) > 253 or not _SECRET.fullmatch(secret):
-            raise ValueError(f"{name}: data.storeSecrets: {secret!r} is not a Secret name")
-    return Grant(source=name, namespaces=namespaces, store_hosts=hosts, store_secrets=secrets)
+            raise ValueError(f"{source}: data.{key}: {secret!r} is not a Secret name")
+    return secrets
 
 
 def grants_from(configmaps: Iterable[Mapping[str, object]]) -> tuple[tuple[Grant, ...], list[str]]:
@@ -191,23 +226,53 @@ def problems(
         except StoreURLError as exc:
             return [FieldError("spec.storage.url", str(exc))]
         if not destination_allowed(destination, confinement.store_hosts):
-            allowed = ", ".join(confinement.store_hosts) or "none"
-            what = f"store {destination} is not on the operator's allow-list ({allowed})"
+            hosts = ", ".join(confinement.store_hosts) or "none"
+            what = f"store {destination} is not on the operator's allow-list ({hosts})"
             found.append(FieldError("spec.storage.url", what))
-    secrets = confinement.store_secrets
-    if secret_name and secrets is not None and not name_allowed(namespace, secret_name, secrets):
+    if secret_name and (allowed := _outside(confinement.store_secrets, namespace, secret_name)) is not None:
         found.append(FieldError(
             "spec.storage.secretRef.name",
-            f"Secret {secret_name!r} is not allowed as store credentials (the cluster admin allows: "
-            f"{', '.join(secrets) or 'none'})",
+            f"Secret {secret_name!r} is not allowed as store credentials (the cluster admin allows: {allowed})",
         ))
-    accounts = confinement.warmup_service_accounts
-    if service_account and accounts is not None and not name_allowed(namespace, service_account, accounts):
+    if service_account and (
+        allowed := _outside(confinement.warmup_service_accounts, namespace, service_account)
+    ) is not None:
         found.append(FieldError(
             "spec.warmup.serviceAccountName",
-            f"ServiceAccount {service_account!r} is not allowed for warm-ups (the cluster admin allows: "
-            f"{', '.join(accounts) or 'none'})",
+            f"ServiceAccount {service_account!r} is not allowed for warm-ups (the cluster admin allows: {allowed})",
         ))
+    return found
+
+
+def _outside(allowed: Sequence[str] | None, namespace: str, name: str) -> str | None:
+    """The allow-list as a refusal shows it when ``name`` of ``namespace`` is outside it; None when it is allowed
+    (or the list is not configured)."""
+    if allowed is None or name_allowed(namespace, name, allowed):
+        return None
+    return ", ".join(allowed) or "none"
+
+
+def warmup_problems(confinement: Confinement, namespace: str, warmup: WarmupSpec) -> list[FieldError]:
+    """The field path and what is wrong of each Secret the warm-up pod would reach outside the allow-lists: a
+    Secret its compile container reads, one its image is pulled with, its ServiceAccount's API token."""
+    confinement = confinement.for_namespace(namespace)
+    found: list[FieldError] = []
+    for path, secret in secrets_read(warmup.env, warmup.volumes, "spec.warmup"):
+        if (allowed := _outside(confinement.warmup_secrets, namespace, secret)) is not None:
+            found.append(FieldError(path, f"Secret {secret!r} is not allowed for warm-ups to read (the cluster "
+                                          f"admin allows: {allowed})"))
+    for i, secret in enumerate(warmup.image_pull_secrets):
+        if (allowed := _outside(confinement.warmup_pull_secrets, namespace, secret)) is not None:
+            found.append(FieldError(f"spec.warmup.imagePullSecrets[{i}].name",
+                                    f"Secret {secret!r} is not allowed as an image pull Secret of warm-ups (the "
+                                    f"cluster admin allows: {allowed})"))
+    account = warmup.service_account_name or DEFAULT_SERVICE_ACCOUNT
+    if warmup.automount_service_account_token and (
+        allowed := _outside(confinement.warmup_service_account_tokens, namespace, account)
+    ) is not None:
+        found.append(FieldError("spec.warmup.automountServiceAccountToken",
+                                f"the API token of ServiceAccount {account!r} is not allowed in warm-ups (the "
+                                f"cluster admin allows the tokens of: {allowed})"))
     return found
 
 
@@ -220,5 +285,6 @@ def check_confinement(confinement: Confinement, namespace: str, spec: CacheSpec)
         secret_name=spec.storage.secret_name,
         service_account=spec.warmup.service_account_name,
     )
+    found += warmup_problems(confinement, namespace, spec.warmup)
     if found:
         raise InvalidSpec(found)

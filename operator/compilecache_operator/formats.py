@@ -4,8 +4,9 @@ Each ``*_problem`` function returns None for a valid value, else a short reason;
 are written into the CRD (patterns and CEL) where a schema can say them, and
 :mod:`compilecache_operator.spec` applies these to every field that reaches a Job, a pod or a node
 path: label and taint keys and values (Kubernetes' qualified names and label values), container
-resource names, image references (the distribution reference grammar), host names, and node paths
-(a node cache's hostPath: an allow-list of roots, never a system directory).
+resource names (extended resources by Kubernetes' own rule), image references (the distribution
+reference grammar), host names, node paths (a node cache's hostPath: an allow-list of roots, never a
+system directory), and text a container's process gets (never a NUL byte).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ IMAGE_REFERENCE_PATTERN = (
 """An image reference (``registry:5000/team/app:1.2@sha256:...``); the CRD's ``spec.image`` pattern."""
 _IMAGE = re.compile(IMAGE_REFERENCE_PATTERN)
 
+NATIVE_RESOURCE_PREFIX = "kubernetes.io/"
+QUOTA_REQUESTS_PREFIX = "requests."
 STANDARD_CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 """Container resources named without a domain; ``hugepages-<size>`` too. Any other needs one (nvidia.com/gpu)."""
 
@@ -86,15 +89,48 @@ def label_value_problem(value: str) -> str | None:
     return None
 
 
+def extended_resource_problem(value: str) -> str | None:
+    """An extended resource name, by Kubernetes' ``IsExtendedResourceName`` (k8s.io/kubernetes
+    pkg/apis/core/helper): a name with a domain (``nvidia.com/gpu``), the domain not ``kubernetes.io``
+    (nor any name holding ``kubernetes.io/``: those are native), not starting ``requests.``, and
+    ``requests.<name>`` still a qualified name (the domain at most 244 characters). Anything else is
+    native: ``cpu``, ``memory``, ``pods``, ``hugepages-2Mi``, ``kubernetes.io/hostname``."""
+    if "/" not in value:
+        return ("not an extended resource: it has no domain, so it is one of Kubernetes' own (cpu, memory, "
+                "ephemeral-storage, hugepages-<size>, pods, ...); a device is named with its vendor's domain "
+                "(nvidia.com/gpu, amd.com/gpu)")
+    if NATIVE_RESOURCE_PREFIX in value:
+        return f"not an extended resource: names holding {NATIVE_RESOURCE_PREFIX!r} are Kubernetes' own"
+    if value.startswith(QUOTA_REQUESTS_PREFIX):
+        return f"not an extended resource: names starting {QUOTA_REQUESTS_PREFIX!r} are resource quota names"
+    problem = qualified_name_problem(QUOTA_REQUESTS_PREFIX + value)
+    if problem:
+        return f"not an extended resource ({QUOTA_REQUESTS_PREFIX}<name> must be a qualified name): {problem}"
+    return None
+
+
 def resource_name_problem(value: str) -> str | None:
-    """A container resource name: ``cpu``, ``memory``, ``ephemeral-storage``, ``hugepages-<size>``,
-    or a qualified name with a domain (``nvidia.com/gpu``)."""
+    """A container resource name a node can offer: ``cpu``, ``memory``, ``ephemeral-storage``,
+    ``hugepages-<size>``, or an extended resource (``nvidia.com/gpu``; see :func:`extended_resource_problem`).
+    The API server also takes ``kubernetes.io/<anything>`` in a container, but no node offers such a
+    resource, so a pod asking for one is never scheduled."""
     problem = qualified_name_problem(value)
     if problem:
         return problem
-    if "/" not in value and value not in STANDARD_CONTAINER_RESOURCES and not value.startswith("hugepages-"):
-        standard = ", ".join(STANDARD_CONTAINER_RESOURCES)
-        return f"not a container resource: {standard}, hugepages-<size>, or one with a domain (nvidia.com/gpu)"
+    if "/" not in value:
+        if value not in STANDARD_CONTAINER_RESOURCES and not value.startswith("hugepages-"):
+            standard = ", ".join(STANDARD_CONTAINER_RESOURCES)
+            return f"not a container resource: {standard}, hugepages-<size>, or one with a domain (nvidia.com/gpu)"
+        return None
+    return extended_resource_problem(value)
+
+
+def runtime_text_problem(value: str) -> str | None:
+    """Text that reaches a process's arguments, environment or a file name in a container: no NUL byte
+    (``execve`` and every container runtime refuse one; the container could never start)."""
+    if "\x00" in value:
+        return (f"holds a NUL byte (at character {value.index(chr(0))}): no process argument, environment value "
+                "or file name can hold one, so the container could never start")
     return None
 
 
@@ -153,6 +189,6 @@ def under(path: str, root: str) -> bool:
 
 __all__ = [
     "DEFAULT_NODE_CACHE_ROOTS", "FORBIDDEN_NODE_PATHS", "IMAGE_REFERENCE_PATTERN", "dns_subdomain_problem",
-    "host_problem", "image_problem", "label_value_problem", "node_path_problem", "qualified_name_problem",
-    "resource_name_problem", "under",
+    "extended_resource_problem", "host_problem", "image_problem", "label_value_problem", "node_path_problem",
+    "qualified_name_problem", "resource_name_problem", "runtime_text_problem", "under",
 ]

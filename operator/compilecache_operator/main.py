@@ -209,6 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-warmup-service-accounts", default=_env("ALLOWED_WARMUP_SERVICE_ACCOUNTS"),
                    help="comma-separated ServiceAccounts warm-ups may run as: NAME or NAMESPACE/NAME "
                         "(default: not confined)")
+    p.add_argument("--allowed-warmup-secrets", default=_env("ALLOWED_WARMUP_SECRETS"),
+                   help="comma-separated Secrets a warm-up's compile container may read (spec.warmup.env[].valueFrom."
+                        "secretKeyRef, spec.warmup.volumes[].secret): NAME (any namespace) or NAMESPACE/NAME "
+                        "(default: not confined)")
+    p.add_argument("--allowed-warmup-pull-secrets", default=_env("ALLOWED_WARMUP_PULL_SECRETS"),
+                   help="comma-separated Secrets a warm-up's image may be pulled with (spec.warmup.imagePullSecrets): "
+                        "NAME or NAMESPACE/NAME (default: not confined; --image-pull-secrets are always allowed)")
+    p.add_argument("--allowed-warmup-service-account-tokens", default=_env("ALLOWED_WARMUP_SERVICE_ACCOUNT_TOKENS"),
+                   help="comma-separated ServiceAccounts whose API token a warm-up pod may mount when its spec asks "
+                        "(spec.warmup.automountServiceAccountToken): NAME or NAMESPACE/NAME; a warm-up pod mounts no "
+                        "token unless asked (default: not confined)")
     p.add_argument("--check-caches-at-admission", action="store_true", default=_env_bool("CHECK_CACHES_AT_ADMISSION"),
                    help="serve the CompileCache validating webhook: a create or spec change that would be InvalidSpec "
                         "(a bad field, or outside the allow-lists and every grant) is refused by the API server "
@@ -354,18 +365,22 @@ def node_cache_roots(value: str | None) -> tuple[str, ...]:
 
 
 def confinement_from(a: argparse.Namespace) -> Confinement:
-    """The allow-lists; a list given always takes the default store and Secret in."""
+    """The allow-lists; a list given always takes the default store and Secret, and the operator's own image pull
+    Secrets, in."""
 
     def allowed(value: str | None, default: str | None) -> tuple[str, ...] | None:
         if value is None:
             return None
-        return tuple(dict.fromkeys([*_csv(value), *([default] if default else [])]))
+        return tuple(dict.fromkeys([*_csv(value), *_csv(default)]))
 
     default_host = store_destination(a.default_storage_url) if a.default_storage_url else None
     return Confinement(
         store_hosts=allowed(a.allowed_store_hosts, default_host),
         store_secrets=allowed(a.allowed_store_secrets, a.default_storage_secret),
         warmup_service_accounts=allowed(a.allowed_warmup_service_accounts, None),
+        warmup_secrets=allowed(a.allowed_warmup_secrets, None),
+        warmup_pull_secrets=allowed(a.allowed_warmup_pull_secrets, a.image_pull_secrets),
+        warmup_service_account_tokens=allowed(a.allowed_warmup_service_account_tokens, None),
     )
 
 

@@ -166,6 +166,9 @@ class WarmupSpec:
     gpu_resource_name: str = DEFAULT_GPU_RESOURCE
     gpus_per_job: int = 1
     service_account_name: str | None = None
+    automount_service_account_token: bool = False
+    """Whether the warm-up pod mounts its ServiceAccount's API token (``spec.warmup.automountServiceAccountToken``):
+    never unless asked for, and only for a ServiceAccount the cluster admin allows it for."""
     image_pull_secrets: tuple[str, ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
     """The compile container's extra ``env`` entries: ``{name, value}`` or ``{name, valueFrom}``."""

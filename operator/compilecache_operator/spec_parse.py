@@ -18,12 +18,14 @@ from urllib.parse import urlsplit
 
 from compilecache_operator import store_ca, warmup_inputs
 from compilecache_operator.formats import (
+    extended_resource_problem,
     host_problem,
     image_problem,
     label_value_problem,
     node_path_problem,
     qualified_name_problem,
     resource_name_problem,
+    runtime_text_problem,
 )
 from compilecache_operator.spec import (
     DEFAULT_GPU_RESOURCE,
@@ -133,6 +135,7 @@ def parse_spec(
     deletion = read_enum(spec, "deletionPolicy", "spec", errors, DELETION_POLICIES, "Keep") or "Keep"
     remote = _parse_remote_cache(spec.get("remoteCache"), errors)
     preload = _parse_preload(read_mapping(spec.get("preload"), "spec.preload", errors), defaults, errors)
+    _check_runtime_text(spec, errors)
     if errors.items:
         raise InvalidSpec(errors.items)
     assert model is not None and storage is not None
@@ -152,6 +155,35 @@ def parse_spec(
 
 
 # -- sections -------------------------------------------------------------------------------
+def _check_runtime_text(spec: Mapping[str, Any], errors: FieldErrors) -> None:
+    """A NUL byte anywhere in the spec, a value's or a map key's, at its path (unless a check of that field
+    already refused it): the values end up in a container's arguments, environment or file names, which no
+    runtime can start with one. The value is not repeated (it may be a credential written inline)."""
+    refused = [e.path for e in errors.items]
+    for path, problem in _runtime_text_problems(spec, "spec"):
+        if not any(p == path or p.startswith((f"{path}.", f"{path}[")) for p in refused):
+            errors.add(path, problem)
+
+
+def _runtime_text_problems(raw: Any, path: str) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    if isinstance(raw, str):
+        problem = runtime_text_problem(raw)
+        if problem:
+            found.append((path, problem))
+    elif isinstance(raw, Mapping):
+        for key, value in raw.items():
+            key_problem = runtime_text_problem(str(key))
+            if key_problem:
+                found.append((path, f"a key {key_problem}"))
+            else:
+                found += _runtime_text_problems(value, f"{path}.{key}")
+    elif isinstance(raw, list):
+        for i, item in enumerate(raw):
+            found += _runtime_text_problems(item, f"{path}[{i}]")
+    return found
+
+
 def _check_name(name: str, errors: FieldErrors) -> None:
     if len(name) > MAX_NAME_LENGTH:
         errors.add(
@@ -377,7 +409,8 @@ def _parse_warmup(raw: Mapping[str, Any], defaults: Defaults, errors: FieldError
     selector = _parse_node_selector(raw.get("nodeSelector"), f"{path}.nodeSelector", errors)
     tolerations = _parse_tolerations(raw.get("tolerations"), f"{path}.tolerations", errors)
     gpu_resource = read_string(raw, "gpuResourceName", path, errors, max_length=317) or DEFAULT_GPU_RESOURCE
-    check(gpu_resource, resource_name_problem, f"{path}.gpuResourceName", errors)
+    if not check(gpu_resource, qualified_name_problem, f"{path}.gpuResourceName", errors):
+        check(gpu_resource, extended_resource_problem, f"{path}.gpuResourceName", errors)
     account = read_string(raw, "serviceAccountName", path, errors, max_length=253)
     if account is not None and not _DNS_SUBDOMAIN.fullmatch(account):
         errors.add(f"{path}.serviceAccountName", f"{account!r} is not a ServiceAccount name")
@@ -401,6 +434,7 @@ def _parse_warmup(raw: Mapping[str, Any], defaults: Defaults, errors: FieldError
         gpu_resource_name=gpu_resource,
         gpus_per_job=read_integer(raw, "gpusPerJob", path, errors, 1, low=0, high=16),
         service_account_name=account,
+        automount_service_account_token=read_boolean(raw, "automountServiceAccountToken", path, errors, False),
         image_pull_secrets=tuple(pull_secrets),
         env=warmup_inputs.parse_env(raw.get("env"), f"{path}.env", errors),
         volumes=volumes,

@@ -152,6 +152,22 @@ def _volume_source(kind: str, raw: Any, path: str, errors: Errors) -> dict[str, 
     return out if good else None
 
 
+def secrets_read(
+    env: Sequence[Mapping[str, Any]], volumes: Sequence[Mapping[str, Any]], path: str
+) -> list[tuple[str, str]]:
+    """The Secrets a compile container with this ``env`` and these ``volumes`` (as :func:`parse_env` and
+    :func:`parse_volumes` return them, under ``path``) can read, each as (the field naming it, its name)."""
+    found: list[tuple[str, str]] = []
+    for i, entry in enumerate(env):
+        ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
+        if ref is not None:
+            found.append((f"{path}.env[{i}].valueFrom.secretKeyRef.name", str(ref["name"])))
+    for i, volume in enumerate(volumes):
+        if "secret" in volume:
+            found.append((f"{path}.volumes[{i}].secret.secretName", str(volume["secret"]["secretName"])))
+    return found
+
+
 def parse_volume_mounts(
     raw: Any, path: str, volumes: Sequence[Mapping[str, Any]], errors: Errors
 ) -> tuple[Mapping[str, Any], ...]:

@@ -210,7 +210,8 @@ def _publish_container(spec: CacheSpec, settings: JobSettings) -> dict[str, Any]
 
 def _warmup_placement(spec: CacheSpec, variant: Variant, settings: JobSettings) -> dict[str, Any]:
     """Where and as whom the warm-up pod runs: node selector (the variant's GPU), tolerations,
-    service account and image pull secrets; only those that are set."""
+    service account and image pull secrets (only those that are set), and whether the pod mounts its
+    ServiceAccount's API token (always said)."""
     warm = spec.warmup
     placement: dict[str, Any] = {}
     node_selector = dict(warm.node_selector)
@@ -222,6 +223,9 @@ def _warmup_placement(spec: CacheSpec, variant: Variant, settings: JobSettings) 
         placement["tolerations"] = [dict(t) for t in warm.tolerations]
     if warm.service_account_name:
         placement["serviceAccountName"] = warm.service_account_name
+    # The user's code runs in the compile container: no API token unless the spec asks and the admin allows it
+    # (confinement), whatever the ServiceAccount's own automountServiceAccountToken says.
+    placement["automountServiceAccountToken"] = warm.automount_service_account_token
     pull_secrets = list(dict.fromkeys([*settings.image_pull_secrets, *warm.image_pull_secrets]))
     if pull_secrets:
         placement["imagePullSecrets"] = [{"name": s} for s in pull_secrets]

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.chart.chart import CHART_DIR, NAMESPACE, RELEASE, helm
+from tests.operator.specgen import BAD_PORTS, PORT_URLS
 
 SECRET = st.text(alphabet="abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789", min_size=8, max_size=24)
 HOST = st.sampled_from(["redis.cache.svc", "10.0.5.7", "cache.example.com"])
@@ -30,7 +31,7 @@ def user_info_urls() -> st.SearchStrategy[tuple[str, str]]:
 
 def render(helm_bin: Path, url: str) -> tuple[int, str, str]:
     proc = helm(helm_bin, "template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE,
-                "--set-string", f"storage.url={url}", check=False)
+                "--set-string", "storage.url=" + url.replace(",", "\\,"), check=False)  # a list's comma, escaped
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -53,3 +54,14 @@ def test_a_store_url_without_user_info_renders(helm_bin: Path, url: str) -> None
     code, out, err = render(helm_bin, url)
     assert code == 0, err
     assert f"--default-storage-url={url}" in out
+
+
+@pytest.mark.helm
+@settings(max_examples=8, deadline=None)
+@given(url=st.builds(lambda form, port: form.format(port=port), st.sampled_from(PORT_URLS), BAD_PORTS))
+def test_a_store_url_whose_port_is_outside_1_to_65535_is_refused(helm_bin: Path, url: str) -> None:
+    """Port 0 or past 65535, the store's, an S3 endpoint's or a Redis Cluster seed's: nothing could reach it, and the
+    operator would refuse to start with it."""
+    code, out, err = render(helm_bin, url)
+    assert code == 1, out[-300:]
+    assert "storage.url" in err and "from 1 to 65535" in err, err

@@ -7,6 +7,7 @@ validates again for objects stored before a rule existed, and the two must agree
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import shutil
 import subprocess
@@ -18,9 +19,11 @@ import pytest
 import yaml
 from compilecache_operator.spec import Defaults, InvalidSpec
 from compilecache_operator.spec_parse import parse_spec
+from hypothesis import HealthCheck, given, settings
 
 from tests.chart.test_crd_descriptions import fields
 from tests.infra.helm import helm_binaries, kubectl_bin  # noqa: F401  (fixtures)
+from tests.operator.specgen import Case, dotted, last_bad_specs
 from tests.operator.test_examples import QUICK_START_STORE
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.crd import CC_API, CRD_NAME, install_crd
@@ -194,6 +197,24 @@ def test_a_bad_object_is_refused_with_its_field_path(
     assert field in causes, causes
     assert fragment in causes[field], causes
     assert operator_field in operator_refusal(obj)
+
+
+LAST_BAD = itertools.count()
+
+
+@settings(max_examples=40, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=last_bad_specs())
+def test_the_last_bad_specs_are_refused_at_their_field_by_the_api_server_and_the_operator(
+    crd: dict[str, Any], kube_client: KubeClient, kube_namespace: str, case: Case,
+) -> None:
+    """Generated relatives of what a sweep found accepted: a NUL byte in text a container gets (patterns), a GPU
+    resource that is not an extended resource, a resource no node offers, a store port outside 1..65535 (CEL)."""
+    obj = {"apiVersion": "compilecache.io/v1alpha1", "kind": "CompileCache",
+           "metadata": {"name": f"last-bad-{next(LAST_BAD)}"}, "spec": case.spec}
+    causes = refusal(kube_client, kube_namespace, copy.deepcopy(obj))
+    field = dotted(case.path)
+    assert any(cause == field or cause.startswith(f"{field}.") for cause in causes), (field, causes)
+    assert field in operator_refusal(obj)
 
 
 def test_an_update_is_judged_by_the_same_rules(

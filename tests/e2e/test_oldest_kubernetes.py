@@ -104,6 +104,13 @@ def test_the_chart_installs_on_the_oldest_supported_kubernetes(oldest_cluster: L
         with pytest.raises(KubeAPIError) as refused:  # a CEL rule of the CRD, evaluated by this API server
             client.post(path, {**cache, "metadata": {"name": "x" * 210}})
         assert refused.value.status == 422 and "metadata.name" in refused.value.body
+        for field, bad, said in (  # the CRD's newer rules, evaluated by this API server too
+                ("warmup", {"gpuResourceName": "kubernetes.io/hostname"}, "must be an extended resource"),
+                ("storage", {"url": "s3://bucket/p?endpoint=http://minio:0"}, "must be a number from 1 to 65535"),
+                ("warmup", {"resources": {"limits": {"node.kubernetes.io/x": "1"}}}, "an extended resource")):
+            with pytest.raises(KubeAPIError) as refused:
+                client.post(path, {**cache, "metadata": {"name": "newer-rule"}, "spec": {**cache["spec"], field: bad}})
+            assert refused.value.status == 422 and said in refused.value.body, refused.value.body
         helm(helm_bin, "uninstall", "old", "--namespace", ns, "--timeout", "60s", env=env)
     finally:
         if operator is not None:

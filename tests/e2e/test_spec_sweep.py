@@ -20,7 +20,17 @@ from hypothesis import strategies as st
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.operator import e2e_support as e2e
-from tests.operator.specgen import SECRET, URL_FORMS, Case, body_of, cases, dotted, job_problems
+from tests.operator.specgen import (
+    SECRET,
+    URL_FORMS,
+    Case,
+    body_of,
+    cases,
+    dotted,
+    job_problems,
+    last_bad_specs,
+    spec_problems,
+)
 from tests.operator.test_spec import validator
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
@@ -92,7 +102,7 @@ class Sweep:
             return str(ready["reason"])
         assert jobs, f"neither refused nor warming ({case.kind} at {dotted(case.path)}): {ready}"
         for job in jobs:
-            assert not job_problems(job), job_problems(job)
+            assert not job_problems(job) + spec_problems(case.spec), job_problems(job) + spec_problems(case.spec)
         return "warm-up"
 
     def _saw(self, outcome: str) -> str:
@@ -130,6 +140,15 @@ def test_a_credential_in_the_store_url_is_never_shown(sweep: Sweep, url: str) ->
     outcome = sweep.apply(Case(spec, ("storage", "url"), "credential", url))
     assert outcome in ("refused by the API server", "InvalidSpec")
     assert SECRET not in sweep.operator.log_path.read_text(errors="replace")
+
+
+@settings(max_examples=12, derandomize=True, database=None, deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(case=last_bad_specs())
+def test_the_last_bad_specs_never_get_a_job(sweep: Sweep, case: Case) -> None:
+    """A NUL byte in text a container gets, a GPU resource that is not an extended resource, a resource no node
+    offers, a store port outside 1..65535: refused by the API server (the CRD's rules), or InvalidSpec."""
+    assert sweep.apply(case) in ("refused by the API server", "InvalidSpec")
 
 
 def test_a_job_the_api_server_refuses_ends_in_a_condition_and_an_event(

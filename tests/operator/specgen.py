@@ -82,6 +82,29 @@ TEXTS = [
 ]
 
 
+def with_nul(text: st.SearchStrategy[str] | None = None) -> st.SearchStrategy[str]:
+    """Text with a NUL byte somewhere (and other control characters around it, which a runtime takes)."""
+    around = text if text is not None else st.text(st.characters(max_codepoint=0x7F), max_size=12)
+    return st.tuples(around, around).map(lambda t: f"{t[0]}\x00{t[1]}")
+
+
+NATIVE_DOMAINS = st.sampled_from(["", "node.", "x.", "sub.example.", "k8s."])
+NAME_PART = st.from_regex(r"[a-z][a-z0-9-]{0,20}[a-z0-9]", fullmatch=True)
+NOT_EXTENDED = st.one_of(
+    st.sampled_from(["cpu", "memory", "ephemeral-storage", "pods", "hugepages-2Mi", "hugepages-1Gi", "storage",
+                     "kubernetes.io/hostname", "requests.nvidia.com/gpu"]),
+    NAME_PART,  # no domain: Kubernetes' own
+    st.builds(lambda d, n: f"{d}kubernetes.io/{n}", NATIVE_DOMAINS, NAME_PART),
+    st.builds(lambda d, n: f"requests.{d}example.com/{n}", NATIVE_DOMAINS, NAME_PART),
+    st.builds(lambda n: f"{'a' * 241}.com/{n}", NAME_PART),  # requests.<domain> past 253 characters
+)
+"""Resource names that are not extended resources (Kubernetes' IsExtendedResourceName): no GPU, or no node."""
+BAD_PORTS = st.one_of(st.integers(1, 5).map(lambda n: "0" * n), st.integers(65536, 10**9).map(str))
+PORT_URLS = ["redis://redis.cache:{port}/0", "rediss://redis.cache:{port}/1?prefix=p",
+             "redis-cluster://redis.cache:7000?nodes=a:7001,b:{port}", "s3://bucket/p?endpoint=http://minio:{port}",
+             "s3://bucket/p?region=eu-west-1&endpoint=https://minio.storage.svc:{port}/"]
+
+
 @dataclass(frozen=True)
 class Case:
     """One generated spec: where it differs from a valid base (``path``), and how (``kind``)."""
@@ -101,6 +124,7 @@ def wrong_values(path: tuple[Step, ...], node: Mapping[str, Any]) -> st.SearchSt
     if kind == "string" or node.get("x-kubernetes-int-or-string") or "anyOf" in node:
         options.append(st.sampled_from([("format", t) for t in TEXTS]))
         options.append(st.text(max_size=40).map(lambda t: ("unicode", t)))
+        options.append(with_nul().map(lambda t: ("nul", t)))
         if path[-1] == "url":
             options.append(st.sampled_from([("credential", u) for u in URL_FORMS]))
     if kind == "integer":
@@ -150,6 +174,57 @@ def cases(draw: st.DrawFn) -> Case:
     parent = _container(base, path[:-1])
     _set(parent, path[-1], value)
     return Case(base, path, kind, value)
+
+
+@st.composite
+def last_bad_specs(draw: st.DrawFn) -> Case:
+    """One of the bad values a sweep found accepted (issue-level examples and their generated relatives): a NUL
+    byte in text a container gets, a GPU resource that is not an extended resource, a container resource no
+    node offers, a store port outside 1..65535. Each in an otherwise valid base spec."""
+    spec = copy.deepcopy(draw(st.sampled_from(BASES)))
+    kind = draw(st.sampled_from(["nul", "gpu-resource", "resource-name", "port"]))
+    if kind == "nul":
+        text = draw(with_nul())
+        where = draw(st.sampled_from(["command", "inductorConfig", "env", "url"]))
+        if where == "command":
+            spec["model"] = {"command": text}
+            return Case(spec, ("model", "command"), kind, text)
+        if where == "inductorConfig":
+            spec["model"]["compile"] = {**spec["model"].get("compile", {}), "inductorConfig": {"max_autotune": text}}
+            return Case(spec, ("model", "compile", "inductorConfig", "max_autotune"), kind, text)
+        if where == "env":
+            spec.setdefault("warmup", {})["env"] = [{"name": "HF_HOME", "value": text}, {"name": "OK", "value": "1"}]
+            return Case(spec, ("warmup", "env", 0, "value"), kind, text)
+        url = f"{spec['storage']['url']}{'&' if '?' in spec['storage']['url'] else '?'}prefix={text}"
+        spec["storage"]["url"] = url
+        return Case(spec, ("storage", "url"), kind, url)
+    if kind == "gpu-resource":
+        name = draw(NOT_EXTENDED)
+        spec.setdefault("warmup", {})["gpuResourceName"] = name
+        return Case(spec, ("warmup", "gpuResourceName"), kind, name)
+    if kind == "resource-name":
+        name = draw(NOT_EXTENDED.filter(lambda n: "/" in n))
+        part = draw(st.sampled_from(["limits", "requests"]))
+        section = draw(st.sampled_from(["resources", "helperResources"]))
+        resources = spec.setdefault("warmup", {}).setdefault(section, {})
+        resources.setdefault("limits", {})[name] = "1"
+        if part == "requests":
+            resources.setdefault("requests", {})[name] = "1"
+        return Case(spec, ("warmup", section, part), kind, name)
+    url = draw(st.sampled_from(PORT_URLS)).format(port=draw(BAD_PORTS))
+    spec["storage"] = {**spec["storage"], "url": url}
+    if url.startswith("redis"):
+        spec["storage"].pop("secretRef", None)  # the S3 base's Secret keys are no Redis credentials
+    return Case(spec, ("storage", "url"), kind, url)
+
+
+def spec_problems(spec: Mapping[str, Any]) -> list[str]:
+    """What a spec that was given a Job must not say, though the Job itself is valid Kubernetes: a GPU resource
+    that is not an extended resource (the warm-up would get no GPU: ``cpu: 1`` is a valid limit)."""
+    warmup = spec.get("warmup")
+    name = warmup.get("gpuResourceName") if isinstance(warmup, Mapping) else None
+    reason = formats.extended_resource_problem(name) if isinstance(name, str) else None
+    return [f"gpuResourceName {name[:80]!r}: {reason}"] if isinstance(name, str) and reason else []
 
 
 def _container(spec: dict[str, Any], path: tuple[Step, ...]) -> Any:
@@ -236,6 +311,10 @@ def job_problems(job: Mapping[str, Any]) -> list[str]:
         for env in container.get("env") or []:
             if env["name"] == "TORCHINDUCTOR_REDIS_HOST":
                 check("remote cache host", env.get("value"), formats.host_problem)
+            if isinstance(env.get("value"), str) and "\x00" in env["value"]:
+                problems.append(f"env {env['name']}: a NUL byte, which no process environment can hold")
+        if any("\x00" in str(arg) for arg in [*(container.get("command") or []), *(container.get("args") or [])]):
+            problems.append(f"container {container['name']}: a NUL byte in its command, which execve refuses")
     deadline = job["spec"].get("activeDeadlineSeconds", 1)
     if not 1 <= deadline <= 7 * 24 * 3600:
         problems.append(f"activeDeadlineSeconds {deadline}")

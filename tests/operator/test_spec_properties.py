@@ -14,7 +14,19 @@ from compilecache_operator import reconcile
 from compilecache_operator.reconcile import Snapshot
 from hypothesis import HealthCheck, given, settings
 
-from tests.operator.specgen import BASES, SECRET, SETTINGS, URL_FORMS, Case, body_of, cases, dotted, job_problems
+from tests.operator.specgen import (
+    BASES,
+    SECRET,
+    SETTINGS,
+    URL_FORMS,
+    Case,
+    body_of,
+    cases,
+    dotted,
+    job_problems,
+    last_bad_specs,
+    spec_problems,
+)
 from tests.operator.test_spec import validator
 
 SCHEMA = validator()
@@ -45,7 +57,7 @@ def outcome(case: Case) -> str:
         return actions.failure.reason
     assert actions.create, f"neither refused nor warmed up: {actions}"
     for job in actions.create:
-        problems = job_problems(job.manifest)
+        problems = job_problems(job.manifest) + spec_problems(case.spec)
         assert not problems, f"a Job from an invalid value ({case.kind} at {dotted(case.path)}): {problems}"
     return "warm-up"
 
@@ -67,3 +79,21 @@ def test_a_credential_in_any_part_of_the_store_url_is_refused_and_never_shown(ur
     actions = reconcile.decide_actions(snapshot, SETTINGS)
     assert actions.failure is not None and actions.failure.reason == "InvalidSpec", "the operator refuses it too"
     assert "spec.storage.url" in actions.failure.message and SECRET not in actions.failure.message
+
+
+@settings(max_examples=400, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@given(last_bad_specs())
+def test_the_last_bad_specs_are_refused_by_the_operator_at_their_field(case: Case) -> None:
+    """A NUL byte in text a container gets, a GPU resource that is not an extended resource, a resource no node
+    offers, a store port outside 1..65535: the operator refuses each at its field whether or not the CRD's rules
+    were in force when it was stored (the schema's patterns refuse the NUL bytes too; CEL the rest, on a real API
+    server: tests/e2e/test_crd_validation.py)."""
+    actions = reconcile.decide_actions(Snapshot(body_of(case.spec)), SETTINGS)
+    assert actions.failure is not None and actions.failure.reason == "InvalidSpec", (case, actions.create)
+    assert not actions.create
+    named = [m.split(":", 1)[0] for m in actions.failure.message.split("; ")]
+    assert dotted(case.path) in named, (dotted(case.path), actions.failure.message)
+    assert outcome(case) in ("refused by the schema", "InvalidSpec")
+    if case.kind == "nul":
+        assert not SCHEMA.is_valid(body_of(case.spec)), "the schema's pattern refuses a NUL byte too"

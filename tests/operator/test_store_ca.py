@@ -160,6 +160,8 @@ def test_a_bad_default_ca_stops_the_operator_naming_the_flag(argv: list[str], sa
     ("rediss://admin:hunter2@redis:6380/0", "must not carry user info"),
     ("s3://bucket?endpoint=http://user:hunter2@minio:9000", "a password belongs in the Secret"),
     ("ftp://hunter2.example/x", "has scheme 'ftp'"),
+    ("redis://redis.hunter2.example:0/0", "the port '0' is not a port number from 1 to 65535"),
+    ("s3://bucket?endpoint=http://minio.hunter2.example:70000", "the endpoint's port '70000' is not a port number"),
 ])
 def test_a_default_store_url_no_cache_could_use_stops_the_operator(url: str, said: str,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:

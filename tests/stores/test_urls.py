@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cachelib.stores import (
     FileStoreURL,
@@ -138,7 +140,7 @@ def test_sizes(text: str, value: int) -> None:
         ("redis://host?nodes=a:1", "unknown option 'nodes'"),
         ("redis-cluster://host?nodes=a", "nodes: 'a' is not host:port"),
         ("redis-cluster://host?nodes=a:1,,b:2", "nodes: '' is not host:port"),
-        ("redis-cluster://host?nodes=a:99999", "nodes: 'a:99999' is not host:port"),
+        ("redis-cluster://host?nodes=a:99999", "nodes: 'a:99999': the port '99999' is not a port number from 1 to"),
         ("s3://", "no bucket"),
         ("s3://Bad_Bucket/x", "bucket 'Bad_Bucket' is not a valid S3 bucket name"),
         ("s3://ab", "not a valid S3 bucket name"),
@@ -188,3 +190,19 @@ def test_environment_fills_the_redis_password_and_the_s3_endpoint() -> None:
     assert isinstance(generic, S3StoreURL) and generic.endpoint == "http://generic"
     explicit = resolve_environment(parse_store_url("s3://bucket?endpoint=http://url"), env)
     assert isinstance(explicit, S3StoreURL) and explicit.endpoint == "http://url"
+
+
+BAD_PORTS = st.one_of(st.integers(1, 5).map(lambda n: "0" * n), st.integers(65536, 10**12).map(str),
+                      st.integers(65536, 99999).map(lambda p: f"000{p}"))
+PORT_PLACES = ["redis://h:{port}/0", "rediss://[fe80::1]:{port}/0", "redis-cluster://h:{port}",
+               "redis-cluster://h:7000?nodes=a:7001,b:{port}", "s3://bucket/p?endpoint=http://minio:{port}",
+               "s3://bucket/p?endpoint=https://[::1]:{port}/&region=x"]
+
+
+@settings(max_examples=120, deadline=None)
+@given(place=st.sampled_from(PORT_PLACES), port=BAD_PORTS)
+def test_a_port_outside_1_to_65535_is_refused_wherever_it_stands(place: str, port: str) -> None:
+    """Port 0 is no port anything listens on, and one past 65535 none at all: the store could never be reached."""
+    with pytest.raises(StoreURLError, match=rf"port '{port[:16]}' is not a port number from 1 to 65535"):
+        parse_store_url(place.format(port=port))
+    parse_store_url(place.format(port="0" + "6379"))  # a leading zero alone is fine

@@ -39,6 +39,9 @@
 - --allowed-store-hosts={{ include "compilecache-operator.allowedStoreHosts" . | fromJsonArray | join "," }}
 - --allowed-store-secrets={{ include "compilecache-operator.allowedStoreSecrets" . | fromJsonArray | join "," }}
 - --allowed-warmup-service-accounts={{ .Values.confinement.warmupServiceAccounts | default list | join "," }}
+- --allowed-warmup-secrets={{ .Values.confinement.warmupSecrets | default list | join "," }}
+- --allowed-warmup-pull-secrets={{ .Values.confinement.warmupPullSecrets | default list | join "," }}
+- --allowed-warmup-service-account-tokens={{ .Values.confinement.warmupServiceAccountTokens | default list | join "," }}
 {{- end }}
 {{- if and .Values.signing.enabled .Values.signing.existingSecret }}
 - --signing-key-file=/etc/compilecache/signing/signing.key
