@@ -1,8 +1,9 @@
 """The operator's own I/O against the real API server.
 
 - Its watches: list then watch, a label selector, a watch whose connection drops (started again from the last
-  version, no new list), a version the server no longer has (410 Gone: listed afresh, the deletions missed
-  meanwhile reported), and every change in the server's order.
+  version, no new list), a version the server no longer serves (its watch cache started afresh, as after a
+  restart of the API server: 410 Gone, listed afresh, the deletions missed meanwhile reported), and every
+  change in the server's order.
 - Its Events: what the API server's validation accepts, read back as posted (a long message shortened).
 
 No pods run: the control plane alone, shared with the session.
@@ -24,8 +25,35 @@ from compilecache_operator.kube import KubeAPI
 
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeClient
+from testsupport.wait import wait_for
 
-CONFIGMAPS = Resource("v1", "ConfigMap", "configmaps", selector="compilecache.io/warmup-for")
+SELECTOR = "compilecache.io/warmup-for"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def widget_crd(group: str) -> dict[str, Any]:
+    """A kind of the test's own, so that the test can start the API server's watch cache for it afresh (by
+    making the CRD again), as a restart of the API server does."""
+    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"widgets.{group}"},
+            "spec": {"group": group, "scope": "Namespaced",
+                     "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": schema}]}}
+
+
+def make_kind(client: KubeClient, group: str) -> None:
+    client.post(CRDS, widget_crd(group))
+    wait_for(lambda: any(c["type"] == "Established" and c["status"] == "True"
+                         for c in client.get(f"{CRDS}/widgets.{group}").get("status", {}).get("conditions") or []),
+             30, "the test kind established")
+    wait_for(lambda: client.exists(f"/apis/{group}/v1/widgets"), 30, "the test kind served")
+
+
+def remove_kind(client: KubeClient, group: str) -> None:
+    if client.exists(f"{CRDS}/widgets.{group}"):
+        client.delete(f"{CRDS}/widgets.{group}")
+    wait_for(lambda: not client.exists(f"{CRDS}/widgets.{group}"), 60, "the test kind gone")
 
 
 def connection(kubeconfig: Path, server: str) -> kopf.ConnectionInfo:
@@ -35,10 +63,12 @@ def connection(kubeconfig: Path, server: str) -> kopf.ConnectionInfo:
                                certificate_path=user["client-certificate"], private_key_path=user["client-key"])
 
 
-def configmap(client: KubeClient, namespace: str, name: str, value: str, labelled: bool = True) -> dict[str, Any]:
-    labels = {"compilecache.io/warmup-for": "c"} if labelled else {}
-    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels}, "data": {"v": value}}
-    path = f"/api/v1/namespaces/{namespace}/configmaps"
+def put(client: KubeClient, path: str, name: str, value: str, labelled: bool = True) -> dict[str, Any]:
+    """Create or change one object of ``path`` (ConfigMaps or the test's widgets): ``data.v`` is ``value``."""
+    labels = {SELECTOR: "c"} if labelled else {}
+    kind = "ConfigMap" if path.endswith("/configmaps") else "Widget"
+    api_version = "v1" if kind == "ConfigMap" else path.split("/")[2] + "/v1"
+    body = {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "labels": labels}, "data": {"v": value}}
     if client.exists(f"{path}/{name}"):
         return client.merge_patch(f"{path}/{name}", {"data": {"v": value}})
     return client.post(path, body)
@@ -109,41 +139,46 @@ def test_the_watch_follows_the_server_through_a_dropped_connection_and_a_gone_ve
     kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str,
 ) -> None:
     ns = kube_namespace
+    group = f"{ns}.informer.compilecache.test"
+    path = f"/apis/{group}/v1/namespaces/{ns}/widgets"
     port = int(kube_cluster.server.rsplit(":", 1)[1])
     kubeconfig = kube_cluster.write_kubeconfig("informer-test", ("system:masters",))
+    make_kind(kube_client, group)
     for name in ("a", "b", "c"):
-        configmap(kube_client, ns, name, "1")
-    configmap(kube_client, ns, "unlabelled", "1", labelled=False)
+        put(kube_client, path, name, "1")
+    put(kube_client, path, "unlabelled", "1", labelled=False)
     changes: list[Change] = []
 
     async def scenario() -> None:
         relay = Relay(port)
         async with relay as relay_port:
             api = KubeAPI(connection(kubeconfig, f"https://127.0.0.1:{relay_port}"))
-            informer = Informer(api, CONFIGMAPS, changes.append, namespace=ns, watch_seconds=60)
+            informer = Informer(api, Resource(f"{group}/v1", "Widget", "widgets", selector=SELECTOR), changes.append,
+                                namespace=ns, watch_seconds=60)
             try:
                 async with running(informer):
                     await asyncio.wait_for(informer.synced.wait(), 20)
                     assert held(informer) == {"a": "1", "b": "1", "c": "1"}, "listed: only the labelled ones"
                     assert sorted(c.key[1] for c in changes) == ["a", "b", "c"] and {c.type for c in changes} == {ADDED}
                     await until(lambda: informer.watches == 1, "the watch")
-                    configmap(kube_client, ns, "a", "2")
+                    put(kube_client, path, "a", "2")
                     await until(lambda: held(informer)["a"] == "2", "a change seen by the watch")
 
                     assert relay.cut() >= 2, "the watch's connection, both ends"
-                    configmap(kube_client, ns, "b", "2")  # while no watch is open
-                    kube_client.delete(f"/api/v1/namespaces/{ns}/configmaps/c")
+                    put(kube_client, path, "b", "2")  # while no watch is open
+                    kube_client.delete(f"{path}/c")
                     await until(lambda: held(informer) == {"a": "2", "b": "2"}, "the changes made while it was down")
                     assert informer.lists == 1 and informer.watches >= 2, "started again from its version, no list"
-                    configmap(kube_client, ns, "b", "3")
-                    configmap(kube_client, ns, "b", "4")
+                    put(kube_client, path, "b", "3")
+                    put(kube_client, path, "b", "4")
                     await until(lambda: held(informer).get("b") == "4", "two changes in a row")
 
-                # An outage longer than the API server's watch window: the version held is too old for it.
-                configmap(kube_client, ns, "d", "1")
-                kube_client.delete(f"/api/v1/namespaces/{ns}/configmaps/a")
-                configmap(kube_client, ns, "b", "5")
-                informer.version = "1"
+                # While it is away, the API server's watch cache of the kind starts afresh (as after a restart of
+                # the API server): the version the informer holds is older than any it can serve now.
+                remove_kind(kube_client, group)
+                make_kind(kube_client, group)
+                put(kube_client, path, "b", "5")
+                put(kube_client, path, "d", "1")
                 seen = len(changes)
                 async with running(informer):
                     await until(lambda: informer.lists == 2, "a new list after 410 Gone")
@@ -153,7 +188,10 @@ def test_the_watch_follows_the_server_through_a_dropped_connection_and_a_gone_ve
             finally:
                 await api.close()
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        remove_kind(kube_client, group)
     history: dict[str, Any] = {}
     for change in changes:  # in the server's order: each change starts where the one before it ended
         assert history.get(change.key[1]) == change.old
@@ -166,7 +204,7 @@ def test_the_events_the_operator_posts_are_accepted_and_read_back(
 ) -> None:
     ns = kube_namespace
     kubeconfig = kube_cluster.write_kubeconfig("events-test", ("system:masters",))
-    involved = configmap(kube_client, ns, "involved", "1")
+    involved = put(kube_client, f"/api/v1/namespaces/{ns}/configmaps", "involved", "1")
     long_message = "x" * 3000
 
     async def scenario() -> None:
