@@ -103,6 +103,7 @@ async def work(state: State, emit: Emit | None) -> None:
                 await handle(state, key, emit)
         except Exception as exc:
             logger.warning("handling CompileCache %s/%s failed: %s", key[0], key[1], exc)
+        await asyncio.sleep(0)  # a long queue of caches that need no request lets the event loop run
 
 
 async def handle(state: State, key: Key, emit: Emit | None) -> None:
@@ -140,27 +141,35 @@ def look_again(state: State, key: Key, delay: float, emit: Emit | None) -> None:
 
 
 async def resync(state: State, emit: Emit | None) -> int:
-    """Reconcile every unsettled cache, ``settings.concurrency`` at a time; errors are logged.
-    Returns how many were reconciled."""
-    keys = unsettled(state)
-    pending = iter(keys)
+    """Reconcile every unsettled cache, ``settings.concurrency`` at a time; errors are logged. Each cache
+    looked at lets the event loop run (a reconcile that changes nothing makes no request, so ten thousand of
+    them would otherwise hold the webhook's answers for seconds). Returns how many were reconciled."""
+    pending = iter(state.cluster.indexes.cache_keys())
+    handled = 0
 
     async def worker() -> None:
+        nonlocal handled
         for key in pending:
-            try:
-                await handle(state, key, emit)
-            except Exception as exc:
-                logger.warning("resync of %s/%s failed: %s", key[0], key[1], exc)
+            if is_unsettled(state, key):
+                handled += 1
+                try:
+                    await handle(state, key, emit)
+                except Exception as exc:
+                    logger.warning("resync of %s/%s failed: %s", key[0], key[1], exc)
+            await asyncio.sleep(0)
 
     await asyncio.gather(*(worker() for _ in range(max(1, state.settings.concurrency))))
-    return len(keys)
+    return handled
 
 
 def unsettled(state: State) -> list[Key]:
     """The caches whose inputs changed since their last settled reconcile, or that wait for
     something (a Job, a Secret, a GPU node): the only ones a resync reconciles."""
-    return [key for key in state.cluster.indexes.cache_keys()
-            if state.scheduler.settled.get(key) != fingerprint(state, key) and key not in state.scheduler.retries]
+    return [key for key in state.cluster.indexes.cache_keys() if is_unsettled(state, key)]
+
+
+def is_unsettled(state: State, key: Key) -> bool:
+    return state.scheduler.settled.get(key) != fingerprint(state, key) and key not in state.scheduler.retries
 
 
 async def reconcile(

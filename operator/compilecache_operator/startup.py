@@ -191,7 +191,8 @@ class Runtime:
         tasks.append(asyncio.create_task(self.running.events.run(), name="event poster"))
         tasks += [asyncio.create_task(scheduling.work(state, self.emit), name=f"reconcile worker {i}")
                   for i in range(max(1, state.settings.concurrency))]
-        tasks.append(asyncio.create_task(resync_loop(state, self.intervals.resync_seconds, self.emit)))
+        tasks.append(asyncio.create_task(resync_loop(state, self.intervals.resync_seconds, self.emit,
+                                                     readiness(state, self.admission.server, self.admission))))
         if state.settings.operator_namespace and state.settings.confinement != Confinement():
             tasks.append(asyncio.create_task(grants_loop(state, state.settings.operator_namespace, self.emit)))
         if self.election is not None:
@@ -436,10 +437,12 @@ async def apply_grants(state: State, grants: tuple[Any, ...], emit: Emit | None 
             await scheduling.handle(state, key, emit)
 
 
-async def resync_loop(state: State, interval: float, emit: Emit | None) -> None:
-    """Once every watch has listed, reconcile what is unsettled, then again every ``interval``
-    seconds; errors are logged, never fatal."""
-    while not state.cluster.ready:
+async def resync_loop(state: State, interval: float, emit: Emit | None,
+                      ready: Callable[[], bool] | None = None) -> None:
+    """Once every watch has listed and the replica is Ready (``ready``: its webhook answers; a restarted
+    operator injects pods before it looks at every cache again), reconcile what is unsettled, then again
+    every ``interval`` seconds; errors are logged, never fatal."""
+    while not state.cluster.ready or (ready is not None and not ready()):
         await asyncio.sleep(0.1)
     while True:
         count = await scheduling.resync(state, emit) if state.lifecycle.leading else 0

@@ -29,7 +29,7 @@ from compilecache_operator.informer import (
     replace_all,
 )
 from compilecache_operator.metrics import Metrics
-from compilecache_operator.state import State, owner_uids
+from compilecache_operator.state import Indexes, State, owner_uids
 from compilecache_operator.watches import CacheViews, Grouped, Singles
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -249,3 +249,38 @@ def test_a_spec_is_parsed_once_whatever_its_status_does() -> None:
     state.settings = dataclasses.replace(SETTINGS, retry_seconds=8)
     again = reconcile.cache_spec(state, changed)
     assert again is not first and reconcile.cache_spec(state, changed) is again
+
+
+def test_a_resync_of_many_caches_lets_the_event_loop_run() -> None:
+    """A resync that finds nothing to do makes no request: over thousands of caches it must still let the
+    webhook's answers and the probes through, cache by cache."""
+    state = State(settings=SETTINGS, metrics=Metrics())
+    bodies = {}
+    for i in range(300):
+        body = cache()
+        body["metadata"]["name"] = f"c{i}"
+        bodies[("team-a", f"c{i}")] = body
+    state.cluster.indexes = Indexes(caches=Singles(bodies))
+    for key in bodies:
+        state.scheduler.settled[key] = scheduling.fingerprint(state, key)
+    ticks = 0
+
+    async def run() -> int:
+        nonlocal ticks
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        beside = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        handled = await scheduling.resync(state, None)
+        done.set()
+        await beside
+        return handled
+
+    assert asyncio.run(run()) == 0
+    assert ticks >= 300 // SETTINGS.concurrency, "the loop ran between the caches looked at"
