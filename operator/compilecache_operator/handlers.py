@@ -4,25 +4,23 @@ They are registered at import, in Kopf's default registry; each reads what it ne
 operator's :class:`~compilecache_operator.startup.Runtime` (through :func:`~compilecache_operator.startup.runtime_of`),
 which ``main`` builds and whose :meth:`~compilecache_operator.startup.Runtime.start` runs at Kopf's start-up:
 
-- indexes (Kopf keeps them current from its watches): the CompileCaches (the webhook's view and
-  the objects), their warm-up Jobs, the Nodes' labels. A reconcile reads them, not the API.
-  Jobs and pods are watched with server-side label selectors (only warm-up Jobs, only opted-in pods);
-- readiness: Kopf runs the first non-index handler only once every index is loaded; the first
-  Node or CompileCache event therefore marks the operator Ready (``/readyz``), so no replica takes
-  webhook traffic before it knows the caches;
-- CompileCache events: reconcile a cache whose inputs changed since its last settled reconcile
-  (:func:`scheduling.handle`); with ``deletionPolicy: Delete`` the cache carries the finalizer
-  ``compilecache.io/bundles``, and its deletion deletes its bundles first. These are plain event
-  handlers, not Kopf's change handlers, so Kopf itself writes nothing to the objects;
+- the start-up handler starts the operator's own watches of CompileCaches, warm-up Jobs and Nodes
+  (:mod:`compilecache_operator.watches`; not Kopf's indexes, whose cost grows faster than the square
+  of the number of objects) and returns once they have listed, so the operator is Ready (``/readyz``)
+  and its webhook server starts only once it knows every cache. Their changes queue reconciles
+  (:mod:`compilecache_operator.scheduling`): a cache whose inputs changed since its last settled
+  reconcile, the owner of a warm-up Job that finished; with ``deletionPolicy: Delete`` the cache
+  carries the finalizer ``compilecache.io/bundles``, and its deletion deletes its bundles first. Kopf
+  itself writes nothing to the CompileCaches;
 - the resync: a task of its own that handles the caches whose inputs changed or that still wait
   for something; an unchanged cache costs nothing;
-- warm-up Job events: reconcile the owner as soon as a Job finishes;
-- opted-in pod events: count each pod's preload result once (a sidecar's when the pod ends, at
-  the latest from the DELETED event); and, once a workload container has ended with the verdict of
-  ``cachelib.runtime`` in its termination message, tally why it started cold into its cache's
-  ``status.coldStarts`` (:mod:`compilecache_operator.coldstarts`), once per pod;
-- with leader election, only the replica holding the Lease acts (events, Jobs, pods, resync);
-  every replica keeps its indexes and serves the webhook;
+- opted-in pod events (watched by Kopf with a server-side label selector): count each pod's preload
+  result once (a sidecar's when the pod ends, at the latest from the DELETED event); and, once a
+  workload container has ended with the verdict of ``cachelib.runtime`` in its termination message,
+  tally why it started cold into its cache's ``status.coldStarts``
+  (:mod:`compilecache_operator.coldstarts`), once per pod;
+- with leader election, only the replica holding the Lease acts (reconciles, Jobs, pods, resync);
+  every replica keeps its watches and serves the webhook;
 - the admission webhooks, registered by :func:`register_webhook` when the operator serves them and
   answered directly by its server (:mod:`compilecache_operator.kopfadapter`): the pod-mutating one
   (:mod:`compilecache_operator.webhook`) and, when asked for, the CompileCache validating one
@@ -36,9 +34,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from compilecache_operator import cacheview, coldstarts, kopfadapter, scheduling, startup
+from compilecache_operator import coldstarts, kopfadapter, startup
 from compilecache_operator.conditions import find, merge_conditions, now_rfc3339
-from compilecache_operator.metrics import cache_gpus, instrumented
+from compilecache_operator.metrics import instrumented
 from compilecache_operator.names import (
     CACHE_LABEL,
     CACHE_WEBHOOK_ID,
@@ -46,28 +44,18 @@ from compilecache_operator.names import (
     COUNTED_ANNOTATION,
     GPU_ANNOTATION,
     GROUP,
-    KIND,
     PLURAL,
-    RECORDED_ANNOTATION,
     VERSION,
-    WARMUP_LABEL,
     WEBHOOK_ID,
 )
-from compilecache_operator.results import job_condition, preload_outcome
-from compilecache_operator.startup import CountedPods, emit, runtime_of
-from compilecache_operator.state import State, owner_uids
+from compilecache_operator.results import preload_outcome
+from compilecache_operator.startup import CountedPods, runtime_of
+from compilecache_operator.state import Emit, State
 
 from cachelib.keyformat import gpu_slug
 
 logger = logging.getLogger(__name__)
 CC = (GROUP, VERSION, PLURAL)
-
-
-def plain(body: kopf.Body) -> dict[str, Any]:
-    """The object as a plain dict without ``managedFields`` (what the indexes keep)."""
-    raw = dict(body)
-    meta = {k: v for k, v in (raw.get("metadata") or {}).items() if k != "managedFields"}
-    return {**raw, "metadata": meta}
 
 
 # -- start-up and shut-down ---------------------------------------------------------------------------
@@ -77,83 +65,13 @@ def login_handler(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @kopf.on.startup(id="configure")
-async def configure(settings: kopf.OperatorSettings, memo: object, **indexes: Any) -> None:
-    await runtime_of(memo).start(settings, indexes)
+async def configure(settings: kopf.OperatorSettings, memo: object, **_: Any) -> None:
+    await runtime_of(memo).start(settings)
 
 
 @kopf.on.cleanup(id="close")
 async def close(memo: object, **_: Any) -> None:
     await runtime_of(memo).stop()
-
-
-# -- indexes --------------------------------------------------------------------------------------------
-@kopf.index(*CC, id="caches")
-def caches(namespace: str | None, name: str, body: kopf.Body, memo: object, **_: Any) -> dict[Any, Any]:
-    """The webhook's view of each CompileCache."""
-    settings = runtime_of(memo).state.settings
-    return {(namespace or "", name): cacheview.cache_view(body, settings.defaults, settings.confinement)}
-
-
-@kopf.index(*CC, id="cache_objects")
-def cache_objects(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    """Each CompileCache as the controller reads it."""
-    return {(namespace or "", name): plain(body)}
-
-
-@kopf.index("batch", "v1", "jobs", id="warmup_jobs", labels={WARMUP_LABEL: kopf.PRESENT})
-def warmup_jobs(body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    """Warm-up Jobs by the uid of the CompileCache that owns them."""
-    job = plain(body)
-    return {uid: job for uid in owner_uids(job)}
-
-
-@kopf.index("v1", "nodes", id="node_labels")
-def node_labels(labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
-    """Node label key → value, for ``gpuDiscovery.auto`` (whichever label key a spec names)."""
-    return dict(labels)
-
-
-@kopf.on.event("v1", "nodes", id="ready-nodes", when=lambda memo, **_: not runtime_of(memo).state.cluster.ready)
-@kopf.on.event(*CC, id="ready-caches", when=lambda memo, **_: not runtime_of(memo).state.cluster.ready)
-async def mark_ready(memo: object, **_: Any) -> None:
-    """Kopf runs this only after every index is loaded: from now on the webhook knows every cache."""
-    runtime_of(memo).mark_ready()
-
-
-# -- CompileCaches and their Jobs ------------------------------------------------------------------------
-@kopf.on.event(*CC, id="cache-events")
-@instrumented("reconcile")
-async def cache_event(
-    type: str, namespace: str | None, name: str, body: kopf.Body, memo: object, **_: Any
-) -> None:
-    """A created, changed or deleted CompileCache: reconcile it if what it reads changed, finish its
-    deletion, or forget it. Plain events (no Kopf change handlers) keep Kopf from writing anything
-    to the objects, so standby replicas can watch them too."""
-    state = runtime_of(memo).state
-    key = (namespace or "", name)
-    if type == "DELETED":
-        state.forget(key)
-        return
-    state.metrics.observe_cache(*key, body.get("status"))  # the Ready gauge, on every replica
-    node_gpus = state.cluster.indexes.nodes.get(state.settings.defaults.gpu_label_key, ())
-    state.metrics.know_cache(*key, cache_gpus(body.get("status"), node_gpus))  # its counters at 0, before events
-    if state.lifecycle.leading:
-        await scheduling.handle(state, key, emit)
-
-
-@kopf.on.event("batch", "v1", "jobs", id="jobs", labels={WARMUP_LABEL: kopf.PRESENT})
-@instrumented("jobs")
-async def job_event(type: str, body: kopf.Body, namespace: str | None, memo: object, **_: Any) -> None:
-    """A warm-up Job finished: record its result at once."""
-    finished = job_condition(body, "Complete") or job_condition(body, "Failed")
-    if type == "DELETED" or not finished or RECORDED_ANNOTATION in body.metadata.annotations:
-        return
-    state = runtime_of(memo).state
-    if not state.lifecycle.leading:
-        return
-    for ref in body.metadata.get("ownerReferences") or []:
-        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
-            await scheduling.handle(state, (namespace or "", str(ref["name"])), emit)
 
 
 # -- opted-in pods ---------------------------------------------------------------------------------------
@@ -174,7 +92,8 @@ async def pod_event(
     if COUNTED_ANNOTATION not in annotations:
         await count_preload(runtime.state, runtime.counted, type, body, namespace or "", name, uid)
     if COLD_COUNTED_ANNOTATION not in annotations:
-        await count_cold_start(runtime.state, runtime.cold_counted, type, body, namespace or "", name, uid)
+        await count_cold_start(runtime.state, runtime.cold_counted, type, body, namespace or "", name, uid,
+                               runtime.emit)
 
 
 async def count_cold_start(
@@ -185,6 +104,7 @@ async def count_cold_start(
     namespace: str,
     name: str,
     uid: str,
+    emit: Emit | None = None,
 ) -> None:
     """Tally one pod's verdict (hit, or the factor that made it compile afresh) into its cache's
     ``status.coldStarts`` once; when most pods started cold for one cause, the ``ColdStarts``
@@ -206,7 +126,7 @@ async def count_cold_start(
             conditions = status.get("conditions")
             patch["conditions"] = merge_conditions(conditions, [wanted], generation=generation, now=now_rfc3339())
             before = find(conditions, coldstarts.CONDITION)
-            if wanted.status and (before is None or before.get("status") != "True"):
+            if emit is not None and wanted.status and (before is None or before.get("status") != "True"):
                 emit(current, "Warning", wanted.reason, wanted.message)
         await state.api.patch_cache_status(namespace, cache, patch)
         if event_type != "DELETED":

@@ -7,9 +7,9 @@ honouring ``Retry-After``; dropped or refused connections) with exponential back
 again on 401 (a rotated or expired token), and pages through lists (``limit``/``continue``).
 Every call names the method and path in its error.
 
-Most of what the operator reads comes from Kopf's watches (see ``state.Indexes``); this
-client makes the few direct calls: Secrets, the pods of unfinished warm-up Jobs, status patches,
-Job create/annotate/delete.
+Most of what the operator reads comes from its watches (``list_versioned`` and ``watch``, run by
+:mod:`compilecache_operator.informer`); the other calls are the few direct ones: Secrets, the pods of
+unfinished warm-up Jobs, status patches, Job create/annotate/delete.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -243,14 +243,46 @@ class KubeAPI:
 
     async def list_all(self, path: str, query: Mapping[str, Any] | None = None, *, page: int = PAGE_SIZE) -> list[JSON]:
         """Every item of a list, page by page (``limit``/``continue``)."""
+        return (await self.list_versioned(path, query, page=page))[0]
+
+    async def list_versioned(
+        self, path: str, query: Mapping[str, Any] | None = None, *, page: int = PAGE_SIZE
+    ) -> tuple[list[JSON], str]:
+        """Every item of a list, page by page, and the list's resourceVersion (where a watch of it starts)."""
         items: list[JSON] = []
         token: str | None = None
         while True:
             found = await self.request("GET", path, query={**(query or {}), "limit": page, "continue": token})
             items += found.get("items") or []
-            token = (found.get("metadata") or {}).get("continue") or None
+            meta = found.get("metadata") or {}
+            token = meta.get("continue") or None
             if token is None:
-                return items
+                return items, str(meta.get("resourceVersion") or "")
+
+    async def watch(self, path: str, query: Mapping[str, Any], *, read_timeout: float) -> AsyncIterator[JSON]:
+        """The events of one watch request (``watch=1``), as the server sends them, until it ends the watch.
+        ``read_timeout`` bounds the wait for the next bytes (bookmarks keep a quiet watch talking); a 401 logs
+        in again and raises, so that the caller starts the watch again."""
+        if self._expiration is not None and datetime.now(UTC) >= self._expiration:
+            self._login_again()
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        url = self.server + path + "?" + urlencode({"watch": "1", **{k: v for k, v in query.items() if v is not None}})
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.sock_connect, sock_read=read_timeout)
+        async with self._session.get(url, headers=self._headers(None), ssl=self._ssl, timeout=timeout) as response:
+            if response.status >= 300:
+                error = KubeError("WATCH", path, response.status, await response.text())
+                if response.status == 401:
+                    self._login_again()
+                raise error
+            pending = bytearray()
+            async for chunk in response.content.iter_any():
+                pending += chunk
+                *lines, rest = pending.split(b"\n")
+                pending = bytearray(rest)
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
 
     async def get(self, path: str, query: Mapping[str, Any] | None = None) -> JSON | None:
         try:
@@ -269,15 +301,6 @@ class KubeAPI:
     def cache_path(namespace: str, name: str = "") -> str:
         base = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
         return f"{base}/{quote(name)}" if name else base
-
-    async def list_caches(self, namespaces: Sequence[str] = ()) -> list[JSON]:
-        """Every CompileCache in ``namespaces`` (all namespaces when empty)."""
-        if not namespaces:
-            return await self.list_all(f"/apis/{GROUP}/{VERSION}/{PLURAL}")
-        items: list[JSON] = []
-        for namespace in namespaces:
-            items += await self.list_all(self.cache_path(namespace))
-        return items
 
     async def get_cache(self, namespace: str, name: str) -> JSON | None:
         """The CompileCache, or None when it is gone."""

@@ -12,12 +12,14 @@ and ``compilecache_cache_ready`` per CompileCache, read from the status the API 
 (:meth:`Metrics.observe_cache`), which the alerts in the chart's PrometheusRule use, and when the
 webhook's serving certificate expires (``compilecache_webhook_certificate_expiry_timestamp_seconds``).
 
-Counter series are made at 0 as soon as their label values are known (:meth:`Metrics.know_cache`: a
+Counter series are exported at 0 as soon as their label values are known (:meth:`Metrics.know_cache`: a
 CompileCache, the GPU types of its bundles and of the cluster's nodes), not at their first event:
 ``increase()`` and ``rate()`` need an earlier sample, so a series born with the value 1 hides its first
-event from every alert and dashboard (a histogram's first observation likewise). What is made is bounded:
-per cache and GPU type, each result with the reasons it can carry (:data:`PRELOAD_OUTCOMES`); per cache,
-the preload durations of each result that runs a preload, and the two warm-up results (count and duration).
+event from every alert and dashboard (a histogram's first observation likewise). What is exported is
+bounded: per cache and GPU type, each result with the reasons it can carry (:data:`PRELOAD_OUTCOMES`); per
+cache, the preload durations of each result that runs a preload, and the two warm-up results (count and
+duration). A series at 0 costs no memory until its first event (:class:`WithZeros` writes it out at each
+scrape from what is known), so that 10,000 CompileCaches do not hold a million series objects.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import functools
 import platform
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from compilecache_operator import reasons
@@ -34,6 +37,9 @@ from compilecache_operator.plan import BundleRecord, bundles_from_status
 from compilecache_operator.reasons import ERROR, REASONS, RESULTS, SKIPPED
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from cachelib import __version__
 from cachelib.keyformat import gpu_slug
@@ -94,6 +100,50 @@ def is_ready(status: Mapping[str, Any] | None) -> bool:
 PRECOMPILE_STATES = ("Verified", "LeftOut")
 
 
+@dataclass
+class Known:
+    """A CompileCache whose series are exported (at 0 until their first event): since when, and its GPU types."""
+
+    since: float
+    gpus: set[str] = field(default_factory=set)
+
+
+Zeros = Callable[[], Iterable[tuple[tuple[str, ...], float]]]
+"""The label values of the series to export at 0 where the metric holds none, each with when it became known."""
+
+
+class WithZeros(Collector):
+    """A labelled counter or histogram as it is exported: its own series, then those of ``zeros`` it does not
+    hold yet, at 0 (``_created`` when they became known)."""
+
+    def __init__(self, metric: Counter | Histogram, zeros: Zeros) -> None:
+        self.metric, self.zeros = metric, zeros
+        self.names: tuple[str, ...] = tuple(metric._labelnames)
+        self.buckets = tuple(floatToGoString(b) for b in getattr(metric, "_upper_bounds", ()))  # type: ignore[no-untyped-call]
+
+    def describe(self) -> Iterable[Metric]:
+        return self.metric.describe()
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.metric.collect():
+            held = {tuple(sample.labels.get(n, "") for n in self.names) for sample in family.samples}
+            for values, since in self.zeros():
+                if values not in held:
+                    self.add_zero(family, dict(zip(self.names, values, strict=True)), since)
+            yield family
+
+    def add_zero(self, family: Metric, labels: dict[str, str], since: float) -> None:
+        name = family.name
+        if isinstance(self.metric, Histogram):
+            for bound in self.buckets:
+                family.add_sample(f"{name}_bucket", {**labels, "le": bound}, 0.0)
+            family.add_sample(f"{name}_count", labels, 0.0)
+            family.add_sample(f"{name}_sum", labels, 0.0)
+        else:
+            family.add_sample(f"{name}_total", labels, 0.0)
+        family.add_sample(f"{name}_created", labels, since)
+
+
 class Metrics:
     """Every metric the operator exports."""
 
@@ -104,14 +154,14 @@ class Metrics:
             "compilecache_preloads",
             "Opted-in pods by preload result (hit, miss, error, skipped) and its reason (a fixed set).",
             ["namespace", "cache", "gpu", "result", "reason"],
-            registry=r,
+            registry=None,
         )
         self.preload_duration = Histogram(
             "compilecache_preload_duration_seconds",
             "Seconds the preload init container took (fetch, verify, unpack).",
             ["namespace", "cache", "result"],
             buckets=PRELOAD_BUCKETS,
-            registry=r,
+            registry=None,
         )
         self.preload_bytes = Counter(
             "compilecache_preload_bytes",
@@ -123,15 +173,19 @@ class Metrics:
             "compilecache_warmup_jobs",
             "Finished warm-up Jobs by result.",
             ["namespace", "cache", "result"],
-            registry=r,
+            registry=None,
         )
         self.warmup_duration = Histogram(
             "compilecache_warmup_duration_seconds",
             "Seconds from a warm-up Job's start to its end.",
             ["namespace", "cache", "result"],
             buckets=WARMUP_BUCKETS,
-            registry=r,
+            registry=None,
         )
+        self._known: dict[tuple[str, str], Known] = {}
+        for metric, zeros in ((self.preloads, self._preload_zeros), (self.preload_duration, self._duration_zeros),
+                              (self.warmup_jobs, self._warmup_zeros), (self.warmup_duration, self._warmup_zeros)):
+            r.register(WithZeros(metric, zeros))
         self.bundle_bytes = Gauge(
             "compilecache_bundle_bytes",
             "Bytes of the bundles recorded in a CompileCache's status, per GPU type.",
@@ -189,7 +243,6 @@ class Metrics:
         )
         ProcessCollector(registry=r)
         self._bundle_gpus: dict[tuple[str, str], set[str]] = {}
-        self._known_gpus: dict[tuple[str, str], set[str]] = {}
 
     def set_webhook_cert_expiry(self, cert_pem: bytes) -> None:
         self.webhook_cert_expiry.set(x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc.timestamp())
@@ -217,26 +270,33 @@ class Metrics:
             self.preload_bytes.labels(namespace, cache).inc(size)
 
     def know_cache(self, namespace: str, cache: str, gpus: Iterable[str]) -> None:
-        """Make the series of a CompileCache and its GPU types (slugs) at 0, those not made yet: each preload
-        result with its reasons per GPU (skipped pods also without a GPU), the preload durations per result,
-        each warm-up result's count and duration."""
-        key = (namespace, cache)
-        known = self._known_gpus.get(key)
+        """Export the series of a CompileCache and its GPU types (slugs) at 0 until their first event: each
+        preload result with its reasons per GPU (skipped pods also without a GPU), the preload durations per
+        result, each warm-up result's count and duration."""
+        known = self._known.get((namespace, cache))
         if known is None:
-            known = self._known_gpus[key] = set()
-            for result in WARMUP_RESULTS:
-                self.warmup_jobs.labels(namespace, cache, result)
-                self.warmup_duration.labels(namespace, cache, result)
+            known = self._known[(namespace, cache)] = Known(since=time.time())
+        known.gpus.update(gpus)
+
+    def _preload_zeros(self) -> Iterator[tuple[tuple[str, ...], float]]:
+        for (namespace, cache), known in list(self._known.items()):
+            for reason in PRELOAD_OUTCOMES[SKIPPED]:
+                yield (namespace, cache, UNKNOWN_GPU, SKIPPED, reason), known.since
+            for gpu in sorted(known.gpus):
+                for result, outcomes in PRELOAD_OUTCOMES.items():
+                    for reason in outcomes:
+                        yield (namespace, cache, gpu, result, reason), known.since
+
+    def _duration_zeros(self) -> Iterator[tuple[tuple[str, ...], float]]:
+        for (namespace, cache), known in list(self._known.items()):
             for result in PRELOAD_OUTCOMES:
                 if result != SKIPPED:  # a skipped pod ran no preload: no duration
-                    self.preload_duration.labels(namespace, cache, result)
-            for reason in PRELOAD_OUTCOMES[SKIPPED]:
-                self.preloads.labels(namespace, cache, UNKNOWN_GPU, SKIPPED, reason)
-        for gpu in sorted(set(gpus) - known):
-            for result, outcomes in PRELOAD_OUTCOMES.items():
-                for reason in outcomes:
-                    self.preloads.labels(namespace, cache, gpu, result, reason)
-            known.add(gpu)
+                    yield (namespace, cache, result), known.since
+
+    def _warmup_zeros(self) -> Iterator[tuple[tuple[str, ...], float]]:
+        for (namespace, cache), known in list(self._known.items()):
+            for result in WARMUP_RESULTS:
+                yield (namespace, cache, result), known.since
 
     # -- warm-ups ----------------------------------------------------------------------------------
     def count_warmup(self, namespace: str, cache: str, *, result: str, seconds: float | None) -> None:
@@ -269,8 +329,8 @@ class Metrics:
                     self.bundles_precompile.remove(namespace, cache, state)
 
     def forget_cache(self, namespace: str, cache: str) -> None:
-        """Drop the gauges of a deleted CompileCache (counters keep their history)."""
-        self._known_gpus.pop((namespace, cache), None)
+        """Drop the gauges of a deleted CompileCache and its series still at 0 (counters keep their history)."""
+        self._known.pop((namespace, cache), None)
         for gpu in self._bundle_gpus.pop((namespace, cache), set()):
             self.bundle_bytes.remove(namespace, cache, gpu)
         for gauge in (self.bundles, self.cache_ready):

@@ -133,13 +133,17 @@ async def read_storage_secret(
 
 def cache_spec(state: State, body: Mapping[str, Any]) -> CacheSpec | InvalidSpec:
     """The checked spec of ``body``, a CompileCache of the cluster view (:func:`spec_of`), parsed once
-    for each object and each version of the settings: the fingerprint, the snapshot, the decisions and
-    the deletion share it."""
+    for each spec and each version of the settings: the fingerprint, the snapshot, the decisions and
+    the deletion share it (a new status leaves the spec as it was)."""
     meta = body["metadata"]
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
     held = state.cluster.specs.get(key)
-    if held is not None and held[0] is body and held[1] is state.settings:
-        return held[2]
+    if held is not None and held[1] is state.settings:
+        if held[0] is body:
+            return held[2]
+        if held[0].get("spec") == body.get("spec"):
+            state.cluster.specs[key] = (body, held[1], held[2])
+            return held[2]
     spec = spec_of(body, state.settings, key[1])
     state.cluster.specs[key] = (body, state.settings, spec)
     return spec

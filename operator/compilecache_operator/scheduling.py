@@ -1,10 +1,13 @@
-"""When a CompileCache is reconciled: on its events and its Jobs', on the resync, and again after a
+"""When a CompileCache is reconciled: on its changes and its Jobs', on the resync, and again after a
 problem that may pass.
 
-A reconcile (:mod:`compilecache_operator.reconcile`) is idempotent, so change handlers, Job events
-and the resync may all ask for one; :class:`~compilecache_operator.state.KeyedLocks` keeps two for
-the same cache from interleaving, and a semaphore bounds how many run at once. :func:`fingerprint`
-lets the resync skip every cache whose inputs did not change. A cache being deleted goes to
+The watches (:mod:`compilecache_operator.watches`) hand every change to :func:`cache_changed` or
+:func:`job_changed`, which put the cache in the queue when this replica acts; ``concurrency`` workers
+(:func:`work`) take caches from it, each cache once however often it was asked for while waiting. A
+reconcile (:mod:`compilecache_operator.reconcile`) is idempotent, so changes, Job results and the
+resync may all ask for one; :class:`~compilecache_operator.state.KeyedLocks` keeps two for the same
+cache from interleaving, and a semaphore bounds how many run at once. :func:`fingerprint` lets the
+resync skip every cache whose inputs did not change. A cache being deleted goes to
 :mod:`compilecache_operator.deletion` instead.
 """
 
@@ -19,6 +22,9 @@ from compilecache_operator import cache_status
 from compilecache_operator.conditions import now_rfc3339
 from compilecache_operator.deletion import finalize
 from compilecache_operator.failures import describe, failure_of
+from compilecache_operator.informer import Change
+from compilecache_operator.metrics import cache_gpus
+from compilecache_operator.names import GROUP, KIND, RECORDED_ANNOTATION
 from compilecache_operator.reconcile import (
     Outcome,
     apply_actions,
@@ -30,10 +36,74 @@ from compilecache_operator.reconcile import (
     read_snapshot,
     write_status,
 )
+from compilecache_operator.results import job_condition
 from compilecache_operator.spec import CacheSpec
 from compilecache_operator.state import Emit, Key, State, WarningEvent
 
 logger = logging.getLogger(__name__)
+RECONCILE = "reconcile"
+JOBS = "jobs"
+"""The handlers' names in the metrics: a cache's own change, a warm-up Job's result."""
+
+
+def cache_changed(state: State, change: Change) -> None:
+    """A CompileCache was created, changed or deleted: forget a deleted one; on every replica, its Ready
+    gauge and its counters (at 0 until something is counted); queue it where this replica acts. Before
+    every watch has listed, nothing is queued: the first resync looks at every cache."""
+    key = change.key
+    if change.new is None:
+        state.forget(key)
+        return
+    if not state.cluster.ready:
+        return
+    observe(state, key, change.new)
+    if state.lifecycle.leading:
+        enqueue(state, key, RECONCILE)
+
+
+def observe(state: State, key: Key, body: Mapping[str, Any]) -> None:
+    """The metrics of one CompileCache from the object the API server holds."""
+    state.metrics.observe_cache(*key, body.get("status"))
+    node_gpus = state.cluster.indexes.nodes.get(state.settings.defaults.gpu_label_key, ())
+    state.metrics.know_cache(*key, cache_gpus(body.get("status"), node_gpus))
+
+
+def job_changed(state: State, change: Change) -> None:
+    """A warm-up Job changed: once it has finished and its result is not recorded yet, queue its owner."""
+    job = change.new
+    if job is None or not state.cluster.ready or not state.lifecycle.leading:
+        return
+    finished = job_condition(job, "Complete") or job_condition(job, "Failed")
+    meta = job.get("metadata") or {}
+    if not finished or RECORDED_ANNOTATION in (meta.get("annotations") or {}):
+        return
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            enqueue(state, (str(meta.get("namespace") or ""), str(ref["name"])), JOBS)
+
+
+def enqueue(state: State, key: Key, handler: str = RECONCILE) -> None:
+    """Have a worker handle ``key`` (once, however often asked while it waits)."""
+    if key in state.scheduler.queued:
+        return
+    state.scheduler.queued[key] = handler
+    state.scheduler.queue.put_nowait(key)
+
+
+async def work(state: State, emit: Emit | None) -> None:
+    """One worker: handle the queued caches one after the other, each run timed under the handler that
+    asked for it (none once this replica stopped acting); errors are logged, never fatal."""
+    while True:
+        key = await state.scheduler.queue.get()
+        handler = state.scheduler.queued.pop(key, RECONCILE)
+        if not state.lifecycle.leading:
+            continue
+        try:
+            with state.metrics.timed(handler):
+                await handle(state, key, emit)
+        except Exception as exc:
+            logger.warning("handling CompileCache %s/%s failed: %s", key[0], key[1], exc)
+        await asyncio.sleep(0)  # a long queue of caches that need no request lets the event loop run
 
 
 async def handle(state: State, key: Key, emit: Emit | None) -> None:
@@ -71,25 +141,35 @@ def look_again(state: State, key: Key, delay: float, emit: Emit | None) -> None:
 
 
 async def resync(state: State, emit: Emit | None) -> int:
-    """Reconcile every unsettled cache (bounded by ``settings.concurrency``); errors are logged.
-    Returns how many were reconciled."""
-    keys = unsettled(state)
+    """Reconcile every unsettled cache, ``settings.concurrency`` at a time; errors are logged. Each cache
+    looked at lets the event loop run (a reconcile that changes nothing makes no request, so ten thousand of
+    them would otherwise hold the webhook's answers for seconds). Returns how many were reconciled."""
+    pending = iter(state.cluster.indexes.cache_keys())
+    handled = 0
 
-    async def one(key: Key) -> None:
-        try:
-            await handle(state, key, emit)
-        except Exception as exc:
-            logger.warning("resync of %s/%s failed: %s", key[0], key[1], exc)
+    async def worker() -> None:
+        nonlocal handled
+        for key in pending:
+            if is_unsettled(state, key):
+                handled += 1
+                try:
+                    await handle(state, key, emit)
+                except Exception as exc:
+                    logger.warning("resync of %s/%s failed: %s", key[0], key[1], exc)
+            await asyncio.sleep(0)
 
-    await asyncio.gather(*(one(key) for key in keys))
-    return len(keys)
+    await asyncio.gather(*(worker() for _ in range(max(1, state.settings.concurrency))))
+    return handled
 
 
 def unsettled(state: State) -> list[Key]:
     """The caches whose inputs changed since their last settled reconcile, or that wait for
     something (a Job, a Secret, a GPU node): the only ones a resync reconciles."""
-    return [key for key in state.cluster.indexes.cache_keys()
-            if state.scheduler.settled.get(key) != fingerprint(state, key) and key not in state.scheduler.retries]
+    return [key for key in state.cluster.indexes.cache_keys() if is_unsettled(state, key)]
+
+
+def is_unsettled(state: State, key: Key) -> bool:
+    return state.scheduler.settled.get(key) != fingerprint(state, key) and key not in state.scheduler.retries
 
 
 async def reconcile(

@@ -6,9 +6,11 @@ where the signing key and the Lease are, where the probes listen, the pods alrea
 tasks it started. Kopf gives each object's handlers a shallow copy of it: everything that changes lives
 in the objects it holds (the State, :class:`Running`, the counted pods), shared by every copy.
 
-:meth:`Runtime.start` (Kopf's start-up) configures Kopf, logs in, wires the indexes into the State,
-answers the webhook from them, detects native sidecars, and starts the probes, the resync, the grants,
-the election, the serving certificate and the signing key; :meth:`Runtime.stop` undoes it.
+:meth:`Runtime.start` (Kopf's start-up) configures Kopf, logs in, starts the watches of CompileCaches,
+warm-up Jobs and Nodes and wires their indexes into the State, answers the webhook from them, detects
+native sidecars, and starts the probes, the Event poster, the reconcile workers, the resync, the grants,
+the election, the serving certificate and the signing key; it returns once every watch has listed (the
+operator is then Ready, and Kopf starts the webhook server). :meth:`Runtime.stop` undoes it.
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import kopf
 from compilecache_operator import (
-    cacheview,
     certs,
     kopfadapter,
     kubeconfig,
@@ -41,14 +42,16 @@ from compilecache_operator import (
     tlsreload,
 )
 from compilecache_operator.confinement import Confinement, Grant
+from compilecache_operator.events import EventPoster
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import WEBHOOK_HANDLER
-from compilecache_operator.names import CACHE_LABEL, CACHE_WEBHOOK_ID, PREFIX, WARMUP_LABEL, WEBHOOK_ID
+from compilecache_operator.names import CACHE_LABEL, CACHE_WEBHOOK_ID, PREFIX, WEBHOOK_ID
 from compilecache_operator.sidecars import detect_native_sidecars
 from compilecache_operator.signing import Signing
-from compilecache_operator.state import Indexes, State
+from compilecache_operator.state import Emit, State
 from compilecache_operator.validation import read_grants, review_cache
-from compilecache_operator.webhook import review_pod
+from compilecache_operator.watches import Watches
+from compilecache_operator.webhook import Views, review_pod
 
 logger = logging.getLogger(__name__)
 MAX_COUNTED = 100_000
@@ -133,6 +136,8 @@ class Running:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     elector: leader.Elector | None = None
     probes_server: probes.Server | None = None
+    events: EventPoster | None = None
+    watches: Watches | None = None
 
 
 @dataclass
@@ -156,19 +161,24 @@ class Runtime:
     """Pods whose workload's verdict was tallied into ``status.coldStarts``."""
     running: Running = field(default_factory=Running)
 
-    async def start(self, settings: kopf.OperatorSettings, indexes: Mapping[str, Any]) -> None:
-        """Configure Kopf, log in, wire the indexes, and start everything that runs beside the handlers."""
+    async def start(self, settings: kopf.OperatorSettings) -> None:
+        """Configure Kopf, log in, start the watches and everything that runs beside the handlers; return
+        once every watch has listed (Ready)."""
         configure_kopf(settings, self.intervals, self.admission)
         info = login(settings=settings)
         if info is None:
             raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
         state = self.state
-        state.cluster.indexes = Indexes(
-            caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
-        )
         state.api = KubeAPI(info, relogin=lambda: login(settings=settings))
-        await read_early_views(state)
-        answer_webhook(state, self.admission.server, indexes["caches"])
+        self.running.events = EventPoster(state.api)
+        watches = self.running.watches = Watches(
+            state.api, state.settings.namespaces, lambda: state.settings,
+            on_cache=lambda change: scheduling.cache_changed(state, change),
+            on_job=lambda change: scheduling.job_changed(state, change),
+            watch_seconds=self.intervals.watch_server_timeout,
+        )
+        state.cluster.indexes = watches.indexes()
+        answer_webhook(state, self.admission.server, watches.views)
         state.injection.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
         logger.info("native sidecars %s: %s", "available" if state.injection.sidecars.available else "not available",
                     state.injection.sidecars.basis)
@@ -177,12 +187,17 @@ class Runtime:
                 self.probes.address, self.probes.port, readiness(state, self.admission.server, self.admission)
             )
         tasks = self.running.tasks
-        tasks.append(asyncio.create_task(resync_loop(state, self.intervals.resync_seconds)))
+        tasks += watches.start()
+        tasks.append(asyncio.create_task(self.running.events.run(), name="event poster"))
+        tasks += [asyncio.create_task(scheduling.work(state, self.emit), name=f"reconcile worker {i}")
+                  for i in range(max(1, state.settings.concurrency))]
+        tasks.append(asyncio.create_task(resync_loop(state, self.intervals.resync_seconds, self.emit,
+                                                     readiness(state, self.admission.server, self.admission))))
         if state.settings.operator_namespace and state.settings.confinement != Confinement():
-            tasks.append(asyncio.create_task(grants_loop(state, state.settings.operator_namespace)))
+            tasks.append(asyncio.create_task(grants_loop(state, state.settings.operator_namespace, self.emit)))
         if self.election is not None:
             elector = leader.Elector(state.api, self.election.namespace, self.election.name, identity(),
-                                     lambda leading: lead(state, leading))
+                                     lambda leading: lead(state, leading, self.emit))
             state.lifecycle.leading = False
             self.running.elector = elector
             tasks.append(asyncio.create_task(elector.run()))
@@ -191,15 +206,29 @@ class Runtime:
             tasks.append(cert_task)
         if self.signing_secret is not None:
             tasks.append(await start_signing(state, self.signing_secret))
+        await watches.wait_synced()
+        self.mark_ready()
+
+    def emit(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """Post a Kubernetes Event about ``body`` (through the Event poster; before start-up, to the log)."""
+        if self.running.events is None:
+            logger.warning("event %s not posted (not started): %s", reason, message)
+            return
+        self.running.events.emit(body, type_, reason, message)
 
     def mark_ready(self) -> None:
-        """Every index is loaded: the webhook knows every cache; from now on SIGTERM drains."""
+        """Every watch has listed: the webhook knows every cache, each cache's metrics are made, reconciles
+        may begin; from now on SIGTERM drains."""
         state = self.state
         if state.cluster.ready:
             return
         state.cluster.ready = True
-        state.cluster.early_views = None
-        logger.info("indexes loaded: %d CompileCache(s); ready", len(state.cluster.indexes.caches))
+        caches = state.cluster.indexes.caches
+        for key in list(caches):
+            body = state.cluster.indexes.cache(key)
+            if body is not None:
+                scheduling.observe(state, key, body)
+        logger.info("every watch listed: %d CompileCache(s); ready", len(caches))
         if self.stop_flag is not None:
             drain_on_sigterm(state, self.stop_flag, self.shutdown_delay)
 
@@ -225,11 +254,6 @@ def runtime_of(memo: object) -> Runtime:
     if not isinstance(memo, Runtime):
         raise TypeError(f"the operator's memo must be its Runtime, got {type(memo).__name__}")
     return memo
-
-
-def emit(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    """Post a Kubernetes Event about ``body`` (through Kopf's event queue)."""
-    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -260,8 +284,8 @@ def configure_kopf(settings: kopf.OperatorSettings, intervals: Intervals, admiss
     settings.watching.server_timeout = intervals.watch_server_timeout
     settings.watching.client_timeout = intervals.watch_server_timeout + 30
     settings.watching.connect_timeout = 30
-    # Server-side selection: the API server sends only warm-up Jobs and opted-in pods.
-    settings.watching.label_selectors["batch", "jobs"] = WARMUP_LABEL
+    # Server-side selection: the API server sends Kopf only opted-in pods (the operator's own watch of Jobs
+    # selects the warm-up ones: watches.py).
     settings.watching.label_selectors["", "pods"] = CACHE_LABEL
     settings.peering.standalone = True
     # Kopf turns its log lines about objects into Kubernetes Events from this level: handler failures only
@@ -271,28 +295,15 @@ def configure_kopf(settings: kopf.OperatorSettings, intervals: Intervals, admiss
     settings.admission.managed = admission.managed
 
 
-async def read_early_views(state: State) -> None:
-    """The webhook's views of the CompileCaches listed once, for the time before Kopf's index is loaded."""
-    assert state.api is not None
-    try:
-        listed = await state.api.list_caches(state.settings.namespaces)
-        state.cluster.early_views = {
-            (str(c["metadata"].get("namespace", "")), str(c["metadata"]["name"])):
-            cacheview.cache_view(c, state.settings.defaults, state.settings.confinement) for c in listed
-        }
-    except KubeError as exc:  # readiness then waits for Kopf's index
-        logger.warning("could not list the CompileCaches: %s", exc)
-
-
-def answer_webhook(state: State, server: kopfadapter.AdmissionServer | None, views: Any) -> None:
-    """Let the operator's own webhook server answer each webhook from the State and the index of cache views."""
+def answer_webhook(state: State, server: kopfadapter.AdmissionServer | None, views: Views) -> None:
+    """Let the operator's own webhook server answer each webhook from the State and the cache views."""
     if server is None:
         return
     server.answers = admission_answers(state, views)
     server.draining = lambda: state.lifecycle.draining
 
 
-def admission_answers(state: State, views: Any) -> dict[str, kopfadapter.Answer]:
+def admission_answers(state: State, views: Views) -> dict[str, kopfadapter.Answer]:
     """Each webhook's answer, by id (the CompileCache one answers only where it is registered)."""
 
     async def pods(review: Mapping[str, Any]) -> dict[str, Any]:
@@ -362,14 +373,15 @@ def identity() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
 
 
-def lead(state: State, leading: bool) -> None:
-    """Start or stop acting; a new leader looks at every cache once (nothing is settled for it)."""
+def lead(state: State, leading: bool, emit: Emit | None) -> None:
+    """Start or stop acting; a new leader looks at every cache once (nothing is settled for it), or, before
+    every watch has listed, leaves that to the first resync."""
     state.lifecycle.leading = leading
     state.scheduler.settled.clear()
     for handle in state.scheduler.retries.values():
         handle.cancel()
     state.scheduler.retries.clear()
-    if leading:
+    if leading and state.cluster.ready:
         task = asyncio.get_running_loop().create_task(scheduling.resync(state, emit))
         state.scheduler.background.add(task)
         task.add_done_callback(state.scheduler.background.discard)
@@ -391,7 +403,7 @@ def drain_on_sigterm(state: State, stop: threading.Event, delay: float) -> None:
     loop.add_signal_handler(signal.SIGTERM, on_term)
 
 
-async def grants_loop(state: State, namespace: str, interval: float = GRANTS_SECONDS) -> None:
+async def grants_loop(state: State, namespace: str, emit: Emit | None, interval: float = GRANTS_SECONDS) -> None:
     """Keep the confinement's grants those of the ConfigMaps labelled ``compilecache.io/allow`` in the operator's
     namespace; on a change, reconcile at once the CompileCaches of every namespace whose grants changed. A
     ConfigMap that cannot be read as a grant grants nothing and is logged (once per content)."""
@@ -404,13 +416,13 @@ async def grants_loop(state: State, namespace: str, interval: float = GRANTS_SEC
                 if message not in said:
                     logger.warning("grant refused: %s", message)
             said = set(refused)
-            await apply_grants(state, grants)
+            await apply_grants(state, grants, emit)
         except KubeError as exc:
             logger.warning("could not read the grant ConfigMaps of %s: %s", namespace, exc)
         await asyncio.sleep(interval)
 
 
-async def apply_grants(state: State, grants: tuple[Any, ...]) -> None:
+async def apply_grants(state: State, grants: tuple[Any, ...], emit: Emit | None = None) -> None:
     old = state.settings.confinement
     if grants == old.grants:
         return
@@ -425,10 +437,12 @@ async def apply_grants(state: State, grants: tuple[Any, ...]) -> None:
             await scheduling.handle(state, key, emit)
 
 
-async def resync_loop(state: State, interval: float) -> None:
-    """Once the indexes are loaded, reconcile what is unsettled, then again every ``interval``
-    seconds; errors are logged, never fatal."""
-    while not state.cluster.ready:
+async def resync_loop(state: State, interval: float, emit: Emit | None,
+                      ready: Callable[[], bool] | None = None) -> None:
+    """Once every watch has listed and the replica is Ready (``ready``: its webhook answers; a restarted
+    operator injects pods before it looks at every cache again), reconcile what is unsettled, then again
+    every ``interval`` seconds; errors are logged, never fatal."""
+    while not state.cluster.ready or (ready is not None and not ready()):
         await asyncio.sleep(0.1)
     while True:
         count = await scheduling.resync(state, emit) if state.lifecycle.leading else 0

@@ -1,7 +1,7 @@
 """What the operator's handlers share: its settings and the :class:`State` made of the parts each owner
-keeps: the cluster view (the indexes Kopf fills, and what this operator wrote that they do not show
-yet), the scheduler (per-cache locks, settled fingerprints, looks again), this replica's lifecycle
-(leading, draining) and the webhook's injection (native-sidecar support).
+keeps: the cluster view (the indexes its watches fill, and what this operator wrote that they do not
+show yet), the scheduler (the queue of caches to handle, per-cache locks, settled fingerprints, looks
+again), this replica's lifecycle (leading, draining) and the webhook's injection (native-sidecar support).
 
 The reconcile (:mod:`compilecache_operator.reconcile`), the scheduling of reconciles
 (:mod:`compilecache_operator.scheduling`), the deletion (:mod:`compilecache_operator.deletion`) and
@@ -31,7 +31,7 @@ Emit = Callable[[Mapping[str, Any], str, str, str], None]
 Key = tuple[str, str]
 """A CompileCache's (namespace, name)."""
 IndexView = Mapping[Any, Collection[Any]]
-"""A Kopf index (or any mapping of a key to the values of the objects under it)."""
+"""A mapping of a key to the values of the objects under it (:mod:`compilecache_operator.watches`)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Settings:
 
 @dataclass
 class Indexes:
-    """The operator's memory of the cluster, kept current by Kopf's watches (see handlers)."""
+    """The operator's memory of the cluster, kept current by its watches (:mod:`compilecache_operator.watches`)."""
 
     caches: IndexView = field(default_factory=dict)
     """(namespace, name) → the CompileCache (metadata, spec, status)."""
@@ -126,26 +126,19 @@ class WarningEvent:
 
 @dataclass
 class ClusterView:
-    """What the operator knows of the cluster: Kopf's indexes, and what it wrote itself that they do
-    not show yet (a status, a Job's counted mark)."""
+    """What the operator knows of the cluster: the indexes of its watches, and what it wrote itself that
+    they do not show yet (a status, a Job's counted mark)."""
 
     indexes: Indexes = field(default_factory=Indexes)
     written: dict[Key, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
     """Per cache, a status just written: (the resourceVersion it replaced, the object the API returned)."""
     counted_jobs: set[tuple[str, str]] = field(default_factory=set)
     """Jobs (namespace, name) marked as counted whose annotation the index has not shown yet."""
-    early_views: Mapping[Key, Any] | None = None
-    """The webhook's views of the CompileCaches listed at start-up, used until Kopf's index is loaded
-    (Kopf indexes a large list object by object, seconds after it arrived)."""
     ready: bool = False
-    """Every index has been loaded once (the webhook's readiness)."""
+    """Every watch has listed its objects once: the webhook knows every CompileCache (its readiness)."""
     specs: dict[Key, tuple[Mapping[str, Any], Settings, CacheSpec | InvalidSpec]] = field(default_factory=dict)
     """Per cache, its checked spec with the object and the settings it was checked from: parsed once for
     each of their versions (:func:`compilecache_operator.reconcile.cache_spec`)."""
-
-    def known(self) -> bool:
-        """Every CompileCache is known, from Kopf's index or the start-up list."""
-        return self.ready or self.early_views is not None
 
     def cache(self, key: Key) -> Mapping[str, Any] | None:
         """The CompileCache from the index, or the status this operator just wrote while the index
@@ -181,12 +174,14 @@ class ClusterView:
 
 @dataclass
 class Scheduler:
-    """What decides when a cache is reconciled: the per-cache locks and the slots that bound how many
-    run at once, the fingerprints of settled caches, the looks again scheduled, the warnings already
-    posted, the tasks started on their own."""
+    """What decides when a cache is reconciled: the queue of caches to handle, the per-cache locks and
+    the slots that bound how many run at once, the fingerprints of settled caches, the looks again
+    scheduled, the warnings already posted, the tasks started on their own."""
 
     concurrency: int = 16
     """How many reconciles run at once (``Settings.concurrency``)."""
+    queued: dict[Key, str] = field(default_factory=dict)
+    """Caches waiting in :attr:`queue`, each with the handler that asked (its name in the metrics)."""
     locks: KeyedLocks = field(default_factory=KeyedLocks)
     settled: dict[Key, tuple[Any, ...]] = field(default_factory=dict)
     """Per cache, the fingerprint of the inputs of its last reconcile that left nothing to wait for."""
@@ -197,6 +192,14 @@ class Scheduler:
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     """Tasks started on their own (a new leader's first resync), kept until done."""
     _slots: asyncio.Semaphore | None = None
+    _queue: asyncio.Queue[Key] | None = None
+
+    @property
+    def queue(self) -> asyncio.Queue[Key]:
+        """The caches to handle, each once however often it was asked for while waiting."""
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+        return self._queue
 
     @property
     def slots(self) -> asyncio.Semaphore:
@@ -252,7 +255,7 @@ class State:
 
     def serving(self) -> bool:
         """Ready for admissions: every CompileCache known, and not shutting down."""
-        return not self.lifecycle.draining and self.cluster.known()
+        return not self.lifecycle.draining and self.cluster.ready
 
     def forget(self, key: Key) -> None:
         """A deleted cache: drop what is remembered about it."""

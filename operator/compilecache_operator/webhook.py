@@ -5,7 +5,8 @@ Registered by :func:`compilecache_operator.handlers.register_webhook` and served
 :func:`review_pod`: the JSON patch is built from the webhook's own pod patch (no deep copy of the whole
 pod, no diff). The webhook configuration selects only pods with the opt-in label and fails open
 (``failurePolicy: Ignore``). The patch comes from :func:`podpatch.build_pod_patch` and the operator's
-in-memory index of CompileCaches, so admission never waits on the API server. A pod it does not inject
+in-memory views of the CompileCaches (:class:`~compilecache_operator.watches.CacheViews`), so admission
+never waits on the API server. A pod it does not inject
 gets annotations saying why (``compilecache.io/skipped`` and ``compilecache.io/skipped-detail``) and the
 answer carries the same as an admission warning (``kubectl`` prints it; for a Deployment's pods the
 ReplicaSet controller receives it, so the annotations are what stays); the metrics handler counts the pod
@@ -44,13 +45,6 @@ class PodWebhookSettings(Protocol):
     def in_scope(self, namespace: str) -> bool: ...
 
 
-class PodWebhookCluster(Protocol):
-    """The operator's view of the cluster, as far as the pod webhook reads it."""
-
-    @property
-    def early_views(self) -> Mapping[tuple[str, str], Any] | None: ...
-
-
 class PodWebhookInjection(Protocol):
     """What the operator keeps for injection: native-sidecar support, and the fallbacks already logged."""
 
@@ -65,8 +59,6 @@ class PodWebhookState(Protocol):
 
     @property
     def settings(self) -> PodWebhookSettings: ...
-    @property
-    def cluster(self) -> PodWebhookCluster: ...
     @property
     def injection(self) -> PodWebhookInjection: ...
 
@@ -93,8 +85,6 @@ def pod_patch(state: PodWebhookState, views: Views | None, pod: Mapping[str, Any
         return None
     cache = str((meta.get("labels") or {}).get(CACHE_LABEL, ""))
     view = next(iter(views.get((namespace, cache), ()) if views is not None else ()), None)
-    if view is None and state.cluster.early_views is not None:  # Kopf's index still loading: the start-up list
-        view = state.cluster.early_views.get((namespace, cache))
     result = podpatch.build_pod_patch(
         pod,
         view,

@@ -76,3 +76,25 @@ def test_the_gpus_of_a_cache_are_its_bundles_and_the_nodes_gpu_types() -> None:
     status = {"bundles": [BundleRecord("a", str(l4), gpu="NVIDIA-L4").to_status(), {"key": ""}]}
     assert cache_gpus(status, ["NVIDIA-H100-80GB-HBM3", ""]) == {"nvidia-l4", "nvidia-h100-80gb-hbm3"}
     assert cache_gpus(None, []) == set()
+
+
+def test_series_at_zero_cost_nothing_held_and_go_with_their_cache() -> None:
+    """Thousands of CompileCaches: what is held per cache is what it knows (not a series object per label set);
+    the exposition is the same as with every series made, and a deleted cache's zeros go (its counts stay)."""
+    m = Metrics()
+    for i in range(50):
+        m.know_cache("ml", f"c{i}", ["cpu"])
+    assert not next(iter(m.preloads.collect())).samples, "no series object made for a series at 0"
+    exported = series(m, "compilecache_preloads_total")
+    assert len(exported) == 50 * (sum(len(why) for why in PRELOAD_OUTCOMES.values()) + len(PRELOAD_OUTCOMES["skipped"]))
+    created = series(m, "compilecache_preloads_created")
+    assert created.keys() == exported.keys() and all(v > 0 for v in created.values())
+    buckets = series(m, "compilecache_warmup_duration_seconds_bucket")
+    assert {dict(labels)["le"] for labels in buckets} >= {"+Inf", "10.0"} and set(buckets.values()) == {0.0}
+
+    m.count_preload("ml", "c0", gpu="cpu", result=reasons.HIT, reason=reasons.PRELOADED)
+    m.forget_cache("ml", "c0")
+    after = series(m, "compilecache_preloads_total")
+    assert {labels for labels in after if dict(labels)["cache"] == "c0"} == {
+        preload("ml", "c0", "cpu", reasons.HIT, reasons.PRELOADED)}
+    assert len(after) == len(exported) - len(exported) // 50 + 1

@@ -3,13 +3,11 @@ by the per-object copies Kopf makes of it."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import threading
 
 import kopf
 import pytest
-from compilecache_operator import handlers
 from compilecache_operator.main import parse_args, runtime_from
 from compilecache_operator.startup import Admission, Election, Probes, Runtime, SigningSecret, runtime_of
 from hypothesis import given, settings
@@ -65,8 +63,8 @@ def test_the_copy_kopf_gives_each_object_shares_what_changes() -> None:
     assert one.counted.add("uid-1") and not other.counted.add("uid-1") and not runtime.counted.add("uid-1")
     assert one.running is other.running and one.cold_counted is other.cold_counted
     assert not runtime.state.cluster.ready
-    asyncio.run(handlers.mark_ready(memo=one))
-    assert runtime.state.cluster.ready and other.state.cluster.ready and runtime.state.cluster.early_views is None
+    one.mark_ready()
+    assert runtime.state.cluster.ready and other.state.cluster.ready
 
 
 def test_a_memo_that_is_not_the_runtime_is_refused_by_name() -> None:

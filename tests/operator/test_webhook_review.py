@@ -21,7 +21,6 @@ from tests.operator.samples import pod, view
 
 STATE = State(settings=Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p")), metrics=Metrics())
 VIEWS = {("team-a", "mlp"): [view()]}
-VIEWS_BY_KEY = {("team-a", "mlp"): view()}
 
 
 def review(obj: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
@@ -82,11 +81,3 @@ def test_the_webhook_fails_open() -> None:
     answer = webhook.review_pod(STATE, VIEWS, review(broken))
     assert answer["response"] == {"uid": "u-1", "allowed": True}
 
-
-def test_until_kopfs_index_is_loaded_the_start_up_list_answers() -> None:
-    state = State(settings=STATE.settings, metrics=Metrics())
-    assert "compilecache.io/injected" not in patched(pod(), webhook.review_pod(state, {}, review(pod())))["metadata"][
-        "annotations"]
-    state.cluster.early_views = VIEWS_BY_KEY
-    assert "compilecache.io/injected" in patched(pod(), webhook.review_pod(state, {}, review(pod())))["metadata"][
-        "annotations"]

@@ -1,0 +1,140 @@
+"""The operator's memory of the cluster: its own watches of CompileCaches, warm-up Jobs and Nodes.
+
+:class:`Watches` runs one :class:`~compilecache_operator.informer.Informer` per watched namespace for the
+CompileCaches and the warm-up Jobs (those with the label ``compilecache.io/warmup-for``, selected by the
+API server), and one for the Nodes. From their changes it keeps what the reconcile and the webhook read,
+as :class:`~compilecache_operator.state.Indexes`: each CompileCache by (namespace, name), the warm-up Jobs
+by the uid of the CompileCache that owns them, and for each Node label key the values the Nodes carry
+(``gpuDiscovery.auto``). The webhook's view of a CompileCache (:class:`CacheViews`) is made from the object
+when a pod first asks for it and kept until the object or the settings change.
+
+Every change is applied when it arrives, at a cost that does not grow with the number of objects; it is
+then handed to ``on_cache`` or ``on_job`` (which decide whether a reconcile is due). :meth:`Watches.synced`
+says that every watch has listed its objects once: from then on the webhook knows every CompileCache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any
+
+from compilecache_operator import cacheview
+from compilecache_operator.informer import Change, Informer, ObjectKey, Resource, count_labels, index_by
+from compilecache_operator.kube import KubeAPI
+from compilecache_operator.names import API_VERSION, KIND, PLURAL, WARMUP_LABEL
+from compilecache_operator.state import Indexes, Key, Settings, owner_uids
+
+CACHES = Resource(API_VERSION, KIND, PLURAL)
+JOBS = Resource("batch/v1", "Job", "jobs", selector=WARMUP_LABEL)
+NODES = Resource("v1", "Node", "nodes")
+Obj = Mapping[str, Any]
+
+
+class Singles(Mapping[Key, tuple[Obj]]):
+    """Objects by key, read as an index: the objects under each key (one)."""
+
+    def __init__(self, objects: Mapping[Key, Obj]) -> None:
+        self._objects = objects
+
+    def __getitem__(self, key: Key) -> tuple[Obj]:
+        return (self._objects[key],)
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._objects)
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+
+class Grouped(Mapping[str, Collection[Obj]]):
+    """Objects grouped under index keys (``index_by``), read as an index: the objects under each key."""
+
+    def __init__(self, groups: Mapping[str, Mapping[ObjectKey, Obj]]) -> None:
+        self._groups = groups
+
+    def __getitem__(self, key: str) -> Collection[Obj]:
+        return self._groups[key].values()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+
+class CacheViews(Mapping[Key, tuple[cacheview.CacheView]]):
+    """The webhook's view of each CompileCache, made on first use from the object and the settings of the
+    moment, and made again once either changed (a grant, the signing key)."""
+
+    def __init__(self, caches: Mapping[Key, Obj], settings: Callable[[], Settings]) -> None:
+        self._caches, self._settings = caches, settings
+        self._made: dict[Key, tuple[Obj, Settings, cacheview.CacheView]] = {}
+
+    def __getitem__(self, key: Key) -> tuple[cacheview.CacheView]:
+        body, settings = self._caches[key], self._settings()
+        made = self._made.get(key)
+        if made is None or made[0] is not body or made[1] is not settings:
+            made = (body, settings, cacheview.cache_view(body, settings.defaults, settings.confinement))
+            self._made[key] = made
+        return (made[2],)
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._caches)
+
+    def __len__(self) -> int:
+        return len(self._caches)
+
+    def forget(self, key: Key) -> None:
+        self._made.pop(key, None)
+
+
+class Watches:
+    """The watches of CompileCaches, warm-up Jobs and Nodes, and the indexes kept from them."""
+
+    def __init__(self, api: KubeAPI, namespaces: Sequence[str], settings: Callable[[], Settings], *,
+                 on_cache: Callable[[Change], None], on_job: Callable[[Change], None],
+                 watch_seconds: int = 300) -> None:
+        self.caches: dict[Key, Obj] = {}
+        self.jobs: dict[str, dict[ObjectKey, Obj]] = {}
+        """The owning CompileCache's uid → its warm-up Jobs by (namespace, name)."""
+        self.nodes: dict[str, Counter[str]] = {}
+        """A Node label key → how many Nodes carry each of its values."""
+        self.views = CacheViews(self.caches, settings)
+        self._on_cache, self._on_job = on_cache, on_job
+        scopes: Sequence[str | None] = list(namespaces) or [None]
+        self.informers = [
+            *(Informer(api, CACHES, self.cache_changed, namespace=ns, watch_seconds=watch_seconds) for ns in scopes),
+            *(Informer(api, JOBS, self.job_changed, namespace=ns, watch_seconds=watch_seconds) for ns in scopes),
+            Informer(api, NODES, self.node_changed, watch_seconds=watch_seconds),
+        ]
+
+    def indexes(self) -> Indexes:
+        return Indexes(caches=Singles(self.caches), jobs=Grouped(self.jobs), nodes=self.nodes)
+
+    def cache_changed(self, change: Change) -> None:
+        if change.new is None:
+            self.caches.pop(change.key, None)
+            self.views.forget(change.key)
+        else:
+            self.caches[change.key] = change.new
+        self._on_cache(change)
+
+    def job_changed(self, change: Change) -> None:
+        index_by(self.jobs, change, owner_uids)
+        self._on_job(change)
+
+    def node_changed(self, change: Change) -> None:
+        count_labels(self.nodes, change)
+
+    def synced(self) -> bool:
+        """Every watch has listed its objects once."""
+        return all(informer.synced.is_set() for informer in self.informers)
+
+    async def wait_synced(self) -> None:
+        for informer in self.informers:
+            await informer.synced.wait()
+
+    def start(self) -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(informer.run(), name=f"watch of {informer.what}") for informer in self.informers]
