@@ -41,6 +41,7 @@ LAUNCH_MODULES = (
 )
 """``python -m MODULE``: the modules that start vLLM's OpenAI-compatible server (``cli.main`` with ``serve``)."""
 SHELLS = ("sh", "bash", "dash", "ash", "zsh")
+SEPARATORS = ("&&", ";", "||", "|")
 UNSET = "unset"
 MODEL = "--model"
 CONFIG = "--config"
@@ -139,20 +140,23 @@ def vllm_argv(argv: Sequence[str]) -> list[str] | None:
         return argv
     if len(argv) >= 3 and os.path.basename(argv[0]) in SHELLS and argv[1] in ("-c", "-lc", "-ec"):
         try:
-            words = shlex.split(argv[2])
+            lexer = shlex.shlex(argv[2], posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            words = list(lexer)
         except ValueError:
             return None
-        for start in range(len(words)):
-            if words[start] in ("&&", ";", "||") or start == 0:
-                candidate = vllm_argv(words[start + (start > 0):])
-                if candidate is not None:
-                    return [w for w in candidate if w not in ("&&", ";", "||")][: _end(candidate)]
+        starts = [0] + [i + 1 for i, w in enumerate(words) if w in SEPARATORS]
+        for start in starts:
+            command = words[start:]
+            candidate = vllm_argv(command[: _end(command)])
+            if candidate is not None:
+                return candidate
     return None
 
 
 def _end(words: Sequence[str]) -> int:
-    """Where a command in a shell line ends (at ``&&``, ``;`` or ``||``)."""
-    return next((i for i, w in enumerate(words) if w in ("&&", ";", "||", "|")), len(words))
+    """Where a command in a shell line ends (at ``&&``, ``;``, ``||`` or ``|``)."""
+    return next((i for i, w in enumerate(words) if w in SEPARATORS), len(words))
 
 
 def _normal_name(token: str) -> str:

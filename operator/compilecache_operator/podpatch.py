@@ -51,6 +51,7 @@ from compilecache_operator.wiring import CACHE_DIR_ENV, cache_mount_point, env_f
 from cachelib.bytecode import PYCACHE_DIR, PYCACHE_ENV
 from cachelib.keyformat import gpu_slug
 from cachelib.podcontract import JOB_ID_ENV
+from cachelib.vllmargs import LAUNCH_MODULES
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,12 @@ def build_pod_patch(
     predictions = tuple(predict_vllm(app_containers, vllm)) if vllm is not None else ()
     watch = vllmpod.watched(predictions)
     sidecars_added = []
+    if vllm is not None and watch is None:
+        annotations[PREDICTED_ANNOTATION] = "unknown"
+        launchers = f"{' '.join(vllm.command)}, or python -m {LAUNCH_MODULES[0]}; through sh -c too"
+        warnings.append(f"compilecache: no container of this pod starts vLLM's server as CompileCache {view.name} "
+                        f"does ({launchers}): whether it starts warm cannot be told before it starts, nor "
+                        "afterwards")  # fmt: skip
     if watch is not None:
         annotations[PREDICTED_ANNOTATION] = watch.outcome
         annotations[PREDICTED_DETAIL_ANNOTATION] = watch.detail()[:1000]

@@ -86,6 +86,7 @@ def test_hashed_variables_differ_and_others_do_not() -> None:
         ["python3.12", "-m", "vllm.entrypoints.cli.main", "serve", MODEL, "--max-num-seqs", "64",
          "--max-model-len", "8192"],
         ["sh", "-c", f"pip list >/dev/null && exec vllm serve {MODEL} --max-model-len 8192 --max-num-seqs 64"],
+        ["bash", "-c", f"cd /srv; vllm serve {MODEL} --max-model-len 8192 --max-num-seqs 64|tee /tmp/log"],
         ["env", "VLLM_LOGGING_LEVEL=DEBUG", "vllm", "serve", MODEL, "--max-model-len", "8192", "--max-num-seqs", "64"],
     ],
 )  # fmt: skip

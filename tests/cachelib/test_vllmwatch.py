@@ -204,3 +204,34 @@ def test_the_sidecar_says_it_once_then_waits_for_the_pods_end(tmp_path: Path) ->
             second.kill()
     assert json.loads(log.read_text())["compilecache_why"]["reason"] == said["reason"]
     vllm.server.close()
+
+
+# -- compilecache why of a vLLM cache --------------------------------------------------------------------------------
+WARMUP_START = {"launcher": ["vllm", "serve"], "model": "Qwen/Qwen3-8B",
+                "options": {"--max-model-len": "8192", "--max-num-seqs": "64"}, "env": {}, "unread": []}  # fmt: skip
+
+
+def test_why_of_a_vllm_cache_directory_and_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cachelib import publish
+    from cachelib.cli import main
+
+    out = tmp_path / "out"
+    lay_out(out / "cachedir")
+    (out / "cachedir" / MANIFEST_NAME).write_text(json.dumps({**MANIFEST, "invocation": WARMUP_START}))
+    (out / "cachedir" / WHY_NAME).write_text(json.dumps({"result": "miss", "cause": "artifact_load", "reason": "r"}))
+    (out / "megacache.bin").write_bytes(b"")
+    fields = {"namespace": "ml", "name": "q", "model": "0" * 16, "options": "1" * 16, "gpu": "cpu", "capability": "cpu",
+              "torch": "2.13.0", "triton": "none", "cuda": "none", "py": "3.11"}  # fmt: skip
+    (out / "result.json").write_text(json.dumps({"key": fields, "versions": {"torch": "2.13.0", "vllm": "0.32.0"}}))
+    assert main(["why", str(out / "cachedir"), "--vllm", "vllm serve Qwen/Qwen3-8B --max-model-len 4096 "
+                 "--max-num-seqs 64 --port 9000"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("vLLM warm-up: vLLM 0.32.0, model Qwen/Qwen3-8B, --max-model-len 8192")
+    assert "this start against the warm-up: engine_argument" in lines and "  --max-model-len 8192 → 4096" in lines
+    assert lines[-1] == "the pod's verdict (compilecache-why.json): miss (artifact_load): r"
+    publish.pack(out, tmp_path / "q.ccb")
+    assert main(["why", str(tmp_path / "q.ccb"), "-o", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["hashes"] == [HASH] and report["warmup"]["model"] == "Qwen/Qwen3-8B" and report["pod"] is None
+    assert main(["why", str(tmp_path), "--vllm", "vllm serve x"]) == 1  # a directory without a vLLM manifest
+    assert "--vllm needs a vLLM cache" in capsys.readouterr().err

@@ -179,6 +179,16 @@ def test_a_container_that_runs_the_images_entrypoint_is_read_with_the_caches_com
     assert [(p.container, p.outcome) for p in ran] == [("a", "warm")]
 
 
+def test_a_pod_whose_start_cannot_be_read_is_told_so_and_still_gets_the_bundle() -> None:
+    patch = inject(pod(containers=[{"name": "app", "image": "registry.example/workload:1",
+                                    "command": ["/entrypoint.sh"], "env": POD_ENV}]), vllm_view())  # fmt: skip
+    assert patch.annotations[PREDICTED_ANNOTATION] == "unknown"
+    assert [c["name"] for c in patch.init_containers or []] == ["compilecache-preload"]
+    assert env_of(patch.containers[0])["VLLM_CACHE_ROOT"] == f"{INDUCTOR_DIR}/vllm"  # type: ignore[index]
+    (warning,) = patch.warnings
+    assert warning.startswith("compilecache: no container of this pod starts vLLM's server as CompileCache mlp")
+
+
 def test_a_torch_cache_gets_no_vllm_wiring() -> None:
     patch = inject(pod(), view())
     assert "VLLM_CACHE_ROOT" not in env_of(patch.containers[0])  # type: ignore[index]
