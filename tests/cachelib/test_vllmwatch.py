@@ -211,7 +211,7 @@ WARMUP_START = {"launcher": ["vllm", "serve"], "model": "Qwen/Qwen3-8B",
                 "options": {"--max-model-len": "8192", "--max-num-seqs": "64"}, "env": {}, "unread": []}  # fmt: skip
 
 
-def test_why_of_a_vllm_cache_directory_and_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_why_and_ls_of_a_vllm_cache_directory_and_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from cachelib import publish
     from cachelib.cli import main
 
@@ -222,7 +222,9 @@ def test_why_of_a_vllm_cache_directory_and_bundle(tmp_path: Path, capsys: pytest
     (out / "megacache.bin").write_bytes(b"")
     fields = {"namespace": "ml", "name": "q", "model": "0" * 16, "options": "1" * 16, "gpu": "cpu", "capability": "cpu",
               "torch": "2.13.0", "triton": "none", "cuda": "none", "py": "3.11"}  # fmt: skip
-    (out / "result.json").write_text(json.dumps({"key": fields, "versions": {"torch": "2.13.0", "vllm": "0.32.0"}}))
+    engine = {"name": "vllm", "version": "0.32.0", "model": "Qwen/Qwen3-8B", "aot_hashes": [HASH]}
+    (out / "result.json").write_text(json.dumps({"key": fields, "versions": {"torch": "2.13.0", "vllm": "0.32.0"},
+                                                 "engine": engine}))  # fmt: skip
     assert main(["why", str(out / "cachedir"), "--vllm", "vllm serve Qwen/Qwen3-8B --max-model-len 4096 "
                  "--max-num-seqs 64 --port 9000"]) == 0  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
@@ -235,3 +237,7 @@ def test_why_of_a_vllm_cache_directory_and_bundle(tmp_path: Path, capsys: pytest
     assert report["hashes"] == [HASH] and report["warmup"]["model"] == "Qwen/Qwen3-8B" and report["pod"] is None
     assert main(["why", str(tmp_path), "--vllm", "vllm serve x"]) == 1  # a directory without a vLLM manifest
     assert "--vllm needs a vLLM cache" in capsys.readouterr().err
+    publish.publish(tmp_path / "q.ccb", f"file://{tmp_path / 'store'}")
+    assert main(["ls", "--store", f"file://{tmp_path / 'store'}", "-o", "wide"]) == 0
+    listed = capsys.readouterr().out
+    assert "vllm: Qwen/Qwen3-8B" in listed and "vllm 0.32.0" in listed, listed
