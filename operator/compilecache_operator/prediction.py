@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from compilecache_operator.spec import VllmSpec
 
@@ -67,7 +68,7 @@ class Prediction:
         return [d.to_dict() for d in self.differences]
 
 
-def container_argv(container: Mapping[str, object], image_command: Sequence[str]) -> list[str]:
+def container_argv(container: Mapping[str, Any], image_command: Sequence[str]) -> list[str]:
     """What a container runs: its ``command`` (else the image's entrypoint, taken to be ``image_command``) and
     its ``args``."""
     command = container.get("command")
@@ -76,26 +77,26 @@ def container_argv(container: Mapping[str, object], image_command: Sequence[str]
     return head + ([str(w) for w in args] if isinstance(args, list) else [])
 
 
-def container_env(container: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
+def container_env(container: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
     """The container's variables with a value in the spec, and the names of those it takes from elsewhere
     (``valueFrom``; ``envFrom`` sources, whose names are not known at admission)."""
     values: dict[str, str] = {}
     elsewhere: list[str] = []
-    for entry in container.get("env") or []:  # type: ignore[attr-defined]
+    for entry in container.get("env") or []:
         name = str(entry.get("name", ""))
         if "valueFrom" in entry:
             elsewhere.append(name)
             values.pop(name, None)
         else:
             values[name] = str(entry.get("value", ""))
-    for source in container.get("envFrom") or []:  # type: ignore[attr-defined]
+    for source in container.get("envFrom") or []:
         kind = "configMap" if "configMapRef" in source else "secret" if "secretRef" in source else "source"
         ref = source.get("configMapRef") or source.get("secretRef") or {}
         elsewhere.append(f"envFrom {kind} {ref.get('name', '')}".strip())
     return values, elsewhere
 
 
-def predict_vllm(containers: Sequence[Mapping[str, object]], spec: VllmSpec) -> list[Prediction]:
+def predict_vllm(containers: Sequence[Mapping[str, Any]], spec: VllmSpec) -> list[Prediction]:
     """A prediction for each app container that starts vLLM (its image's entrypoint taken to be the cache's
     command when it sets none); none for the others."""
     warmup = vllmargs.parse(spec.argv(), dict(spec.env))
