@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import platform
 import shlex
 import subprocess
@@ -45,6 +46,16 @@ class HarnessError(Exception):
 
 
 # -- environment detection (needs torch) ---------------------------------------------------
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all (a partial file beside it, renamed); :class:`HarnessError` when it cannot."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise HarnessError(f"cannot write {path}: {exc.strerror or exc}", EXIT_OUTPUT) from exc
+
+
 def detect_versions() -> dict[str, str]:
     """torch, triton (or "none"), CUDA (or "none") and Python versions of this process."""
     import torch

@@ -584,12 +584,7 @@ def write_warm_start(request: Request) -> dict[str, Any]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_bytes(data)
-        os.replace(partial, path)
-    except OSError as exc:
-        raise compilestep.HarnessError(f"cannot write {path}: {exc.strerror or exc}", compilestep.EXIT_OUTPUT) from exc
+    compilestep.write_atomic(path, data)
 
 
 def write_termination_log(message: Mapping[str, Any]) -> None:

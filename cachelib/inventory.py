@@ -61,6 +61,10 @@ def describe(store: Store, entry: Entry) -> dict[str, Any]:
     except (BundleError, StoreError, OSError) as exc:
         return {"target": None, "compile_options": None, "error": f"{type(exc).__name__}: {exc}"}
     command = result.get("command")
+    engine = result.get("engine") if isinstance(result.get("engine"), dict) else None
+    if engine is not None:  # a vLLM warm-up (cachelib.vllmwarm): the model string, and vLLM as the mode
+        return {"target": f"{engine.get('name')}: {engine.get('model')}",
+                "compile_options": {"mode": f"{engine.get('name')} {engine.get('version')}"}}  # fmt: skip
     target = result.get("target") or (f"command: {command}" if command else None)
     return {"target": target, "compile_options": result.get("options")}
 

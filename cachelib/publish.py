@@ -60,6 +60,8 @@ class PublishResult:
     """The warm-up's check of the precompiled part (:func:`precompile_verdict`), when it made one."""
     bytecode: dict[str, Any] | None = None
     """The bundle's byte-code part (:mod:`cachelib.bytecode`): files, bytes, or why none."""
+    engine: dict[str, Any] | None = None
+    """The engine a vLLM warm-up ran (:mod:`cachelib.vllmwarm`): its name, version and hash directories."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,7 +77,8 @@ class PublishResult:
             "parts": self.parts,
             "seconds": round(self.seconds, 3),
             "versions": self.versions,
-        } | {k: v for k, v in (("precompile", self.precompile), ("bytecode", self.bytecode)) if v is not None}
+        } | {k: v for k, v in (("precompile", self.precompile), ("bytecode", self.bytecode), ("engine", self.engine))
+             if v is not None}
 
 
 # -- the cache directory as a tar stream ---------------------------------------------------------
@@ -146,7 +149,8 @@ def key_from_result(result: dict[str, Any], where: str = RESULT_FILE) -> CacheKe
 
 def header_result(result: dict[str, Any]) -> dict[str, Any]:
     """The free-form ``result`` metadata a bundle header carries."""
-    keep = ("target", "command", "options", "device", "targets", "compile_seconds", "counters", "cache", "megacache")
+    keep = ("target", "command", "options", "device", "targets", "compile_seconds", "counters", "cache", "megacache",
+            "engine")
     header = {name: result.get(name) for name in keep if name in result}
     verdict = precompile_verdict(result)
     if verdict is not None:
@@ -247,7 +251,15 @@ def publish(
         digest=bundle_digest,
         precompile=header.result.get("precompile") if isinstance(header.result.get("precompile"), dict) else None,
         bytecode=header.result.get("bytecode") if isinstance(header.result.get("bytecode"), dict) else None,
+        engine=engine_summary(header.result.get("engine")),
     )
+
+
+def engine_summary(engine: Any) -> dict[str, Any] | None:
+    """What the publish result says of a vLLM warm-up's engine: name, version, hash directories."""
+    if not isinstance(engine, dict):
+        return None
+    return {k: engine.get(k) for k in ("name", "version", "aot_hashes")}
 
 
 def _file_sha256(path: Path) -> str:

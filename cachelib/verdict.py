@@ -46,9 +46,12 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 CAUSES = (
     "none", "torch_version", "triton_version", "python_version", "device", "inductor_config",
     "dynamo_config", "functorch_config", "torch_setting", "env", "dtype", "shape", "graph_break",
-    "source", "new_graph", "bypass", "unknown",
+    "source", "new_graph", "bypass", "engine_argument", "artifact_load", "unknown",
 )  # fmt: skip
-"""The bounded ``cause`` label, in the order of precedence when one graph differs in several."""
+"""The bounded ``cause`` label, in the order of precedence when one graph differs in several. A vLLM pod's
+verdict (:mod:`cachelib.vllmwatch`) uses ``engine_argument`` (an argument of its start that enters vLLM's key),
+``env`` (a variable vLLM hashes), ``artifact_load`` (vLLM could not load the compiled artifact of the same key)
+and ``unknown``."""
 LABELS = {
     "torch_version": "torch", "triton_version": "Triton", "python_version": "Python", "device": "device",
     "inductor_config": "inductor config", "dynamo_config": "dynamo config",
@@ -285,8 +288,8 @@ def summarise(verdicts: tuple[GraphVerdict, ...], new_breaks: Sequence[str] = ()
     return Diagnosis(verdicts, "miss", cause, reason)
 
 
-def read_bundle_document(path: Path) -> dict[str, Any] | None:
-    """The factors file inside a bundle file's ``cachedir`` part (None when it has none)."""
+def read_bundle_member(path: Path, name: str, limit: int = 1 << 26) -> bytes | None:
+    """One top-level file of a bundle file's ``cachedir`` part (None when it has none)."""
     import tarfile
 
     from cachelib.bundle import CACHEDIR_PART
@@ -296,18 +299,24 @@ def read_bundle_document(path: Path) -> dict[str, Any] | None:
         reader = BundleReader(stream)
         with reader.open_part(CACHEDIR_PART) as part, tarfile.open(fileobj=cast(IO[bytes], part), mode="r|") as tar:
             for member in tar:
-                if member.isfile() and os.path.normpath(member.name) == FACTORS_NAME:
+                if member.isfile() and os.path.normpath(member.name) == name:
                     extracted = tar.extractfile(member)
-                    if extracted is None:
-                        break
-                    try:
-                        data = json.loads(extracted.read(1 << 26))
-                    except ValueError as exc:
-                        raise FactorsError(f"{path}: {FACTORS_NAME} is not JSON: {exc}") from exc
-                    if not isinstance(data, dict) or data.get("format") != FORMAT:
-                        raise FactorsError(f"{path}: {FACTORS_NAME} is not of format {FORMAT}")
-                    return data
+                    return None if extracted is None else extracted.read(limit)
     return None
+
+
+def read_bundle_document(path: Path) -> dict[str, Any] | None:
+    """The factors file inside a bundle file's ``cachedir`` part (None when it has none)."""
+    found = read_bundle_member(path, FACTORS_NAME)
+    if found is None:
+        return None
+    try:
+        data = json.loads(found)
+    except ValueError as exc:
+        raise FactorsError(f"{path}: {FACTORS_NAME} is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise FactorsError(f"{path}: {FACTORS_NAME} is not of format {FORMAT}")
+    return data
 
 
 def explain(

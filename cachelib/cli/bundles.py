@@ -124,6 +124,10 @@ def cmd_why(args: argparse.Namespace) -> int:
     from cachelib import factors, verdict
 
     path = Path(args.path)
+    if _vllm_manifest(path) is not None:
+        return _why_vllm(args, path)
+    if args.vllm is not None:
+        raise CommandError(f"{path}: --vllm needs a vLLM cache (no {_vllm_manifest_name()} here)")
     pod_verdict = None
     try:
         if path.is_dir():
@@ -140,17 +144,62 @@ def cmd_why(args: argparse.Namespace) -> int:
         here = factors.process_factors()
     except ImportError as exc:
         raise CommandError(f"this process cannot import torch to compare with: {exc}") from exc
-    report = verdict.explain(warmup, here, pod_verdict)
-    if args.output == "json":
+    return _print_report(verdict.explain(warmup, here, pod_verdict), args.output, verdict.explain_lines)
+
+
+def _print_report(report: dict[str, Any], output: str, lines: Callable[[dict[str, Any]], list[str]]) -> int:
+    """A ``why`` report as JSON, YAML or its lines of text (each masked)."""
+    if output == "json":
         print_json(report)
-    elif args.output == "yaml":
+    elif output == "yaml":
         from cachelib import yamltext
 
         print(yamltext.dump(masked(report)), end="", flush=True)
     else:
-        for line in verdict.explain_lines(report):
+        for line in lines(report):
             print(mask_text(line))
     return 0
+
+
+def _vllm_manifest_name() -> str:
+    from cachelib.vllmwarm import MANIFEST_NAME
+
+    return MANIFEST_NAME
+
+
+def _vllm_manifest(path: Path) -> dict[str, Any] | None:
+    """A vLLM warm-up's manifest in a cache directory or a bundle file's cachedir part (None: not a vLLM cache)."""
+    from cachelib import verdict
+
+    name = _vllm_manifest_name()
+    try:
+        raw = (path / name).read_bytes() if path.is_dir() else verdict.read_bundle_member(path, name)
+    except (OSError, ValueError):
+        return None
+    try:
+        found = json.loads(raw) if raw else None
+    except ValueError as exc:
+        raise CommandError(f"{path}: {name} is not JSON: {exc}") from exc
+    return found if isinstance(found, dict) else None
+
+
+def _why_vllm(args: argparse.Namespace, path: Path) -> int:
+    """``why`` of a vLLM cache: its warm-up's start, a start given with --vllm against it, a pod's verdict."""
+    import os
+    import shlex
+
+    from cachelib import vllmargs, vllmwatch
+    from cachelib.verdict import WHY_NAME
+
+    manifest = _vllm_manifest(path) or {}
+    pod_file = path / WHY_NAME if path.is_dir() else None
+    pod_verdict = json.loads(pod_file.read_text()) if pod_file is not None and pod_file.is_file() else None
+    here = None
+    if args.vllm is not None:
+        here = vllmargs.parse(shlex.split(args.vllm), os.environ)
+        if here is None:
+            raise CommandError(f"--vllm {args.vllm!r} does not start vLLM's server (vllm serve MODEL ...)", 2)
+    return _print_report(vllmwatch.explain(manifest, pod_verdict, here), args.output, vllmwatch.explain_lines)
 
 
 def _signature_file(path: Path, key: str) -> Signature:

@@ -20,7 +20,7 @@ from cachelib.cli.arguments import (
 )
 from cachelib.cli.bundles import cmd_inspect, cmd_pack, cmd_publish, cmd_warmup, cmd_why
 from cachelib.cli.listing import cmd_gc, cmd_ls
-from cachelib.cli.preloading import cmd_load, cmd_preload
+from cachelib.cli.preloading import cmd_load, cmd_preload, cmd_vllm_watch
 from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments
 from cachelib.masking import mask_text
 from cachelib.podcontract import DONE_FILE_NAME
@@ -318,6 +318,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(
         sub,
+        "vllm-watch",
+        cmd_vllm_watch,
+        "tell whether a vLLM server beside it loaded the preloaded bundle (a pod's sidecar)",
+        "Watch a preloaded vLLM cache directory and the port vLLM serves on (this network namespace's\n"
+        "sockets: a sidecar shares the pod's) until it is clear whether vLLM loaded the bundle's compiled\n"
+        "artifact, could not load it, or compiled afresh under another key; then write the verdict, the\n"
+        "same as a torch workload's, to compilecache-why.json in --cache-dir and to the termination log, and\n"
+        "exit (a native sidecar is started again: that run finds the verdict delivered and waits for SIGTERM).\n"
+        "The webhook adds it to the pods of a vLLM CompileCache.",
+        "  compilecache vllm-watch --cache-dir /var/cache/compilecache/inductor --port 8000\n"
+        "  compilecache vllm-watch --cache-dir /cache --port 8000 \\\n"
+        "      --prediction '[{\"factor\": \"--max-model-len\", \"before\": \"8192\", \"after\": \"4096\"}]'",
+    )
+    p.add_argument("--cache-dir", required=True, help="the preloaded cache directory (vLLM's root is its vllm/)")
+    p.add_argument("--port", type=int, default=8000, help="the port vLLM serves on (default: %(default)s)")
+    p.add_argument(
+        "--prediction",
+        default="[]",
+        help="JSON: the key factors the admission found different, each {factor, before, after, kind}",
+    )
+    p.add_argument(
+        "--deadline", type=parse_seconds, default=6 * 3600.0,
+        help="give up after this many seconds without a verdict (default: %(default)s)",
+    )  # fmt: skip
+
+    p = _add(
+        sub,
         "load",
         cmd_load,
         "feed bundles' Mega-Cache part to torch.compiler.load_cache_artifacts()",
@@ -368,6 +395,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a cache directory, or a bundle file")
     p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text",
                    help="text (default), json or yaml")
+    p.add_argument(
+        "--vllm", metavar="COMMAND_LINE",
+        help="for a vLLM cache: a start to check against the warm-up's ('vllm serve MODEL --max-model-len 4096', "
+        "with this process's VLLM_* variables): every key factor that differs, with both values",
+    )  # fmt: skip
 
     p = _add(
         sub,

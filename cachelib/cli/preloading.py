@@ -96,3 +96,17 @@ def _fetch_and_report(mode: str, args: argparse.Namespace) -> PreloadResult:
     if result.result != "hit":
         log.warning("%s %s: %s", mode, result.result, result.reason)
     return result
+
+
+def cmd_vllm_watch(args: argparse.Namespace) -> int:
+    import json
+
+    from cachelib.vllmwatch import Watch, run
+
+    try:
+        prediction = json.loads(args.prediction)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"--prediction is not JSON: {exc}", 2) from exc
+    if not isinstance(prediction, list) or not all(isinstance(d, dict) and "factor" in d for d in prediction):
+        raise CommandError("--prediction: expected a list of {factor, before, after, kind}", 2)
+    return run(Watch(Path(args.cache_dir), args.port, prediction, deadline=args.deadline))

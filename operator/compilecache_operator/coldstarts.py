@@ -4,8 +4,10 @@ A workload that calls ``cachelib.runtime.warm_start()`` decides, after each grap
 whether torch's caches had it and, when not, which factor differed from the warm-up
 (:mod:`cachelib.verdict`). It writes that verdict as one JSON line,
 ``{"compilecache_why": {"result", "cause", "reason"}}``, into its container's termination-message
-file, which the kubelet copies into the pod's status when the container ends. The operator already
-reads pod statuses, so this needs no permission in the user's namespace beyond what it has.
+file, which the kubelet copies into the pod's status when the container ends. A vLLM pod's verdict comes
+from the ``compilecache-vllm-watch`` sidecar (:mod:`cachelib.vllmwatch`), in the same words, as soon as vLLM
+is up. The operator already reads pod statuses, so this needs no permission in the user's namespace beyond
+what it has.
 
 The tally lives in ``status.coldStarts``: pods with a verdict, pods that compiled afresh, and the
 causes by pods (all of them, most frequent first: the set is bounded), each with one reason as an
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compilecache_operator.conditions import Condition
+from compilecache_operator.names import VLLM_WATCH_CONTAINER
 from compilecache_operator.results import ResultError, parse_json_message
 
 from cachelib.masking import mask_text
@@ -60,8 +63,11 @@ def parse_verdict(message: str | None, container: str = "") -> Verdict | None:
 
 
 def pod_verdict(pod: Mapping[str, Any]) -> Verdict | None:
-    """The verdict of the first app container of ``pod`` that ended with one (its latest run first)."""
-    for entry in (pod.get("status") or {}).get("containerStatuses") or []:
+    """The verdict of the first app container of ``pod`` that ended with one (its latest run first), or of the
+    ``compilecache-vllm-watch`` sidecar of a vLLM pod, which ends once when it has it (:mod:`cachelib.vllmwatch`)."""
+    status = pod.get("status") or {}
+    watchers = [e for e in status.get("initContainerStatuses") or [] if e.get("name") == VLLM_WATCH_CONTAINER]
+    for entry in [*(status.get("containerStatuses") or []), *watchers]:
         for state_key in ("state", "lastState"):
             terminated = (entry.get(state_key) or {}).get("terminated") or {}
             verdict = parse_verdict(terminated.get("message"), str(entry.get("name") or ""))

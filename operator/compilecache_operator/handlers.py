@@ -113,6 +113,7 @@ async def count_cold_start(
     if verdict is None or state.api is None or not counted.add(uid):
         return
     cache = str(((body.get("metadata") or {}).get("labels") or {}).get(CACHE_LABEL, ""))
+    state.metrics.count_start(namespace, cache, result=verdict.result, cause=verdict.cause)
     try:
         current = await state.api.get_cache(namespace, cache)
         if current is None:

@@ -34,6 +34,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from compilecache_operator import reasons
 from compilecache_operator.plan import BundleRecord, bundles_from_status
+from compilecache_operator.prediction import PREDICTION_CAUSES
 from compilecache_operator.reasons import ERROR, REASONS, RESULTS, SKIPPED
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -43,6 +44,7 @@ from prometheus_client.utils import floatToGoString
 
 from cachelib import __version__
 from cachelib.keyformat import gpu_slug
+from cachelib.verdict import CAUSES
 
 UNKNOWN_REASON = "unknown"
 PRELOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -241,6 +243,20 @@ class Metrics:
             "When the certificate the webhook serves now expires (Unix time); follows each reload.",
             registry=r,
         )
+        self.workload_starts = Counter(
+            "compilecache_workload_starts",
+            "Opted-in pods by the verdict their workload (or a vLLM pod's compilecache-vllm-watch sidecar) reported: "
+            "result hit or miss, and the cause of a miss (a bounded name: env, engine_argument, artifact_load, ...).",
+            ["namespace", "cache", "result", "cause"],
+            registry=r,
+        )
+        self.predictions = Counter(
+            "compilecache_admission_predictions",
+            "vLLM pods by what the admission predicted from their command line and VLLM_* variables: warm, or cold "
+            "with the kind of the factor that differs (engine_argument, env).",
+            ["namespace", "cache", "prediction", "cause"],
+            registry=r,
+        )
         ProcessCollector(registry=r)
         self._bundle_gpus: dict[tuple[str, str], set[str]] = {}
 
@@ -297,6 +313,15 @@ class Metrics:
         for (namespace, cache), known in list(self._known.items()):
             for result in WARMUP_RESULTS:
                 yield (namespace, cache, result), known.since
+
+    def count_start(self, namespace: str, cache: str, *, result: str, cause: str) -> None:
+        """One pod's verdict (``hit``/``miss`` and a cause from :data:`cachelib.verdict.CAUSES`)."""
+        self.workload_starts.labels(namespace, cache, result if result in ("hit", "miss") else "miss",
+                                    cause if cause in CAUSES else UNKNOWN_REASON).inc()  # fmt: skip
+
+    def count_prediction(self, namespace: str, cache: str, *, prediction: str, cause: str) -> None:
+        """One vLLM pod's prediction at admission (compilecache_operator.prediction)."""
+        self.predictions.labels(namespace, cache, prediction, cause if cause in PREDICTION_CAUSES else "none").inc()
 
     # -- warm-ups ----------------------------------------------------------------------------------
     def count_warmup(self, namespace: str, cache: str, *, result: str, seconds: float | None) -> None:

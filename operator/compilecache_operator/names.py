@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from cachelib.podcontract import DONE_FILE_ENV as DONE_FILE_ENV
 from cachelib.podcontract import DONE_FILE_NAME as DONE_FILE_NAME
+from cachelib.podcontract import VLLM_CACHE_ROOT_ENV as VLLM_CACHE_ROOT_ENV
+from cachelib.podcontract import VLLM_ROOT_SUBDIR as VLLM_ROOT_SUBDIR
 
 GROUP = "compilecache.io"
 VERSION = "v1alpha1"
@@ -42,6 +44,10 @@ RECORDED_ANNOTATION = f"{GROUP}/recorded"
 PRELOAD_MODE_ANNOTATION = f"{GROUP}/preload-mode"
 """On an injected pod: how its preload runs, ``InitContainer`` or ``Sidecar``."""
 PRELOAD_MODE_REASON_ANNOTATION = f"{GROUP}/preload-mode-reason"
+PREDICTED_ANNOTATION = f"{GROUP}/predicted"
+"""On an injected vLLM pod: what the admission predicted, ``warm`` or ``cold`` (compilecache_operator.prediction)."""
+PREDICTED_DETAIL_ANNOTATION = f"{GROUP}/predicted-detail"
+"""Beside ``predicted``: the key factors that differ from the warm-up's, each with both values."""
 """On an injected pod whose cache asks for ``Sidecar`` but got ``InitContainer``: why."""
 
 WEBHOOK_ID = "inject-pods"
@@ -53,7 +59,11 @@ CACHE_VOLUME = "compilecache-cache"
 CACHE_MOUNT = "/var/cache/compilecache"
 INDUCTOR_SUBDIR = "inductor"
 INDUCTOR_DIR = f"{CACHE_MOUNT}/{INDUCTOR_SUBDIR}"
+VLLM_ROOT_DIR = f"{INDUCTOR_DIR}/{VLLM_ROOT_SUBDIR}"
+"""A vLLM app's ``VLLM_CACHE_ROOT`` (cachelib.vllmwarm lays its bundles out so)."""
 PRELOAD_CONTAINER = "compilecache-preload"
+VLLM_WATCH_CONTAINER = "compilecache-vllm-watch"
+"""The native sidecar beside a vLLM pod that says whether vLLM loaded the bundle (cachelib.vllmwatch)."""
 PRELOAD_TMPDIR = CACHE_MOUNT
 """``TMPDIR`` of the preload container: its root file system is read-only, the cache volume is not."""
 

@@ -64,6 +64,10 @@ class BundleRecord:
     precompile_reason: str = ""
     bytecode_files: int = 0
     """Modules in the bundle's byte-code part (cachelib.bytecode); 0: none (the image has its own)."""
+    vllm_version: str = ""
+    """For a vLLM cache: the vLLM the warm-up ran (cachelib.vllmwarm)."""
+    vllm_hash: str = ""
+    """For a vLLM cache: the hash directory vLLM compiled into (empty without its AOT compile)."""
     bundle_digest: str = field(default="", compare=False)
     """What a bundle signature covers, as the publish step reported it (cachelib.signing); not kept in
     the status: only needed to sign the bundle when it is recorded."""
@@ -88,7 +92,9 @@ class BundleRecord:
             "job": self.job,
             "precompile": self.precompile,
             "precompileReason": self.precompile_reason,
-        } | ({"bytecodeFiles": self.bytecode_files} if self.bytecode_files else {})
+        } | ({"bytecodeFiles": self.bytecode_files} if self.bytecode_files else {}) | (
+            {"vllm": {"version": self.vllm_version, "hash": self.vllm_hash}} if self.vllm_version else {}
+        )
 
     @classmethod
     def from_status(cls, entry: Mapping[str, Any]) -> BundleRecord:
@@ -112,6 +118,8 @@ class BundleRecord:
             precompile=str(entry.get("precompile", "")),
             precompile_reason=str(entry.get("precompileReason", "")),
             bytecode_files=int(entry.get("bytecodeFiles") or 0),
+            vllm_version=str((entry.get("vllm") or {}).get("version") or ""),
+            vllm_hash=str((entry.get("vllm") or {}).get("hash") or ""),
         )
 
     @property

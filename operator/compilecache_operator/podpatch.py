@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from compilecache_operator import reasons, store_ca
+from compilecache_operator import reasons, store_ca, vllmpod
 from compilecache_operator.cacheview import CacheView, bytecode_ready
 from compilecache_operator.names import (
     CACHE_LABEL,
@@ -31,6 +31,8 @@ from compilecache_operator.names import (
     INDUCTOR_DIR,
     INDUCTOR_SUBDIR,
     INJECTED_ANNOTATION,
+    PREDICTED_ANNOTATION,
+    PREDICTED_DETAIL_ANNOTATION,
     PRELOAD_CONTAINER,
     PRELOAD_MODE_ANNOTATION,
     PRELOAD_MODE_REASON_ANNOTATION,
@@ -39,6 +41,7 @@ from compilecache_operator.names import (
     SKIPPED_ANNOTATION,
     SKIPPED_DETAIL_ANNOTATION,
 )
+from compilecache_operator.prediction import Prediction, predict_vllm
 from compilecache_operator.security import PreloadIdentity, preload_identity
 from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.spec import INIT_CONTAINER, SIDECAR, PreloadSpec, RemoteCacheSpec
@@ -48,6 +51,7 @@ from compilecache_operator.wiring import CACHE_DIR_ENV, cache_mount_point, env_f
 from cachelib.bytecode import PYCACHE_DIR, PYCACHE_ENV
 from cachelib.keyformat import gpu_slug
 from cachelib.podcontract import JOB_ID_ENV
+from cachelib.vllmargs import LAUNCH_MODULES
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class PodPatch:
     volumes: list[dict[str, Any]] | None = None
     annotations: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    predictions: tuple[Prediction, ...] = ()
+    """For a vLLM cache: each vLLM container's start against the warm-up's (counted by the webhook)."""
 
     def pod_fields(self) -> dict[str, Any]:
         """The patch as a JSON merge patch of the pod (RFC 7386): the ``spec`` fields it sets whole and
@@ -138,12 +144,31 @@ def build_pod_patch(
         annotations[GPU_ANNOTATION] = gpu
     if overridden:
         annotations[ENV_FROM_ANNOTATION] = ",".join(overridden)
+    vllm = view.spec.model.vllm
+    predictions = tuple(predict_vllm(app_containers, vllm)) if vllm is not None else ()
+    watch = vllmpod.watched(predictions)
+    sidecars_added = []
+    if vllm is not None and watch is None:
+        annotations[PREDICTED_ANNOTATION] = "unknown"
+        launchers = f"{' '.join(vllm.command)}, or python -m {LAUNCH_MODULES[0]}; through sh -c too"
+        warnings.append(f"compilecache: no container of this pod starts vLLM's server as CompileCache {view.name} "
+                        f"does ({launchers}): whether it starts warm cannot be told before it starts, nor "
+                        "afterwards")  # fmt: skip
+    if watch is not None:
+        annotations[PREDICTED_ANNOTATION] = watch.outcome
+        annotations[PREDICTED_DETAIL_ANNOTATION] = watch.detail()[:1000]
+        warnings += [w for p in predictions if (w := p.warning(len(predictions) > 1)) is not None]
+        if sidecars.available:
+            resources = view.spec.preload.resources.to_dict()
+            sidecars_added.append(vllmpod.watch_container(watch, preloader_image, resources,
+                                                          identity.security_context()))  # fmt: skip
     return PodPatch(
-        init_containers=[preload, *(spec.get("initContainers") or [])],
+        init_containers=[preload, *sidecars_added, *(spec.get("initContainers") or [])],
         containers=containers,
         volumes=_pod_volumes(spec, view, handoff=handoff),
         annotations=annotations,
         warnings=tuple(warnings),
+        predictions=predictions,
     )
 
 
@@ -164,6 +189,8 @@ def _not_patched(
     if not view.ready or view.spec is None:
         return left_alone(reasons.NOT_READY, f"CompileCache {view.namespace}/{view.name} is not Ready")
     problems = unwired_containers(list(spec.get("containers") or []))
+    if view.spec.model.vllm is not None:
+        problems += [u for c in spec.get("containers") or [] if (u := vllmpod.unwired_root(c)) is not None]
     if problems:
         return left_alone(problems[0].reason, "; ".join(p.message for p in problems))
     if not keys_for_pod_images(pod, view):
@@ -378,6 +405,7 @@ def _wired_apps(
             remote=view.spec.remote_cache,
             handoff=handoff,
             bytecode=not sidecar and bytecode_ready(view),
+            vllm=view.spec.model.vllm is not None,
         )
         containers.append(wired)
         warning = env_from_overrides(container, added)
@@ -394,6 +422,7 @@ def _with_cache(
     remote: RemoteCacheSpec | None,
     handoff: bool,
     bytecode: bool = False,
+    vllm: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
     """One app container with the cache directory mounted and the environment set, keeping
     whatever it already sets in ``env``, and the names of the variables added. A
@@ -426,6 +455,8 @@ def _with_cache(
         extra[PYCACHE_ENV] = pycache
     added = [k for k in extra if k not in names]
     env += [{"name": k, "value": extra[k]} for k in added]
+    if vllm:  # vLLM's cache root in the bundle (compilecache_operator.vllmpod)
+        added += vllmpod.with_root(container, env, mounts)
     out["env"] = env
     out["volumeMounts"] = mounts
     return out, added

@@ -117,7 +117,16 @@ def bundle_from_publish(message: str | None, variant: Variant, *, generation: in
         precompile=precompile,
         precompile_reason=precompile_reason,
         bytecode_files=_int((data.get("bytecode") or {}).get("files") if isinstance(data.get("bytecode"), dict) else 0),
+        **_engine(data.get("engine")),
     )
+
+
+def _engine(engine: Any) -> dict[str, str]:
+    """A vLLM warm-up's version and (first) hash directory, from the publish result's ``engine``."""
+    if not isinstance(engine, Mapping) or engine.get("name") != "vllm":
+        return {}
+    hashes = engine.get("aot_hashes") if isinstance(engine.get("aot_hashes"), list) else []
+    return {"vllm_version": str(engine.get("version") or "")[:128], "vllm_hash": str(hashes[0] if hashes else "")[:128]}
 
 
 PRECOMPILE_REASON_LIMIT = 1024

@@ -16,6 +16,7 @@ from cachelib.compilekey import CompileOptions, dynamic_text
 from cachelib.masking import mask_text
 from cachelib.stores.base import MAX_SEGMENT_LENGTH
 from cachelib.stores.urls import StoreURL
+from cachelib.vllmargs import command_line
 
 DEFAULT_GPU_LABEL_KEY = "nvidia.com/gpu.product"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -67,6 +68,32 @@ PRECOMPILE = (PRECOMPILE_AUTO, PRECOMPILE_OFF)
 (cachelib.warmstart)."""
 
 
+DEFAULT_VLLM_COMMAND = ("vllm", "serve")
+MAX_VLLM_ARGS = 256
+MAX_VLLM_ENV = 64
+
+
+@dataclass(frozen=True)
+class VllmSpec:
+    """``spec.model.vllm``: a vLLM server, started by the warm-up as the pods start it (with dummy weights)."""
+
+    model: str
+    """The model as the pods name it (a hub id or a path): vLLM hashes this very string."""
+    args: tuple[str, ...] = ()
+    """The pods' engine arguments after the model (``--max-model-len 8192``)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """The pods' ``VLLM_*`` variables (the hashed ones enter vLLM's key), name and value."""
+    command: tuple[str, ...] = DEFAULT_VLLM_COMMAND
+    """What starts the server: ``vllm serve`` or ``python -m vllm.entrypoints.openai.api_server``."""
+
+    def argv(self) -> list[str]:
+        """The pods' command line: ``vllm serve MODEL ARGS`` (positional model), else ``... --model MODEL ARGS``."""
+        return command_line(self.command, self.model, self.args)
+
+    def identity(self) -> dict[str, Any]:
+        return {"model": self.model, "args": list(self.args), "env": dict(self.env), "command": list(self.command)}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     target: str | None
@@ -75,6 +102,8 @@ class ModelSpec:
     """The options the harness compiles with (``backward`` included)."""
     backward: bool = False
     """``spec.model.backward`` as written (``compile.backward`` is also true with compiled autograd)."""
+    vllm: VllmSpec | None = None
+    """``spec.model.vllm``: the workload is a vLLM server (then neither target nor command)."""
 
     @property
     def precompile(self) -> str:
@@ -97,6 +126,8 @@ class ModelSpec:
             identity["inductor_config"] = dict(self.compile.inductor_config)
         if self.compile.precompile != "off":  # only when Auto: the ids of caches without it stay as they were
             identity["precompile"] = self.precompile
+        if self.vllm is not None:  # only for vLLM: the ids of other caches stay as they were
+            identity["vllm"] = self.vllm.identity()
         return identity
 
 

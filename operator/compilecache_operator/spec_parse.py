@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from compilecache_operator import store_ca, warmup_inputs
+from compilecache_operator import spec_vllm, store_ca, warmup_inputs
 from compilecache_operator.formats import (
     extended_resource_problem,
     host_problem,
@@ -136,6 +136,8 @@ def parse_spec(
     remote = _parse_remote_cache(spec.get("remoteCache"), errors)
     preload = _parse_preload(read_mapping(spec.get("preload"), "spec.preload", errors), defaults, errors)
     _check_runtime_text(spec, errors)
+    if model is not None and model.vllm is not None:
+        _check_vllm_cache(warmup, preload, errors)
     if errors.items:
         raise InvalidSpec(errors.items)
     assert model is not None and storage is not None
@@ -197,21 +199,35 @@ def _parse_model(model: Mapping[str, Any], errors: FieldErrors) -> ModelSpec | N
     path = "spec.model"
     target = read_string(model, "target", path, errors, max_length=256)
     command = read_string(model, "command", path, errors, max_length=4096)
+    vllm = spec_vllm.parse_vllm(model["vllm"], f"{path}.vllm", errors) if model.get("vllm") is not None else None
     if target is not None and not is_target(target):
         errors.add(
             f"{path}.target",
             f"{target!r} is not module:function (mypkg.models:build) or a built-in target name "
             f"({', '.join(BUILTIN_TARGETS)})",
         )
-    if target is None and command is None:
-        errors.add(path, "set one of target or command")
-    elif target is not None and command is not None:
-        errors.add(path, "set only one of target or command, not both")
+    chosen = [name for name in ("target", "command", "vllm") if model.get(name) is not None]
+    if not chosen:
+        errors.add(path, "set one of target, command or vllm")
+    elif len(chosen) > 1:
+        errors.add(path, f"set only one of target, command or vllm, not {' and '.join(chosen)}")
     backward = read_boolean(model, "backward", path, errors, False)
     compile_options = _parse_compile(read_mapping(model.get("compile"), f"{path}.compile", errors), backward, errors)
     precompile = read_enum(model, "precompile", path, errors, PRECOMPILE, PRECOMPILE_OFF) or PRECOMPILE_OFF
     compile_options = replace(compile_options, precompile="auto" if precompile == PRECOMPILE_AUTO else "off")
-    return ModelSpec(target=target, command=command, compile=compile_options, backward=backward)
+    if model.get("vllm") is not None and (compile_options != CompileOptions() or backward):
+        errors.add(path, "compile, backward and precompile do not apply to vLLM, which compiles with its own options "
+                         "(pass them as engine arguments: spec.model.vllm.args, --compilation-config)")  # fmt: skip
+    return ModelSpec(target=target, command=command, compile=compile_options, backward=backward, vllm=vllm)
+
+
+def _check_vllm_cache(warmup: WarmupSpec, preload: PreloadSpec, errors: FieldErrors) -> None:
+    """What a vLLM cache cannot have: ``VLLM_*`` variables in the warm-up's env (they belong to the model), and a
+    preload beside vLLM, which reads its cache as its engine starts and waits for nothing."""
+    spec_vllm.warmup_env_problems(warmup.env, "spec.warmup.env", errors)
+    if preload.mode == SIDECAR:
+        errors.add("spec.preload.mode", f"{SIDECAR} cannot serve vLLM, which reads its compiled model as its engine "
+                                        f"starts and waits for no preload; use {INIT_CONTAINER}")  # fmt: skip
 
 
 def _parse_compile(opts: Mapping[str, Any], backward: bool, errors: FieldErrors) -> CompileOptions:

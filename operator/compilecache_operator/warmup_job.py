@@ -5,6 +5,7 @@ Nothing here talks to the API server; the reconcile builds the manifest here and
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +40,9 @@ COPY_HARNESS = (
     "[shutil.copyfile(importlib.util.find_spec('cachelib.' + m).origin, "
     "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) "
     "for m in ('harness', 'compilekey', 'compilestep', 'podcontract', 'targets', 'warmstart', 'precompileguard', "
-    "'precheck', 'bytecode', 'triton_modules', 'factors', 'masking')]"
+    "'precheck', 'bytecode', 'triton_modules', 'factors', 'masking', 'vllmwarm', 'vllmargs', 'vllm_options')]"
 )
+VLLM_WARMUP_FILE = f"{HARNESS_DIR}/vllmwarm.py"
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,10 @@ def warmup_labels(cache_name: str, variant: Variant, generation: int) -> dict[st
 
 def harness_command(namespace: str, name: str, spec: CacheSpec) -> list[str]:
     model = spec.model
+    if model.vllm is not None:  # vLLM started as the pods start it (cachelib.vllmwarm)
+        invocation = {"command": list(model.vllm.command), "model": model.vllm.model, "args": list(model.vllm.args)}
+        return ["python3", VLLM_WARMUP_FILE, "--out", OUT_DIR, "--namespace", namespace, "--name", name,
+                "--invocation", json.dumps(invocation, separators=(",", ":"))]  # fmt: skip
     what = ["--target", model.target] if model.target is not None else ["--command", model.command or ""]
     args = ["python", HARNESS_FILE, *what, "--out", OUT_DIR, "--namespace", namespace, "--name", name]
     return args + model.compile.harness_args()
@@ -162,6 +168,8 @@ def _compile_container(
     if spec.remote_cache is not None:
         compile_env += [{"name": k, "value": v} for k, v in spec.remote_cache.env().items()]
     compile_env += [dict(e) for e in warm.env]
+    if spec.model.vllm is not None:
+        compile_env += [{"name": k, "value": v} for k, v in spec.model.vllm.env]
 
     resources = warm.resources.to_dict()
     if variant.gpu and warm.gpus_per_job > 0:

@@ -54,6 +54,12 @@ class PodWebhookInjection(Protocol):
     def fallbacks_logged(self) -> MutableSet[tuple[str, str]]: ...
 
 
+class PodWebhookMetrics(Protocol):
+    """The one metric the pod webhook counts: vLLM pods by prediction."""
+
+    def count_prediction(self, namespace: str, cache: str, *, prediction: str, cause: str) -> None: ...
+
+
 class PodWebhookState(Protocol):
     """What the pod webhook reads (and the one thing it writes) of the operator's state."""
 
@@ -61,6 +67,8 @@ class PodWebhookState(Protocol):
     def settings(self) -> PodWebhookSettings: ...
     @property
     def injection(self) -> PodWebhookInjection: ...
+    @property
+    def metrics(self) -> PodWebhookMetrics: ...
 
 
 def fill_namespace(review: Mapping[str, Any]) -> None:
@@ -121,6 +129,15 @@ def json_patch(pod: Mapping[str, Any], patch: podpatch.PodPatch) -> list[dict[st
     ]
 
 
+def count_predictions(state: PodWebhookState, pod: Mapping[str, Any], result: podpatch.PodPatch) -> None:
+    """Count the prediction of the vLLM container the sidecar watches (one per pod)."""
+    meta = pod.get("metadata") or {}
+    cache = str((meta.get("labels") or {}).get(CACHE_LABEL, ""))
+    first = result.predictions[0]
+    state.metrics.count_prediction(str(meta.get("namespace") or ""), cache, prediction=first.outcome,
+                                   cause=first.cause)  # fmt: skip
+
+
 def review_pod(state: PodWebhookState, views: Views | None, review: Mapping[str, Any]) -> dict[str, Any]:
     """The AdmissionReview answer for a pod: always allowed (the webhook fails open), with the
     patch and warnings for an opted-in pod being created."""
@@ -136,6 +153,8 @@ def review_pod(state: PodWebhookState, views: Views | None, review: Mapping[str,
         except Exception:  # fail open: the pod starts without a preload
             log.exception("pod webhook failed; the pod is admitted unchanged")
             result = None
+        if result is not None and result.predictions and not request.get("dryRun"):
+            count_predictions(state, pod, result)
         if result is not None and result.warnings:
             response["warnings"] = list(result.warnings)
         ops = json_patch(pod, result) if result is not None else []

