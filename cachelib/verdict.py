@@ -104,9 +104,12 @@ class GraphVerdict:
     result: str
     cause: str
     differences: tuple[str, ...] = ()
+    hint: str | None = None
+    """What to do about the miss, where the factors alone do not say it (a shape: the job id)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"graph": self.graph, "result": self.result, "cause": self.cause, "differences": list(self.differences)}
+        done = {"graph": self.graph, "result": self.result, "cause": self.cause, "differences": list(self.differences)}
+        return done | ({"hint": self.hint} if self.hint else {})
 
 
 @dataclass(frozen=True)
@@ -256,17 +259,19 @@ def compare(warmup: Mapping[str, Any] | None, pod: Mapping[str, Any]) -> Diagnos
             verdicts.append(GraphVerdict(name, "miss", "unknown", ("no recorded factor differs",)))
         else:
             cause = min((d.cause for d in found), key=CAUSES.index)
-            hint = (shape_hint(warmup.get("job_id"), pod.get("job_id")),) if cause == "shape" else ()
-            verdicts.append(GraphVerdict(name, "miss", cause, (*grouped(found), *hint)))
+            hint = shape_hint(warmup.get("job_id"), pod.get("job_id"), candidates) if cause == "shape" else None
+            verdicts.append(GraphVerdict(name, "miss", cause, tuple(grouped(found)), hint))
     new_breaks = sorted(set(pod.get("graph_breaks", [])) - set(warmup.get("graph_breaks", [])))
     return summarise(tuple(verdicts), new_breaks, int(pod.get("precompiled") or 0))
 
 
-def shape_hint(warmup_job: str | None, pod_job: str | None) -> str:
-    """What to do about a graph whose input shapes the warm-up did not compile (pure). torch keeps which
-    dimensions it found dynamic (its automatic-dynamic profile) in the cache directory under the job id:
-    a pod with another job id compiles the first shape it meets as a static one, and misses."""
-    if warmup_job and warmup_job != pod_job:
+def shape_hint(warmup_job: str | None, pod_job: str | None, warmed: Sequence[Mapping[str, Any]]) -> str:
+    """What to do about a graph whose input shapes the warm-up did not compile (pure). Where the warm-up
+    compiled the frame with a dynamic dimension (a symbol in a shape), torch keeps which dimensions it
+    found dynamic (its automatic-dynamic profile) in the cache directory under the job id: a pod with
+    another job id compiles the first shape it meets as a static one, and misses."""
+    dynamic = any(k.startswith("shape:") and "'" in v for g in warmed for k, v in g["factors"].items())
+    if dynamic and warmup_job and warmup_job != pod_job:
         return (f"set TORCH_COMPILE_JOB_ID={warmup_job} in the pod (the warm-up's job id; here "
                 f"{pod_job or 'unset'}): torch reads which dimensions the warm-up found dynamic under it")  # fmt: skip
     return "the warm-up compiled other shapes: warm this one up too, or compile with dynamic=True"
@@ -313,6 +318,8 @@ def summarise(verdicts: tuple[GraphVerdict, ...], new_breaks: Sequence[str] = ()
     reason = f"{len(missed)} of {len(verdicts)} graphs compiled afresh ({cause}): {first.graph}: " + "; ".join(details)
     if more > 0:
         reason += f"; and {more} more"
+    if first.hint:
+        reason += f"; {first.hint}"
     return Diagnosis(verdicts, "miss", cause, reason)
 
 
@@ -394,7 +401,7 @@ def explain_lines(report: Mapping[str, Any]) -> list[str]:
     if pod is not None:
         lines.append(f"the pod's verdict ({WHY_NAME}): {pod.get('result')} ({pod.get('cause')}): {pod.get('reason')}")
         for graph in pod.get("graphs", []):
-            said = "; ".join(graph.get("differences", []))
+            said = "; ".join([*graph.get("differences", []), *([graph["hint"]] if graph.get("hint") else [])])
             lines.append(
                 f"  {graph.get('graph')}: {graph.get('result')}, {graph.get('cause')}" + (f": {said}" if said else "")
             )

@@ -24,9 +24,6 @@ if TYPE_CHECKING:
     from cachelib.harness import Stages
     from cachelib.signing import PublicKey, Signature
 
-LOG_FILE = "warmup.log"
-"""The harness's log in ``--out`` (:data:`cachelib.harness.LOG_FILE`)."""
-
 
 def cmd_pack(args: argparse.Namespace) -> int:
     from cachelib.publish import pack
@@ -87,12 +84,12 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     try:
         status = run_harness(args, out, stages)
     except BaseException:
-        left(out, given, compiled=False)
+        not_published(out, given)
         raise
     finally:
         stages.done()
     if status != 0:
-        left(out, given, compiled=False)
+        not_published(out, given)
         raise CommandError(f"the warm-up harness failed (exit status {status}); see its message above", status)
     leaving(f"the compiled output is kept in {out}; publish it with: {publish_command(out, url)}")
     stages.stage(f"packing, verifying and publishing to {mask_text(url)}")
@@ -118,27 +115,23 @@ def run_harness(args: argparse.Namespace, out: Path, stages: Stages) -> int:
     log.info("running the harness: %s", " ".join(mask_command(argv)))
     stages.stage(f"running the warm-up harness into {out}")
     stages.done()  # the harness says its own stages from here
-    leaving(f"nothing was published; the harness's incomplete output is in {out}")
+    leaving(f"nothing was published; the harness's incomplete output is in {out}")  # until it is removed
     return subprocess.run(argv, stdout=sys.stderr, check=False).returncode
 
 
-def left(out: Path, given: Path | None, compiled: bool) -> None:
-    """What a warm-up that stopped before publishing leaves: a temporary output is removed, a given
-    ``--out`` kept (``--force`` replaces it on the next run)."""
+def not_published(out: Path, given: Path | None) -> None:
+    """A warm-up that stopped before its publish: a temporary output is removed, a given ``--out`` kept
+    (``--force`` replaces it on the next run); what is left is said if SIGINT ended it."""
     if given is None:
         shutil.rmtree(out.parent, ignore_errors=True)
         leaving("nothing was published and nothing was left behind (the harness's output was temporary)")
-    elif not compiled:
+    else:
         leaving(f"nothing was published; the harness's incomplete output is in {out} (--force replaces it)")
 
 
 def publish_command(out: Path, url: str) -> str:
     """The one command that publishes a kept output directory (the store URL masked)."""
     return f"compilecache publish {shlex.quote(str(out))} --store {shlex.quote(mask_text(url))}"
-
-
-HARNESS_OUTPUT = frozenset({RESULT_FILE, MEGACACHE_FILE, CACHEDIR, LOG_FILE})
-"""What the harness writes into ``--out`` (and its hidden partial files): what ``--force`` may remove."""
 
 
 def prepare_out(out: Path, force: bool) -> None:
@@ -153,7 +146,10 @@ def prepare_out(out: Path, force: bool) -> None:
         return
     if not force:
         raise CommandError(f"--out {out}: exists and is not an empty directory (--force replaces it)", 2)
-    foreign = [n for n in names if n not in HARNESS_OUTPUT and not (n.startswith(".") and n.endswith(".partial"))]
+    from cachelib.harness import LOG_FILE  # what the harness writes (and its hidden partial files)
+
+    ours = {RESULT_FILE, MEGACACHE_FILE, CACHEDIR, LOG_FILE}
+    foreign = [n for n in names if n not in ours and not (n.startswith(".") and n.endswith(".partial"))]
     if foreign:
         raise CommandError(
             f"--out {out}: --force replaces a warm-up's output directory only, and this one also holds "

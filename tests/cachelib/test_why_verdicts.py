@@ -98,15 +98,25 @@ def test_with_a_pod_verdict_the_pod_s_process_is_compared_never_the_one_running_
 
 
 # -- shapes and the job id -----------------------------------------------------------------------------
-def test_a_shape_miss_names_the_job_id_to_set() -> None:
-    warm = doc(graph("M.forward", "miss", **{"shape:l_x_": "['s0', 8]"}), job_id="compilecache-default.multi")
+def test_a_shape_miss_of_a_dynamic_warm_up_names_the_job_id_to_set() -> None:
+    """The warm-up compiled batches 4 and 8: the second with a dynamic batch dimension (torch's automatic
+    dynamic), kept under its job id; a pod without that job id compiles batch 16 as a static shape."""
+    warm = doc(graph("M.forward", "miss", **{"shape:l_x_": "[4, 8]"}),
+               graph("M.forward", "miss", **{"shape:l_x_": "['s0', 8]"}), job_id="compilecache-default.multi")
     pod = doc(graph("M.forward", "miss", **{"shape:l_x_": "[16, 8]"}), job_id=None)
     diagnosis = verdict.compare(warm, pod)
-    assert diagnosis.cause == "shape"
-    assert "set TORCH_COMPILE_JOB_ID=compilecache-default.multi in the pod" in diagnosis.reason
+    (missed,) = diagnosis.graphs
+    assert diagnosis.cause == "shape" and len(missed.differences) == 1, missed
+    assert missed.hint is not None and missed.hint.startswith("set TORCH_COMPILE_JOB_ID=compilecache-default.multi")
+    assert "set TORCH_COMPILE_JOB_ID=compilecache-default.multi in the pod (the warm-up's job id; here unset)" in \
+        diagnosis.reason
+    text = "\n".join(verdict.explain_lines({"pod": diagnosis.to_dict()}))
+    assert "miss, shape: shape of l_x_: [4, 8] → [16, 8]; set TORCH_COMPILE_JOB_ID=" in text
     same = verdict.compare(warm, doc(graph("M.forward", "miss", **{"shape:l_x_": "[16, 8]"}),
                                      job_id="compilecache-default.multi"))  # fmt: skip
     assert "TORCH_COMPILE_JOB_ID" not in same.reason and "warm this one up too" in same.reason
+    static = doc(graph("M.forward", "miss", **{"shape:l_x_": "[4, 8]"}), job_id="compilecache-default.multi")
+    assert "TORCH_COMPILE_JOB_ID" not in verdict.compare(static, pod).reason, "no profile to read: a static warm-up"
 
 
 # -- a --command warm-up -------------------------------------------------------------------------------
