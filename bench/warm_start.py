@@ -8,6 +8,8 @@ fresh Python process, one after another on one device:
               kept apart as eager-first-process
   cold        torch.compile, empty TORCHINDUCTOR_CACHE_DIR
   hot         same cache dir again (a node that compiled the model itself)
+  shared      a cache dir another process compiled into (a shared TORCHINDUCTOR_CACHE_DIR, such as an NFS
+              mount every node sees), read in place; here on the same local disk: a shared mount's best case
   preloaded   compilecache: the warm-up harness compiles and publishes a bundle to Redis;
               `compilecache preload` fetches, verifies and unpacks it into an empty dir
               (its own process, timed); then compile against that dir (the init-container mode)
@@ -53,6 +55,13 @@ subset of the rows; `--breakdown MODEL` adds the profiled warm first call of one
     python bench/warm_start.py --device cuda --out out/warm-start
     python bench/warm_start.py --device cpu --tiny --out /tmp/ws   # a check without a GPU
     python bench/warm_start.py render out/a/results.json out/b/results.json > table.md
+
+The simpler ways side by side (README.md): eager, cold, the node's hot cache, a shared cache directory,
+PyTorch's Redis remote cache and compilecache's preload, in one run:
+
+    python bench/warm_start.py --device cpu --tiny --models gpt2 --autotune-model '' --precompile none \
+        --breakdown '' --rows eager,cold,hot,shared,remote,preloaded --repeat 3 --out out/simpler
+    python bench/warm_start.py simpler out/simpler/results.json
 """
 
 from __future__ import annotations
@@ -88,9 +97,12 @@ CLI = ("-c", "import sys; from cachelib.cli import main; sys.exit(main())")
 WARMSTART_ROWS = ("warmstart", "warmstart-env", "warmstart-pool", "warmstart-nocc", "warmstart-1thread")
 COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++", "cpp", "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++",
              "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++")
-ROWS = ("eager", "cold", "hot", "preloaded", "sidecar", "megacache", "remote", *WARMSTART_ROWS, "precompiled")
+ROWS = ("eager", "cold", "hot", "shared", "preloaded", "sidecar", "megacache", "remote", *WARMSTART_ROWS,
+        "precompiled")
 # Rows whose cache lookups must all hit.
-WARM_ROWS = ("hot", "preloaded", "sidecar", "megacache", "remote")
+WARM_ROWS = ("hot", "shared", "preloaded", "sidecar", "megacache", "remote")
+SIMPLER = ("eager", "cold", "hot", "shared", "remote", "preloaded")
+"""The rows of the comparison with the simpler ways (README.md, "The simpler ways"): ``simpler`` prints them."""
 DONE_FILE_ENV = "COMPILECACHE_PRELOAD_DONE"  # cachelib.handoff's, without importing it here
 
 # =======================================================================================
@@ -478,6 +490,10 @@ class Bench:
             todo.append(("harness+publish", lambda: self.harness_publish(cfg)))
         if self.selected & set(WARMSTART_ROWS):
             todo.append(("harness+publish auto", lambda: self.harness_publish(cfg, precompile=True)))
+        if "shared" in self.selected:  # another node compiles into the shared directory first
+            todo.append(
+                ("shared-warmup", lambda: [self.child(cfg, "compile", "shared-warmup", self.dirs(cfg, "shared"))])
+            )
         if self.redis is not None and "remote" in self.selected:
             todo.append(
                 (
@@ -515,6 +531,8 @@ class Bench:
                 self.rows.append(self.child(cfg, "eager", "eager", self.dirs(cfg, "eager-cache")))
             if "hot" in self.selected:
                 self.rows.append(self.child(cfg, "compile", "hot", self.dirs(cfg, "local")))
+            if "shared" in self.selected:
+                self.rows.append(self.child(cfg, "compile", "shared", self.dirs(cfg, "shared")))
             if self.selected & {"preloaded", "precompiled"} and (sample == 0 or "preloaded" in self.selected):
                 self.rows.extend(self.preload_then_compile(cfg, compile_after="preloaded" in self.selected))
             if "sidecar" in self.selected:
@@ -889,6 +907,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "eager",
             "cold",
             "hot",
+            "shared",
             "preloaded",
             "sidecar",
             "megacache",
@@ -1077,6 +1096,21 @@ def render(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_simpler(results: list[dict[str, Any]]) -> str:
+    """The simpler ways beside compilecache: each row's first call (median, seconds; a row that did not hit
+    every lookup says so), and for compilecache the preload before it."""
+    head = ("eager (the floor)", "cold compile", "node's own hot cache", "shared cache dir",
+            "PyTorch's Redis remote cache", "compilecache: preload + 1st call")  # fmt: skip
+    lines = ["| model | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    for res in results:
+        for s in res["summary"]:
+            pre, total = s.get("preload"), preloaded_total(s)
+            ours = "—" if total is None else f"{pre['wall_s']:.2f} + {_cell(s, 'preloaded')} = {total:.2f}"
+            cells = [_cell(s, n, verdict=n not in ("eager", "cold")) for n in SIMPLER[:-1]]
+            lines.append(f"| {s['config']} | " + " | ".join([*cells, ours]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _breakdown_line(s: dict[str, Any], name: str) -> list[str]:
     v = s.get(name)
     if not isinstance(v, dict) or "error" in v:
@@ -1188,11 +1222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "child":
         return child_main(argv[1:])
-    if argv and argv[0] == "render":
+    if argv and argv[0] in ("render", "simpler"):
         results = [json.loads(Path(p).read_text()) for p in argv[1:]]
         for res in results:
             res["summary"] = summarise(res["rows"])
-        print(render(results), end="")
+        print((render if argv[0] == "render" else render_simpler)(results), end="")
         return 0
     args = parse_args(argv)
     configs = [Config(m) for m in args.models.split(",") if m]

@@ -253,9 +253,13 @@ def describe(fn: Callable[..., Any]) -> str:
 
 
 def run_target(
-    target: str, options: compilekey.CompileOptions, function: Callable[..., Any] | None = None
+    target: str,
+    options: compilekey.CompileOptions,
+    function: Callable[..., Any] | None = None,
+    on_entry: Callable[[int, int, str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Import (unless given) and run a target; the first-call seconds of each compiled entry."""
+    """Import (unless given) and run a target; the first-call seconds of each compiled entry.
+    ``on_entry(index, count, name)`` is told before each entry compiles (the harness's progress)."""
     function = function or load_target(target)
     takes_compile = required_params(function) >= 1
     started = time.perf_counter()
@@ -272,6 +276,8 @@ def run_target(
         return [{"index": 0, "name": compilekey.canonical_target(target), "seconds": seconds}]
     timings = []
     for index, (fn, args, kwargs) in enumerate(entries):
+        if on_entry is not None:
+            on_entry(index, len(entries), describe(fn))
         try:
             compiled = compile_entry(fn, options)
             t0 = time.perf_counter()

@@ -69,10 +69,46 @@ def value_text(value: Any) -> str | None:
     text (objects shown by address, long ones)."""
     if callable(value) and not isinstance(value, type):
         return None
-    text = value.hex() if isinstance(value, bytes) else repr(value)
+    text = value.hex() if isinstance(value, bytes) else canonical_repr(value)
     if " at 0x" in text or len(text) > _MAX_VALUE:
         return None
     return text
+
+
+def canonical_repr(value: Any) -> str:
+    """``repr``, but with the members of every set in sorted order, at any depth (pure): a set of
+    strings iterates in an order that string hashing picks anew in every process, so two equal sets
+    would otherwise read as a difference between the warm-up and a pod."""
+    if isinstance(value, set | frozenset):
+        if not value:
+            return repr(value)
+        body = "{" + ", ".join(sorted(canonical_repr(v) for v in value)) + "}"
+        return body if isinstance(value, set) else f"frozenset({body})"
+    if type(value) is list:
+        return "[" + ", ".join(canonical_repr(v) for v in value) + "]"
+    if type(value) is tuple:
+        return "(" + ", ".join(canonical_repr(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    if type(value) is dict:
+        return "{" + ", ".join(f"{canonical_repr(k)}: {canonical_repr(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def canonical_text(text: str) -> str:
+    """A recorded value's text with its sets in sorted order (pure): for records written before values
+    were recorded that way. Texts that are not Python literals come back as they are."""
+    if "{" not in text:
+        return text
+    import ast
+
+    try:
+        node = ast.parse(text, mode="eval").body
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "frozenset" and len(node.args) == 1:
+            value: Any = frozenset(ast.literal_eval(node.args[0]))
+        else:
+            value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return text
+    return canonical_repr(value)
 
 
 def _is_path(value: Any) -> bool:

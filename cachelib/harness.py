@@ -47,12 +47,13 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING or __package__:  # imported as cachelib.harness
     from cachelib import compilekey, compilestep, podcontract
@@ -89,6 +90,124 @@ def load_precheck() -> Any:
 def load_warmstart() -> Any:
     """``cachelib.warmstart``, or ``warmstart.py`` beside this file (a warm-up container)."""
     return compilestep.load_companion("cachelib.warmstart")
+
+
+# -- progress --------------------------------------------------------------------------------
+PROGRESS_ENV = "COMPILECACHE_PROGRESS_SECONDS"
+"""Seconds between the heartbeat lines while a stage runs (default 15; 0: stage lines only)."""
+DEFAULT_HEARTBEAT = 15.0
+
+
+def progress_line(prefix: str, elapsed: float, text: str) -> str:
+    """``harness: [  42s] compiling entry 1 of 2 (GPT2Model)`` (pure)."""
+    return f"{prefix}: [{elapsed:5.0f}s] {text}"
+
+
+def heartbeat_text(stage: str, in_stage: float) -> str:
+    """What the heartbeat says while ``stage`` runs (pure)."""
+    return f"still {stage} ({in_stage:.0f} s in this stage)"
+
+
+def heartbeat_seconds(environ: Mapping[str, str]) -> float:
+    """The heartbeat period from the environment: 0 (none) for a value that is not a positive number."""
+    text = environ.get(PROGRESS_ENV, "")
+    try:
+        value = float(text) if text else DEFAULT_HEARTBEAT
+    except ValueError:
+        return DEFAULT_HEARTBEAT
+    return value if 0 < value < float("inf") else 0.0
+
+
+class Stages:
+    """What a long run is doing, on stderr: one line per stage with the seconds since the start, and
+    while a stage lasts, a heartbeat every few seconds (``$COMPILECACHE_PROGRESS_SECONDS``, default 15).
+    In a Job's log (stderr not a terminal) every line is a plain line; on a terminal the heartbeat
+    redraws one line in place. Torch compiles for minutes without a word: this says it is alive."""
+
+    def __init__(self, prefix: str, stream: TextIO | None = None, every: float | None = None) -> None:
+        self.prefix = prefix
+        self._stream = stream
+        self._every = every
+        self.started: float | None = None
+        """When the first stage began (the clock of every line)."""
+        self.stage_started = 0.0
+        self.current: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._redrawn = False
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stderr
+
+    @property
+    def every(self) -> float:
+        return heartbeat_seconds(os.environ) if self._every is None else self._every
+
+    @property
+    def tty(self) -> bool:
+        isatty = getattr(self.stream, "isatty", None)
+        try:
+            return bool(isatty()) if callable(isatty) else False
+        except ValueError:  # a closed stream
+            return False
+
+    def elapsed(self) -> float:
+        return 0.0 if self.started is None else time.monotonic() - self.started
+
+    def stage(self, text: str) -> None:
+        """A new stage begins: its line, and the heartbeat from now on says it."""
+        with self._lock:
+            now = time.monotonic()
+            self.started = now if self.started is None else self.started
+            self.current, self.stage_started = text, now
+            self._write(progress_line(self.prefix, self.elapsed(), text), redraw=False)
+            every = self.every
+            if every and self._thread is None:
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._beat, args=(every, self._stop),
+                                                name="compilecache-progress", daemon=True)
+                self._thread.start()
+
+    def done(self, text: str | None = None) -> None:
+        """The run is over (its last line, when given): no more heartbeats."""
+        self._stop.set()
+        with self._lock:
+            if text is not None:
+                self._write(progress_line(self.prefix, self.elapsed(), text), redraw=False)
+            elif self._redrawn:
+                self._write("", redraw=False)
+            self.current, self._thread = None, None
+
+    def _beat(self, every: float, stop: threading.Event) -> None:
+        """A heartbeat each ``every`` seconds a stage lasts (the first one ``every`` after it began)."""
+        last = 0.0
+        while True:
+            with self._lock:
+                due = max(self.stage_started, last) + every
+            if stop.wait(max(0.0, due - time.monotonic())):
+                return
+            with self._lock:
+                now = time.monotonic()
+                if self.current is None or now < max(self.stage_started, last) + every:
+                    continue  # a new stage began meanwhile: its own heartbeats come later
+                last = now
+                text = heartbeat_text(self.current, now - self.stage_started)
+                self._write(progress_line(self.prefix, self.elapsed(), text), redraw=self.tty)
+
+    def _write(self, line: str, redraw: bool) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            if redraw:  # a terminal: the heartbeat rewrites its own line
+                self.stream.write("\r\033[K" + line)
+            else:
+                self.stream.write(("\r\033[K" if self._redrawn else "") + line + ("\n" if line else ""))
+            self._redrawn = redraw
+            self.stream.flush()
+
+
+stages = Stages("harness")
+"""The harness's own progress (stderr: the warm-up Job's log, or ``compilecache warmup``'s terminal)."""
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -160,6 +279,7 @@ def warm_up(request: Request) -> dict[str, Any]:
     options_digest = request.options.digest()
     job_id = os.environ.get(JOB_ID_ENV) or compilekey.default_job_id(request.namespace, request.name)
     env = prepare_environment(request, job_id)
+    stages.stage(f"importing torch and the target {request.target}" if request.target else "importing torch")
     function = compilestep.load_target(request.target) if request.target is not None else None
     apply_options(request.options, job_id)
     versions = compilestep.detect_versions()
@@ -170,19 +290,24 @@ def warm_up(request: Request) -> dict[str, Any]:
 
     started = time.perf_counter()
     if request.command is not None:
-        timings = compilestep.run_command(request.command, env)
+        stages.stage(f"running the command ({command_name(request.command)}) with the cache environment")
+        timings = compilestep.run_command(request.command, command_environment(env))
         counters: dict[str, dict[str, int]] | None = None
     else:
         assert request.target is not None
-        timings = compilestep.run_target(request.target, request.options, function)
+        timings = compilestep.run_target(request.target, request.options, function, on_entry=entry_stage(""))
         counters = compilestep.counters_snapshot()
     total = time.perf_counter() - started
-    recorded = write_factors(request.cache_path, factors)  # Off's graphs: what every pod's lookups are compared with
+    stages.stage("recording the compile factors")
+    recorded = write_factors(request.cache_path, factors, request.command, job_id)  # Off's graphs: pods compare with them
+    stages.stage("saving the Mega-Cache")
     megacache = save_megacache(request.out)
     precompile_pass_result = None
     if request.options.precompile == "auto" and request.target is not None:
+        stages.stage("compiling once more with Dynamo's caching precompile, in a fresh process")
         precompile_pass_result = precompile_in_fresh_process(request, job_id, total)
         megacache = merge_megacache(request.out, megacache, precompile_pass_result.pop("megacache", None))
+    stages.stage("writing the byte code of the imported modules")
     bytecode = write_bytecode(request)
     triton_modules = compilestep.load_companion("cachelib.triton_modules").collect(request.cache_path).to_dict()
     precompile = write_warm_start(request) if request.options.precompile == "auto" else None
@@ -195,6 +320,7 @@ def warm_up(request: Request) -> dict[str, Any]:
             _record_check(request.cache_path, {"verified": False, "reason": failure})
             precompile["check"] = {"verified": False, "reason": failure, "seconds": 0.0}
         elif precompile["dynamo_entries"]:
+            stages.stage("checking the precompiled part in fresh processes, as pods will load it")
             precompile.update(prove_precompiled(request, job_id, total))
             megacache = megacache_after_check(request.out, megacache, precompile)
         else:
@@ -228,16 +354,54 @@ def warm_up(request: Request) -> dict[str, Any]:
     return result
 
 
-def write_factors(cache_path: Path, factors: Any) -> dict[str, Any]:
+COMMAND_FACTORS = (
+    "a --command warm-up compiles in the command's own process, which the harness leaves as it is: only the "
+    "process's factors (versions, installation, device, environment) were recorded, not its graphs"
+)
+
+
+def write_factors(
+    cache_path: Path, factors: Any, command: str | None = None, job_id: str | None = None
+) -> dict[str, Any]:
     """The factors of torch's cache keys this warm-up saw (:mod:`cachelib.factors`), into the cache
-    directory; how many graphs it holds, or why none were recorded."""
+    directory; how many graphs it holds, or why none were recorded. A ``--command`` runs in a process
+    of its own: its graphs are not seen here, but the process factors (the same interpreter, found
+    first on PATH, the same environment) are the command's."""
     document = factors.document()
+    document["job_id"] = job_id
+    if command is not None:
+        document["recorded"], document["problem"] = False, COMMAND_FACTORS
     try:
         factors.write_json(cache_path / factors.FACTORS_NAME, document)
     except OSError as exc:
         message = f"cannot write {factors.FACTORS_NAME}: {exc.strerror or exc}"
         raise compilestep.HarnessError(message, compilestep.EXIT_OUTPUT) from exc
     return {"file": factors.FACTORS_NAME, "graphs": len(document["graphs"]), "problem": document["problem"]}
+
+
+def entry_stage(prefix: str) -> Callable[[int, int, str], None]:
+    """The progress line of each entry as it starts compiling."""
+
+    def said(index: int, count: int, name: str) -> None:
+        stages.stage(f"{prefix}compiling and running entry {index + 1} of {count} ({name})")
+
+    return said
+
+
+def command_name(command: str) -> str:
+    """The program a ``--command`` runs (its first word), for the progress line: the rest may carry
+    values that are nobody's business in a log."""
+    words = command.split()
+    return os.path.basename(words[0]) if words else "?"
+
+
+def command_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The command's environment: the cache environment, with this interpreter's directory first on
+    PATH, so that ``python`` in a ``--command`` is the Python (and torch) the harness runs with and
+    records, not whichever comes first on PATH."""
+    here = os.path.dirname(sys.executable)
+    rest = [d for d in env.get("PATH", os.defpath).split(os.pathsep) if d and d != here]
+    return {**env, "PATH": os.pathsep.join([here, *rest])}
 
 
 class DroppedGuards(logging.Filter):
@@ -354,7 +518,7 @@ def precompile_pass(request: Request) -> int:
     logging.getLogger("torch._dynamo.guards").addFilter(dropped)
     before = compilestep.cache_summary(compilestep.counters_snapshot())
     try:
-        compilestep.run_target(request.target, request.options, function)
+        compilestep.run_target(request.target, request.options, function, on_entry=entry_stage("caching precompile: "))
         save_megacache(request.out)
     except compilestep.HarnessError as exc:
         if exc.exit_code != compilestep.EXIT_FAILED:
@@ -663,9 +827,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return precompile_pass(request_from_args(args))
         result = warm_up(request_from_args(args))
     except (compilestep.HarnessError, compilekey.UsageError) as exc:
+        stages.done()
         print(f"harness: error: {exc}", file=sys.stderr)
         write_termination_log({"result": "error", "stage": "compile", "reason": str(exc)})
         return exc.exit_code
+    finally:
+        stages.done()
     precompile = result.get("precompile")
     if precompile is not None:
         for line in precompile_summary(precompile, result_out(args)):

@@ -58,6 +58,7 @@ from cachelib.unpack import (
     completed,
     prepare_cache_dir,
     unpack_tar_verified,
+    write_problem,
 )
 
 HIT, MISS, ERROR = "hit", "miss", "error"
@@ -290,10 +291,36 @@ def _resolve(
     listed = keys_in_cache(store, namespace, name)
     chosen = select_keys(listed, gpu=gpu, versions=versions)
     if not chosen:
-        what = f"gpu {gpu}" if gpu else "any gpu"
-        wanted = ", ".join(f"{k}={v}" for k, v in versions.items() if v) or "any versions"
-        return [], f"no bundle of cache {namespace}/{name} for {what} and {wanted} ({len(listed)} in the store)"
+        return [], no_bundle_reason(f"{namespace}/{name}", listed, gpu, versions)
     return [str(k) for k in chosen], None
+
+
+def no_bundle_reason(
+    cache: str, listed: Sequence[CacheKey], gpu: str | None, versions: Mapping[str, str | None]
+) -> str:
+    """Why no bundle of ``cache`` was chosen, naming the GPU types (and versions) the store does hold
+    for it when the filter left them all out (pure)."""
+    what = f"gpu {gpu}" if gpu else "any gpu"
+    wanted = ", ".join(f"{k}={v}" for k, v in versions.items() if v) or "any versions"
+    reason = f"no bundle of cache {cache} for {what} and {wanted} ({len(listed)} in the store)"
+    if not listed:
+        return reason
+    gpus = sorted({k.gpu for k in listed})
+    if gpu and gpu not in gpus:
+        return f"{reason}; the store has this cache for gpu {', '.join(gpus)}"
+    there = sorted({f"torch {k.torch}, triton {k.triton}, cuda {k.cuda}, py {k.py}" for k in listed
+                    if gpu is None or k.gpu == gpu})  # fmt: skip
+    return f"{reason}; the store has it with {'; '.join(there[:4])}" + ("; …" if len(there) > 4 else "")
+
+
+def missing_store(store: Store) -> str | None:
+    """"no such store" when the store is a file store whose directory does not exist (a mistyped
+    path would otherwise read as an empty store), else None."""
+    from cachelib.stores.filestore import FileStore
+
+    if isinstance(store, FileStore) and not os.path.isdir(store.root):
+        return f"no such store: {store.url} (the directory {store.root} does not exist)"
+    return None
 
 
 def _preload_key(store: Store, key: str, job: _Job, budget: _Budget, result: PreloadResult) -> None:
@@ -307,6 +334,10 @@ def _preload_key(store: Store, key: str, job: _Job, budget: _Budget, result: Pre
     if completed(job.target, key, info.sha256, info.size):
         _node_cache_hit(key, result)
         return
+
+    problem = write_problem(job.target)
+    if problem is not None:  # before the lock file, whose failure would name neither the user nor the path
+        raise PermissionError(problem)
 
     def waiting() -> None:
         job.stage = f"waiting for another preload of {key} into {job.target}"
@@ -387,12 +418,16 @@ def _work(job: _Job, request: PreloadRequest, result: PreloadResult) -> None:
             check_can_own(probe, job.sharing.owner)
         job.stage = "opening the store"
         store = open_store(store_url) if isinstance(store_url, str) else store_url
+        missing = missing_store(store)
+        if missing is not None:
+            result.result, result.reason = MISS, missing
+            return
         job.stage = f"listing {cache} in the store" if cache else "resolving the keys"
         result.keys, reason = _resolve(store, request.keys, cache, result.gpu, request.versions or {})
         if reason:
             result.reason = reason
         budget = _Budget(request.max_bytes)
-        missing = []
+        missing_keys = []
         for key in result.keys:
             job.gate.check()
             try:
@@ -402,15 +437,18 @@ def _work(job: _Job, request: PreloadRequest, result: PreloadResult) -> None:
                 else:
                     _preload_key(store, key, job, budget, result)
             except NotFound:
-                missing.append(key)
-        if missing:
-            result.reason = f"not in the store: {', '.join(missing)}"
+                missing_keys.append(key)
+        if missing_keys:
+            result.reason = f"not in the store: {', '.join(missing_keys)}"
         elif result.keys:
             result.result, result.reason = HIT, None
     except Cancelled:
         pass  # the watcher reports the deadline
     except StoreUnavailable as exc:
         result.result, result.reason = MISS, f"store unavailable: {exc}"
+    except PermissionError as exc:
+        said = str(exc)
+        result.result, result.reason = ERROR, said if said.startswith("no permission") else f"no permission: {said}"
     except (StoreError, BundleError, UnpackError, InvalidKey, ValueError, OSError) as exc:
         result.result, result.reason = ERROR, f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # fail open: whatever went wrong, the pod gets a result and starts
@@ -452,8 +490,18 @@ def _within_deadline(job: _Job, work: Callable[[], None], deadline: float | None
 
     worker = threading.Thread(target=run, name=f"compilecache-{job.mode}", daemon=True)
     worker.start()
-    if finished.wait(max(0.0, deadline)):
-        return True
+    try:
+        if finished.wait(max(0.0, deadline)):
+            return True
+    except KeyboardInterrupt:
+        _call_off(job, worker, finished)
+        raise
+    return _call_off(job, worker, finished)
+
+
+def _call_off(job: _Job, worker: threading.Thread, finished: threading.Event) -> bool:
+    """Close the gate (an install under way ends first, later ones never happen) and remove the
+    worker's staging directories; True when it had finished its last install after all."""
     leftovers = job.gate.close()
     if finished.wait(0.05):
         return True  # it was finishing its last install: the result is complete
@@ -464,6 +512,23 @@ def _within_deadline(job: _Job, work: Callable[[], None], deadline: float | None
     with _abandoned_lock:
         _abandoned.append(worker)
     return False
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT ended a preload (or load): ``result`` holds what was installed before, each bundle
+    complete with its marker; nothing partial is left (staging directories are removed)."""
+
+    def __init__(self, result: PreloadResult) -> None:
+        super().__init__(f"{result.mode} interrupted")
+        self.result = result
+
+    def left(self) -> str:
+        """What the target holds now, in one sentence."""
+        target, hits = self.result.target or "the cache directory", self.result.hits
+        if not hits:
+            return f"nothing was installed into {target}, and nothing partial was left there"
+        return (f"{target} holds the {len(hits)} bundle(s) installed before the interrupt, each complete "
+                f"({', '.join(hits[:3])}{', …' if len(hits) > 3 else ''}); nothing partial was left")  # fmt: skip
 
 
 def run(mode: str, request: PreloadRequest) -> PreloadResult:
@@ -487,6 +552,8 @@ def run(mode: str, request: PreloadRequest) -> PreloadResult:
         work = functools.partial(_work, job, request, result)
         if not _within_deadline(job, work, deadline):
             result = _deadline_result(result, job, deadline)
+    except KeyboardInterrupt:
+        raise Interrupted(replace(result, hits=list(result.hits), result=ERROR, reason="interrupted")) from None
     except Exception as exc:  # a bad argument (share, gpu): still a result, never a crash
         result.result, result.reason = ERROR, f"{type(exc).__name__}: {exc}"
     if mode == PRELOAD and target is not None and sharing is not None:

@@ -176,6 +176,27 @@ def precompile_verdict(result: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+PROBE_KEY = "cc1/compilecache-store-check"
+"""A key no bundle is ever published under (cache keys have ten segments): what the store check asks for."""
+
+
+def check_publishable(url: str) -> None:
+    """Before a warm-up compiles (minutes on a GPU): the store it will publish to can take the bundle.
+    A Redis or S3 store must answer a lookup; a file store's directory must be a directory this user
+    may write, or one it may create. :class:`StoreError` naming what is wrong, else None."""
+    from cachelib.stores import StoreError
+    from cachelib.stores.filestore import FileStore
+    from cachelib.unpack import write_problem
+
+    with open_store(url) as store:
+        if isinstance(store, FileStore):
+            problem = write_problem(Path(store.root))
+            if problem is not None:
+                raise StoreError(f"{store.url}: {problem}")
+            return
+        store.head(PROBE_KEY)  # StoreUnavailable when it does not answer
+
+
 def pack(outdir: Path, bundle: Path, *, level: int = DEFAULT_LEVEL) -> WrittenBundle:
     """Write the bundle for a harness output directory (atomically: complete or absent)."""
     outdir = Path(outdir)

@@ -28,6 +28,7 @@ from cachelib.factors import (
     FORMAT,
     FactorsError,
     Recorder,
+    canonical_text,
     graph_break_reasons,
     guarded,
     install,
@@ -67,6 +68,20 @@ SECONDARY = frozenset({"dynamo_config", "env"})
 """Said only when no factor of torch's keys differs: Dynamo's config enters no cache key (it shapes
 the traced graph, which then differs), and an environment variable counts through the config it sets."""
 
+PRECOMPILED_COUNTERS = "torch's FX-graph and AOTAutograd counters stay at 0 when nothing is compiled: no miss"
+"""Said with a precompiled hit, whose inductor counters are empty: they would read as a cold start."""
+NO_VERDICT = (
+    "no pod verdict here ({name}): no process that used this cache directory called "
+    "cachelib.runtime.warm_start(), which records each graph's lookup and writes the verdict beside the cache; "
+    "call it before the first torch.compile (docs/operator.md, \"Why a pod started cold\")"
+)
+BUNDLE_NO_VERDICT = (
+    "a bundle holds the warm-up's record only: for a pod's verdict run compilecache why on the cache "
+    "directory that pod used (its TORCHINDUCTOR_CACHE_DIR)"
+)
+
+THIS_PROCESS = "this process (where compilecache why runs, not a pod)"
+
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<fn>.+)_at_(?P<line>\d+)$")
 ABSENT = "absent"
 UNSET = "unset"
@@ -92,9 +107,12 @@ class GraphVerdict:
     result: str
     cause: str
     differences: tuple[str, ...] = ()
+    hint: str | None = None
+    """What to do about the miss, where the factors alone do not say it (a shape: the job id)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"graph": self.graph, "result": self.result, "cause": self.cause, "differences": list(self.differences)}
+        done = {"graph": self.graph, "result": self.result, "cause": self.cause, "differences": list(self.differences)}
+        return done | ({"hint": self.hint} if self.hint else {})
 
 
 @dataclass(frozen=True)
@@ -127,7 +145,7 @@ def differences(before: Mapping[str, str], after: Mapping[str, str]) -> list[Dif
     found: list[Difference] = []
     for key in sorted(set(before) | set(after)):
         old, new = before.get(key, ABSENT), after.get(key, ABSENT)
-        if old == new:
+        if old == new or canonical_text(old) == canonical_text(new):
             continue
         cause, _, name = key.partition(":")
         if cause == "source" and key not in DERIVED and ABSENT in (old, new):
@@ -219,7 +237,7 @@ def compare(warmup: Mapping[str, Any] | None, pod: Mapping[str, Any]) -> Diagnos
     if warmup is None:
         return _unrecorded(pod, f"the cache carries no {FACTORS_NAME} (the warm-up recorded no factors)")
     if not warmup.get("recorded", True):
-        return _unrecorded(pod, f"the warm-up recorded no factors: {warmup.get('problem')}")
+        return _unrecorded(pod, f"the warm-up recorded no graphs: {warmup.get('problem')}", warmup)
     theirs_breaks, ours_breaks = graph_breaks(warmup["graphs"]), graph_breaks(pod["graphs"])
     verdicts = []
     for g in pod["graphs"]:
@@ -244,15 +262,33 @@ def compare(warmup: Mapping[str, Any] | None, pod: Mapping[str, Any]) -> Diagnos
             verdicts.append(GraphVerdict(name, "miss", "unknown", ("no recorded factor differs",)))
         else:
             cause = min((d.cause for d in found), key=CAUSES.index)
-            verdicts.append(GraphVerdict(name, "miss", cause, tuple(grouped(found))))
+            hint = shape_hint(warmup.get("job_id"), pod.get("job_id"), candidates) if cause == "shape" else None
+            verdicts.append(GraphVerdict(name, "miss", cause, tuple(grouped(found)), hint))
     new_breaks = sorted(set(pod.get("graph_breaks", [])) - set(warmup.get("graph_breaks", [])))
     return summarise(tuple(verdicts), new_breaks, int(pod.get("precompiled") or 0))
 
 
-def _unrecorded(pod: Mapping[str, Any], why: str) -> Diagnosis:
+def shape_hint(warmup_job: str | None, pod_job: str | None, warmed: Sequence[Mapping[str, Any]]) -> str:
+    """What to do about a graph whose input shapes the warm-up did not compile (pure). Where the warm-up
+    compiled the frame with a dynamic dimension (a symbol in a shape), torch keeps which dimensions it
+    found dynamic (its automatic-dynamic profile) in the cache directory under the job id: a pod with
+    another job id compiles the first shape it meets as a static one, and misses."""
+    dynamic = any(k.startswith("shape:") and "'" in v for g in warmed for k, v in g["factors"].items())
+    if dynamic and warmup_job and warmup_job != pod_job:
+        return (f"set TORCH_COMPILE_JOB_ID={warmup_job} in the pod (the warm-up's job id; here "
+                f"{pod_job or 'unset'}): torch reads which dimensions the warm-up found dynamic under it")  # fmt: skip
+    return "the warm-up compiled other shapes: warm this one up too, or compile with dynamic=True"
+
+
+def _unrecorded(pod: Mapping[str, Any], why: str, warmup: Mapping[str, Any] | None = None) -> Diagnosis:
+    """The verdict where the warm-up's graphs were not recorded: a miss is explained by the process
+    factors when the warm-up recorded those (a ``--command`` warm-up), else its cause is unknown."""
+    found = differences(warmup["process"], pod.get("process", {})) if warmup and warmup.get("process") else []
+    cause = min((d.cause for d in found), key=CAUSES.index) if found else "unknown"
+    said = tuple(grouped(found)) or (why,)
     verdicts = tuple(
         GraphVerdict(graph_name(g), "hit", "none") if g.get("result") == "hit"
-        else GraphVerdict(graph_name(g), "miss", "unknown", (why,))
+        else GraphVerdict(graph_name(g), "miss", cause, said)
         for g in pod.get("graphs", [])
     )  # fmt: skip
     precompiled = int(pod.get("precompiled") or 0)
@@ -268,13 +304,13 @@ def summarise(verdicts: tuple[GraphVerdict, ...], new_breaks: Sequence[str] = ()
     loaded = f"{precompiled} precompiled Dynamo entries loaded" if precompiled else ""
     if not verdicts:
         return (
-            Diagnosis((), "hit", "none", loaded)
+            Diagnosis((), "hit", "none", f"precompiled hit: {loaded}, no graph compiled ({PRECOMPILED_COUNTERS})")
             if precompiled
             else Diagnosis((), "none", "none", "no graph compiled yet")
         )
     if not missed:
         hits = f"all {len(verdicts)} graphs hit the warm-up's cache"
-        return Diagnosis(verdicts, "hit", "none", f"{hits}; {loaded}" if loaded else hits)
+        return Diagnosis(verdicts, "hit", "none", f"{hits}; precompiled hit: {loaded}" if loaded else hits)
     counts = Counter(v.cause for v in missed)
     cause = min(counts, key=lambda c: (-counts[c], CAUSES.index(c)))
     first = next(v for v in missed if v.cause == cause)
@@ -285,6 +321,8 @@ def summarise(verdicts: tuple[GraphVerdict, ...], new_breaks: Sequence[str] = ()
     reason = f"{len(missed)} of {len(verdicts)} graphs compiled afresh ({cause}): {first.graph}: " + "; ".join(details)
     if more > 0:
         reason += f"; and {more} more"
+    if first.hint:
+        reason += f"; {first.hint}"
     return Diagnosis(verdicts, "miss", cause, reason)
 
 
@@ -320,11 +358,17 @@ def read_bundle_document(path: Path) -> dict[str, Any] | None:
 
 
 def explain(
-    warmup: Mapping[str, Any] | None, here: Mapping[str, str], verdict: Mapping[str, Any] | None
+    warmup: Mapping[str, Any] | None,
+    here: Mapping[str, str],
+    verdict: Mapping[str, Any] | None,
+    no_verdict: str | None = None,
 ) -> dict[str, Any]:
-    """What ``compilecache why`` says: the warm-up's record against this process's factors, and
-    the verdict a pod left beside the cache (pure)."""
+    """What ``compilecache why`` says: the warm-up's record against this process's factors, the
+    verdict a pod left beside the cache with the pod's own process against the warm-up's, or why
+    there is no verdict (``no_verdict``) (pure)."""
     report: dict[str, Any] = {"warmup": None, "this_process": [], "pod": verdict}
+    if verdict is None and no_verdict:
+        report["no_verdict"] = no_verdict
     if warmup is not None:
         process = warmup.get("process", {})
         report["warmup"] = {
@@ -333,11 +377,19 @@ def explain(
             "device": process.get("device:device"),
             "recorded": warmup.get("recorded", True),
             "problem": warmup.get("problem"),
+            "job_id": warmup.get("job_id"),
         }
         found = differences(process, here)
         report["this_process"] = grouped(found)
-        report["cause"] = min((d.cause for d in found), key=CAUSES.index) if found else "none"
+        report["cause"] = _first_cause(found)
+        if verdict is not None and verdict.get("process"):
+            theirs = differences(process, verdict["process"])
+            report["pod_process"] = {"cause": _first_cause(theirs), "differences": grouped(theirs)}
     return report
+
+
+def _first_cause(found: Sequence[Difference]) -> str:
+    return min((d.cause for d in found), key=CAUSES.index) if found else "none"
 
 
 def explain_lines(report: Mapping[str, Any]) -> list[str]:
@@ -354,17 +406,24 @@ def explain_lines(report: Mapping[str, Any]) -> list[str]:
             lines.append(f"  its graphs were not recorded: {warmup['problem']}")
         for name in warmup["graphs"]:
             lines.append(f"  {name}")
-        differing = report.get("this_process") or []
-        lines.append(f"this process against the warm-up: {report.get('cause')}")
-        lines.extend(f"  {text}" for text in differing or ["no factor of the process differs"])
     pod = report.get("pod")
     if pod is not None:
         lines.append(f"the pod's verdict ({WHY_NAME}): {pod.get('result')} ({pod.get('cause')}): {pod.get('reason')}")
         for graph in pod.get("graphs", []):
-            said = "; ".join(graph.get("differences", []))
+            said = "; ".join([*graph.get("differences", []), *([graph["hint"]] if graph.get("hint") else [])])
             lines.append(
                 f"  {graph.get('graph')}: {graph.get('result')}, {graph.get('cause')}" + (f": {said}" if said else "")
             )
+        theirs = report.get("pod_process")
+        if theirs is not None:
+            lines.append(f"the pod's process against the warm-up: {theirs['cause']}")
+            lines.extend(f"  {text}" for text in theirs["differences"] or ["no factor of the process differs"])
+    elif report.get("no_verdict"):
+        lines.append(str(report["no_verdict"]))
+    if warmup is not None and (pod is None or report.get("pod_process") is None):
+        differing = report.get("this_process") or []
+        lines.append(f"{THIS_PROCESS} against the warm-up: {report.get('cause')}")
+        lines.extend(f"  {text}" for text in differing or ["no factor of the process differs"])
     return lines
 
 
@@ -393,7 +452,15 @@ def pod_document() -> dict[str, Any]:
         "graphs": list(recorder.graphs),
         "graph_breaks": graph_break_reasons(),
         "precompiled": precompiled_hits(),
+        "job_id": job_id(),
     }
+
+
+def job_id() -> str | None:
+    """This process's compile job id (torch's config, else the variable torch reads it from)."""
+    config = sys.modules.get("torch.compiler.config")
+    given = getattr(config, "job_id", None) if config is not None else None
+    return str(given) if given else os.environ.get("TORCH_COMPILE_JOB_ID") or None
 
 
 def precompiled_hits() -> int:
@@ -435,7 +502,8 @@ def write_verdict(_: Recorder | None = None, environ: Mapping[str, str] | None =
     diagnosis = diagnose()
     with contextlib.suppress(OSError):
         if watch.cache_dir is not None:
-            write_json(watch.cache_dir / WHY_NAME, {**diagnosis.to_dict(), "at": round(time.time(), 3)})
+            record = {**diagnosis.to_dict(), "at": round(time.time(), 3), "process": watch.process, "job_id": job_id()}
+            write_json(watch.cache_dir / WHY_NAME, record)
         named = (os.environ if environ is None else environ).get(TERMINATION_LOG_ENV)
         path = Path(named or DEFAULT_TERMINATION_LOG)
         if (path.is_file() or (named and path.parent.is_dir())) and not foreign_message(path):

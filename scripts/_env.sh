@@ -178,7 +178,8 @@ ensure_triton_target() {
 }
 
 ensure_venv() {
-    # ensure_venv EXTRAS : venv with torch 2.13.0 (CPU) and the project installed with those extras.
+    # ensure_venv EXTRAS : venv with PyPI's torch 2.13.0 (its CUDA build on Linux x86-64, with the nvidia-* wheels and
+    # Triton; it runs on the CPU where there is no GPU) and the project installed with those extras.
     local extras="$1" py
     if [ ! -x "$VENV/bin/python" ]; then
         py="$(pick_python)"

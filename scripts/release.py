@@ -1,5 +1,6 @@
-"""Release artefacts of one version into a dist directory: the Helm chart package, the CRDs, and the operator and
-preloader images as tarballs (``podman save``), with their SHA-256 sums.
+"""Release artefacts of one version into a dist directory: the Helm chart package, the CRDs, the operator and
+preloader images as tarballs (``podman save``), and the Python wheel (``compilecache-<version>-py3-none-any.whl``,
+for the runtime in workload images: docs/your-own-server.md), with their SHA-256 sums.
 
 The version is pyproject.toml's ``[project].version``, the one place it is set; the chart's ``version`` and
 ``appVersion``, ``cachelib.__version__`` (what ``compilecache --version`` prints) and the image tags must say the
@@ -9,7 +10,7 @@ same, or nothing is made. The images are built from ``images/<name>/Dockerfile``
     python scripts/release.py --check                      # the versions agree (exit 1 naming each that does not)
     python scripts/release.py --dist dist                  # chart, CRDs, both images built with podman
     python scripts/release.py --dist dist --image operator=REF --image preloader=REF
-    python scripts/release.py --dist dist --no-images      # chart and CRDs only
+    python scripts/release.py --dist dist --no-images      # chart, CRDs and the wheel only
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -108,6 +110,24 @@ def copy_crds(dist: Path) -> list[Path]:
     return out
 
 
+def build_wheel(dist: Path) -> Path:
+    """The project's wheel (pure Python, no dependencies bundled), built offline from the checkout."""
+    wheel = dist / f"compilecache-{project_version()}-py3-none-any.whl"
+    wheel.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="compilecache-wheel-") as scratch:
+        source = Path(scratch) / "source"  # a copy: setuptools writes build/ and egg-info beside the sources
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+        for name in ("cachelib", "operator"):
+            shutil.copytree(ROOT / name, source / name, ignore=ignore)
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
+            shutil.copyfile(ROOT / name, source / name)
+        run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir",
+            scratch, str(source))  # fmt: skip
+        (built,) = Path(scratch).glob("compilecache-*.whl")
+        shutil.copyfile(built, wheel)
+    return wheel
+
+
 def save_image(podman: str, name: str, source: str | None, build_args: Sequence[str], dist: Path) -> Path:
     """Build (or tag ``source``) as the release's reference, then ``podman save`` it."""
     reference = image_reference(name, project_version())
@@ -153,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="use this built image instead of building it (repeatable)")
     parser.add_argument("--build-arg", action="append", default=[], metavar="ARG=VALUE",
                         help="passed on to podman build (e.g. PYTHON_DIGEST=sha256:...)")
-    parser.add_argument("--no-images", action="store_true", help="the chart and CRDs only")
+    parser.add_argument("--no-images", action="store_true", help="the chart, the CRDs and the wheel only")
     parser.add_argument("--helm", default=os.environ.get("HELM", "helm"), help="helm binary (default: helm)")
     parser.add_argument("--podman", default=os.environ.get("PODMAN", "podman"), help="podman binary")
     args = parser.parse_args(argv)
@@ -166,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         images = parse_images(args.image)
         args.dist.mkdir(parents=True, exist_ok=True)
-        files = [package_chart(args.helm, args.dist), *copy_crds(args.dist)]
+        files = [package_chart(args.helm, args.dist), *copy_crds(args.dist), build_wheel(args.dist)]
         if not args.no_images:
             files += [save_image(args.podman, name, images.get(name), args.build_arg, args.dist) for name in IMAGES]
         sums = write_sums(args.dist, files)

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Sequence
 
 from cachelib.cli.arguments import CommandError, Terminated
-from cachelib.cli.output import log, setup_logging
+from cachelib.cli.output import interrupted_line, log, setup_logging
 from cachelib.cli.parser import build_parser
 from cachelib.masking import mask_text
 
@@ -27,6 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.handler(args))
         sys.stdout.flush()  # here, where a closed pipe can still be told apart from a failure
     except KeyboardInterrupt:
+        print(interrupted_line(args.subcommand), file=sys.stderr, flush=True)
+        _leave_now_if_abandoned(130)
         return 130
     except BrokenPipeError:
         return _reader_gone()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,12 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachelib.cli.arguments import CommandError, Terminated, sigterm_raises, store_url, trusted_keys_of
-from cachelib.cli.output import log, masked, print_json
+from cachelib.cli.output import leaving, log, masked, print_json
 from cachelib.compilekey import options_from_args
 from cachelib.masking import mask_command, mask_text
+from cachelib.podcontract import CACHEDIR, MEGACACHE_FILE, RESULT_FILE
 from cachelib.progress import stderr_bar
 
 if TYPE_CHECKING:
+    from cachelib.harness import Stages
     from cachelib.signing import PublicKey, Signature
 
 
@@ -65,20 +69,107 @@ def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
+    """Every argument and the store checked, then the harness, then the publish. What it leaves on the
+    way is said when it fails or is interrupted: the compiled output is never thrown away unpublished."""
+    from cachelib.harness import Stages
     from cachelib.publish import publish
 
     url = store_url(args)  # every argument is checked before anything compiles
-    with tempfile.TemporaryDirectory(prefix="compilecache-warmup-") as scratch:
-        out = Path(args.out) if args.out else Path(scratch) / "out"
-        argv = harness_argv(args, out)
-        log.info("running the harness: %s", " ".join(mask_command(argv)))
-        status = subprocess.run(argv, stdout=sys.stderr, check=False).returncode
-        if status != 0:
-            raise CommandError(f"the warm-up harness failed (exit status {status}); see its message above", status)
+    stages = Stages("compilecache warmup")
+    given = Path(args.out).absolute() if args.out else None
+    if given is not None:
+        prepare_out(given, args.force)
+    stages.stage(f"checking the store {mask_text(url)}")
+    check_store(url)
+    out = given or Path(tempfile.mkdtemp(prefix="compilecache-warmup-")) / "out"
+    try:
+        status = run_harness(args, out, stages)
+    except BaseException:
+        not_published(out, given)
+        raise
+    finally:
+        stages.done()
+    if status != 0:
+        not_published(out, given)
+        raise CommandError(f"the warm-up harness failed (exit status {status}); see its message above", status)
+    leaving(f"the compiled output is kept in {out}; publish it with: {publish_command(out, url)}")
+    stages.stage(f"packing, verifying and publishing to {mask_text(url)}")
+    try:
         with sigterm_raises():
             published = publish(out, url, level=args.level, watch=stderr_bar)
+    except Exception as exc:
+        raise CommandError(
+            f"publishing failed: {type(exc).__name__}: {exc}; the compiled output is kept in {out}: "
+            f"publish it with: {publish_command(out, url)}"
+        ) from exc
+    finally:
+        stages.done()
+    if given is None:
+        shutil.rmtree(out.parent, ignore_errors=True)
+    leaving(None)
     print_json(published.to_dict())
     return 0
+
+
+def run_harness(args: argparse.Namespace, out: Path, stages: Stages) -> int:
+    """The harness in a subprocess (its progress and messages on this stderr); its exit status."""
+    argv = harness_argv(args, out)
+    log.info("running the harness: %s", " ".join(mask_command(argv)))
+    stages.stage(f"running the warm-up harness into {out}")
+    stages.done()  # the harness says its own stages from here
+    leaving(f"nothing was published; the harness's incomplete output is in {out}")  # until it is removed
+    return subprocess.run(argv, stdout=sys.stderr, check=False).returncode
+
+
+def not_published(out: Path, given: Path | None) -> None:
+    """A warm-up that stopped before its publish: a temporary output is removed, a given ``--out`` kept
+    (``--force`` replaces it on the next run); what is left is said if SIGINT ended it."""
+    if given is None:
+        shutil.rmtree(out.parent, ignore_errors=True)
+        leaving("nothing was published and nothing was left behind (the harness's output was temporary)")
+    else:
+        leaving(f"nothing was published; the harness's incomplete output is in {out} (--force replaces it)")
+
+
+def publish_command(out: Path, url: str) -> str:
+    """The one command that publishes a kept output directory (the store URL masked)."""
+    return f"compilecache publish {shlex.quote(str(out))} --store {shlex.quote(mask_text(url))}"
+
+
+def prepare_out(out: Path, force: bool) -> None:
+    """``--out`` as the harness takes it: absent or empty. With ``--force`` a warm-up's earlier output
+    there is removed first; a directory holding anything else is never removed (a mistyped ``--out``)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise CommandError(f"--out {out}: exists and is not a directory", 2)
+    names = sorted(entry.name for entry in out.iterdir())
+    if not names:
+        return
+    if not force:
+        raise CommandError(f"--out {out}: exists and is not an empty directory (--force replaces it)", 2)
+    from cachelib.harness import LOG_FILE  # what the harness writes (and its hidden partial files)
+
+    ours = {RESULT_FILE, MEGACACHE_FILE, CACHEDIR, LOG_FILE}
+    foreign = [n for n in names if n not in ours and not (n.startswith(".") and n.endswith(".partial"))]
+    if foreign:
+        raise CommandError(
+            f"--out {out}: --force replaces a warm-up's output directory only, and this one also holds "
+            f"{foreign[0]!r}: remove it yourself or give another --out",
+            2,
+        )
+    shutil.rmtree(out)
+
+
+def check_store(url: str) -> None:
+    """The store can take the bundle, before anything compiles (a compile takes minutes on a GPU)."""
+    from cachelib.publish import check_publishable
+    from cachelib.stores import StoreError
+
+    try:
+        check_publishable(url)
+    except StoreError as exc:
+        raise CommandError(f"--store: {str(exc).rstrip('.')}; nothing was compiled") from None
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -134,8 +225,10 @@ def cmd_why(args: argparse.Namespace) -> int:
             warmup = factors.read_document(path / factors.FACTORS_NAME)
             pod = path / verdict.WHY_NAME
             pod_verdict = json.loads(pod.read_text()) if pod.is_file() else None
+            no_verdict = verdict.NO_VERDICT.format(name=verdict.WHY_NAME)
         elif path.is_file():
             warmup = verdict.read_bundle_document(path)
+            no_verdict = verdict.BUNDLE_NO_VERDICT
         else:
             raise CommandError(f"{path}: neither a cache directory nor a bundle file")
     except (factors.FactorsError, ValueError) as exc:
@@ -144,7 +237,7 @@ def cmd_why(args: argparse.Namespace) -> int:
         here = factors.process_factors()
     except ImportError as exc:
         raise CommandError(f"this process cannot import torch to compare with: {exc}") from exc
-    return _print_report(verdict.explain(warmup, here, pod_verdict), args.output, verdict.explain_lines)
+    return _print_report(verdict.explain(warmup, here, pod_verdict, no_verdict), args.output, verdict.explain_lines)
 
 
 def _print_report(report: dict[str, Any], output: str, lines: Callable[[dict[str, Any]], list[str]]) -> int:

@@ -55,3 +55,18 @@ def print_table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+_left: list[str] = []
+
+
+def leaving(note: str | None) -> None:
+    """What the command would leave behind if it were interrupted now (None: nothing worth saying);
+    said in one line when SIGINT ends it (:func:`interrupted_line`)."""
+    _left[:] = [note] if note else []
+
+
+def interrupted_line(command: str) -> str:
+    """The one line an interrupted command ends with: what it left where (masked)."""
+    note = _left[0] if _left else "nothing was left behind"
+    return mask_text(f"compilecache {command}: interrupted: {note}")

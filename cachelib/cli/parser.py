@@ -17,8 +17,9 @@ from cachelib.cli.arguments import (
     parse_ratio,
     parse_seconds,
     parse_size_arg,
+    store_url,
 )
-from cachelib.cli.bundles import cmd_inspect, cmd_pack, cmd_publish, cmd_warmup, cmd_why
+from cachelib.cli.bundles import check_store, cmd_inspect, cmd_pack, cmd_publish, cmd_warmup, cmd_why
 from cachelib.cli.listing import cmd_gc, cmd_ls
 from cachelib.cli.preloading import cmd_load, cmd_preload, cmd_vllm_watch
 from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments
@@ -40,7 +41,10 @@ def cmd_completion(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from cachelib.demo import run_demo
 
-    return run_demo(store=args.store, target=args.target, keep=args.keep)
+    store = store_url(args) if args.store else None  # a URL that names no store: exit 2 before the compile
+    if store is not None:
+        check_store(store)  # and one that does not answer: exit 1, before the compile too
+    return run_demo(store=store, target=args.target, keep=args.keep)
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:
@@ -181,9 +185,9 @@ HELP_EXIT_AND_ENV = (
     "  1  failed: the store, the bundle or the command's work (one line on stderr says why)\n"
     "  2  bad arguments, before anything runs\n"
     "  3-7  warmup: the harness's own status (3 the target cannot be imported, 4 it failed to compile or run,\n"
-    "       5 it returned something other than (function, example inputs) entries, 6 its output cannot be written,\n"
-    "       7 --require-precompile and the precompiled part was left out)\n"
-    "  130  interrupted; 141  the reader of stdout went away (as SIGPIPE)\n"
+    "       5 it returned something other than a list of (callable_or_module, example_args[, example_kwargs]),\n"
+    "       6 its output cannot be written, 7 --require-precompile and the precompiled part was left out)\n"
+    "  130  interrupted (one line says what was left where); 141  the reader of stdout went away (as SIGPIPE)\n"
     "  143  publish and warmup stopped by SIGTERM, after aborting the upload under way\n\n"
     "credentials (environment only, never printed):\n" + _credential_variables() +
     "  COMPILECACHE_STORE  default --store; COMPILECACHE_TRUSTED_KEYS  default --trusted-key"
@@ -223,7 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _compile_args(p)
     _store_arg(p)
-    p.add_argument("--out", help="keep the harness output directory here (default: a temporary one)")
+    p.add_argument("--out", help="keep the harness output directory here (default: a temporary one, removed "
+                   "once published; kept when the publish fails)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the output of an earlier warm-up in --out (a directory holding anything else is "
+                        "never removed)")
     p.add_argument("--level", type=parse_level_arg, default=3, help="zstd level (default: %(default)s)")
     p.add_argument(
         "--require-precompile",

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cachelib.cli.arguments import CommandError, store_url, trusted_keys_of, versions_of
-from cachelib.cli.output import log, print_json
+from cachelib.cli.output import leaving, log, print_json
 from cachelib.podcontract import DONE_FILE_NAME
+from cachelib.preload import Interrupted
 from cachelib.progress import stderr_bar
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ def cmd_preload(args: argparse.Namespace) -> int:
     try:
         result = _fetch_and_report("preload", args)
     except BaseException as exc:  # the workload waiting on the done file must not wait in vain
+        if isinstance(exc, KeyboardInterrupt):
+            leaving(exc.left() if isinstance(exc, Interrupted) else f"nothing partial was left in {args.target}")
         if done:
             write_done(done, {"result": "error", "reason": f"{type(exc).__name__}: {exc}"})
         raise
@@ -53,7 +56,11 @@ def hold_until_terminated() -> None:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    return _fetch_and_report("load", args).exit_code(args.strict)
+    try:
+        return _fetch_and_report("load", args).exit_code(args.strict)
+    except Interrupted as exc:
+        leaving(exc.left())
+        raise
 
 
 def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:

@@ -83,6 +83,7 @@ from cachelib.unpack.common import (
     UnsafeMember,
     check_can_own,
     parse_owner,
+    write_problem,
 )
 from cachelib.unpack.extract import (
     extract_tar,
@@ -198,4 +199,5 @@ __all__ = [
     "symlink_destination",
     "unpack_tar_verified",
     "write_marker",
+    "write_problem",
 ]

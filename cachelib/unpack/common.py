@@ -154,6 +154,20 @@ def check_can_own(directory: Path, owner: tuple[int, int]) -> None:
             os.unlink(probe)
 
 
+def write_problem(path: Path) -> str | None:
+    """Why this user cannot write ``path`` (a directory that may not exist yet), or None: the path, or
+    the nearest of its parents that exists, must be a directory it may write and enter."""
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = f"{path}" if existing == path else f"{path} (its parent {existing} is not writable)"
+        return f"no permission: uid {os.geteuid()} may not write {what}"
+    return None
+
+
 def parse_owner(text: str) -> tuple[int, int]:
     """``UID:GID`` (non-negative integers) -> (uid, gid); ValueError naming the text."""
     uid, sep, gid = text.partition(":")

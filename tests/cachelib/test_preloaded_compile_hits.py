@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -78,10 +79,14 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "hit: " in out and "warm start: every FX-graph lookup hit." in out
-    warm_section = out.split("3/3")[1]
-    assert "fxgraph hit 1 / miss 0, aotautograd hit 1 / miss 0" in warm_section
+    warm_section = out.split("3/4")[1]
+    assert "fxgraph hit 1 / miss 0, aotautograd hit 1 / miss 0" in warm_section.split("4/4")[0]
     assert 'compilecache_runtime_cache_events_total{cache="fxgraph",result="hit"} 1.0' in warm_section
     assert 'compilecache_runtime_cache_events_total{cache="fxgraph",result="miss"} 0.0' in warm_section
+    # the floor and the ceiling beside cold and warm, each a figure from its own fresh process
+    floor = {m[1]: float(m[2]) for m in re.finditer(r"^    first call, (.+?) +([0-9.]+) s", out, re.M)}
+    assert set(floor) == {"eager", "cold compile", "node's hot cache", "warm start"}, floor
+    assert floor["eager"] < floor["cold compile"] and floor["node's hot cache"] < floor["cold compile"], floor
     print(out)  # the figures, for the record (-s shows them)
 
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,16 @@ def test_the_chart_package_and_crds_install_as_they_are(helm_bin: Path, tmp_path
     assert (dist / "compilecache.io_compilecaches.yaml").read_bytes() == \
         (ROOT / "crds/compilecache.io_compilecaches.yaml").read_bytes()
     sums = dict(reversed(line.split("  ")) for line in (dist / "SHA256SUMS").read_text().splitlines())
-    assert set(sums) == {package.name, "compilecache.io_compilecaches.yaml"}
+    wheel = dist / f"compilecache-{__version__}-py3-none-any.whl"
+    assert set(sums) == {package.name, "compilecache.io_compilecaches.yaml", wheel.name}
     assert sums[package.name] == hashlib.sha256(package.read_bytes()).hexdigest()
+    # the wheel workload images install the runtime from (docs/your-own-server.md): the whole cachelib, its extras
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        metadata = archive.read(f"compilecache-{__version__}.dist-info/METADATA").decode()
+    assert {"cachelib/runtime.py", "cachelib/harness.py", "cachelib/cli/__main__.py"} <= names
+    assert 'Provides-Extra: metrics' in metadata and "prometheus-client" in metadata
+    assert sums[wheel.name] == hashlib.sha256(wheel.read_bytes()).hexdigest()
 
 
 def test_the_image_tarballs_load_under_the_release_tags(helm_bin: Path, tmp_path: Path) -> None:
