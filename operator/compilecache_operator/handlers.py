@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from compilecache_operator import cacheview, coldstarts, kopfadapter, scheduling, startup
+from compilecache_operator import cacheview, coldstarts, kopfadapter, podsecurity, scheduling, startup
 from compilecache_operator.conditions import find, merge_conditions, now_rfc3339
 from compilecache_operator.metrics import cache_gpus, instrumented
 from compilecache_operator.names import (
@@ -47,6 +47,7 @@ from compilecache_operator.names import (
     GPU_ANNOTATION,
     GROUP,
     KIND,
+    NODE_CACHE_FALLBACK_ANNOTATION,
     PLURAL,
     RECORDED_ANNOTATION,
     VERSION,
@@ -111,6 +112,12 @@ def warmup_jobs(body: kopf.Body, **_: Any) -> dict[Any, Any]:
 def node_labels(labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
     """Node label key → value, for ``gpuDiscovery.auto`` (whichever label key a spec names)."""
     return dict(labels)
+
+
+@kopf.index("v1", "namespaces", id="namespace_levels")
+def namespace_levels(name: str, labels: kopf.Labels, **_: Any) -> dict[Any, Any]:
+    """Each namespace's Pod Security enforce label ("" when unlabelled): where a node cache may be injected."""
+    return {name: str(labels.get(podsecurity.ENFORCE_LABEL, ""))}
 
 
 @kopf.on.event("v1", "nodes", id="ready-nodes", when=lambda memo, **_: not runtime_of(memo).state.cluster.ready)
@@ -254,6 +261,9 @@ async def count_preload(
         namespace, cache, gpu=gpu, result=outcome.result, reason=outcome.code,
         seconds=outcome.seconds if outcome.ran else None, size=outcome.bytes,
     )
+    fallback = body.metadata.annotations.get(NODE_CACHE_FALLBACK_ANNOTATION)
+    if fallback:
+        state.metrics.count_node_cache_fallback(namespace, cache, fallback)
     if state.api is not None and event_type != "DELETED":
         try:
             await state.api.annotate_pod(namespace, name, {COUNTED_ANNOTATION: outcome.result})

@@ -31,6 +31,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from compilecache_operator import reasons
 from compilecache_operator.plan import BundleRecord, bundles_from_status
+from compilecache_operator.podsecurity import FALLBACK_REASONS as LEVEL_FALLBACKS
 from compilecache_operator.reasons import ERROR, REASONS, RESULTS, SKIPPED
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -69,6 +70,9 @@ names no known cache: its series is born at its first event)."""
 UNKNOWN_GPU = "unknown"
 """The ``gpu`` of a pod counted before it ran anywhere (a skipped pod without the webhook's GPU annotation)."""
 
+FALLBACK_REASONS = tuple(LEVEL_FALLBACKS.values())
+"""The reasons of ``compilecache_node_cache_fallbacks_total``."""
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -104,6 +108,13 @@ class Metrics:
             "compilecache_preloads",
             "Opted-in pods by preload result (hit, miss, error, skipped) and its reason (a fixed set).",
             ["namespace", "cache", "gpu", "result", "reason"],
+            registry=r,
+        )
+        self.node_cache_fallbacks = Counter(
+            "compilecache_node_cache_fallbacks",
+            "Injected pods of a CompileCache with a node cache that preloaded into their own emptyDir instead, by "
+            "reason (the namespace's Pod Security level refuses the node cache's hostPath or root preload).",
+            ["namespace", "cache", "reason"],
             registry=r,
         )
         self.preload_duration = Histogram(
@@ -216,6 +227,11 @@ class Metrics:
         if size > 0:
             self.preload_bytes.labels(namespace, cache).inc(size)
 
+    def count_node_cache_fallback(self, namespace: str, cache: str, reason: str) -> None:
+        """One injected pod whose node cache was left out for ``reason`` (a fixed set; others are ``unknown``)."""
+        known = reason if reason in FALLBACK_REASONS else UNKNOWN_REASON
+        self.node_cache_fallbacks.labels(namespace, cache, known).inc()
+
     def know_cache(self, namespace: str, cache: str, gpus: Iterable[str]) -> None:
         """Make the series of a CompileCache and its GPU types (slugs) at 0, those not made yet: each preload
         result with its reasons per GPU (skipped pods also without a GPU), the preload durations per result,
@@ -232,6 +248,8 @@ class Metrics:
                     self.preload_duration.labels(namespace, cache, result)
             for reason in PRELOAD_OUTCOMES[SKIPPED]:
                 self.preloads.labels(namespace, cache, UNKNOWN_GPU, SKIPPED, reason)
+            for reason in FALLBACK_REASONS:
+                self.node_cache_fallbacks.labels(namespace, cache, reason)
         for gpu in sorted(set(gpus) - known):
             for result, outcomes in PRELOAD_OUTCOMES.items():
                 for reason in outcomes:

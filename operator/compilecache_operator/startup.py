@@ -166,6 +166,7 @@ class Runtime:
         state.cluster.indexes = Indexes(
             caches=indexes["cache_objects"], jobs=indexes["warmup_jobs"], nodes=indexes["node_labels"]
         )
+        state.injection.namespace_levels = indexes["namespace_levels"]
         state.api = KubeAPI(info, relogin=lambda: login(settings=settings))
         await read_early_views(state)
         answer_webhook(state, self.admission.server, indexes["caches"])

@@ -270,8 +270,8 @@ def test_rbac_is_least_privilege(renderings: dict[str, list[Manifest]], scenario
                         for a in operator_container(rendered)["args"])
     expected = {**EXPECTED_VERBS, **({} if keeps_secrets else {("", "secrets"): {"get"}})}
     assert granted == {k: v for k, v in expected.items() if k in granted}
-    # Kopf watches namespaces only when it watches listed namespaces; cluster-wide it needs none.
-    assert (("", "namespaces") in granted) == ("--all-namespaces" not in operator_container(rendered)["args"])
+    # The webhook's index of the namespaces' Pod Security labels: in every mode.
+    assert granted[("", "namespaces")] == {"list", "watch"}
 
 
 def test_secrets_role_follows_the_listed_namespaces(renderings: dict[str, list[Manifest]]) -> None:
