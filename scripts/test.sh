@@ -12,8 +12,9 @@ cd "$ROOT"
 # and the control plane's processes dying with the test session (--pdeathsig).
 apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap util-linux \
     containernetworking-plugins iproute2 gcc libc6-dev \
-    python3-dev zsh  # the real node: CNI bridge, ip, the static pause binary; Python.h: Triton's C modules (tests);
-                     # zsh parses the CLI's completion script
+    python3-dev zsh lua5.4 gnupg  # the real node: CNI bridge, ip, the static pause binary; Python.h: Triton's C
+                                  # modules (tests); zsh parses the CLI's completion script; lua5.4 runs the Argo CD
+                                  # health check; gnupg signs the release's test
 ensure_venv "test"
 bash tests/infra/checkout_access.sh "$VENV/bin/python"  # tests run processes as other uids: they must read the clone
 # No PYTHONPYCACHEPREFIX for the suite: pip writes byte code beside every installed module even with
@@ -30,6 +31,7 @@ log "helm and kubectl (fetched once, then cached)"
 python -m tests.infra.helm
 log "operator and preloader images (built with podman once per content, then reused)"; python -m tests.infra.images
 python -m tests.infra.linters  # kubeconform, kube-score and their schemas (built once from Go modules, then cached)
+python -m tests.infra.releasetools  # cyclonedx-py, which writes the release's SBOMs (installed once, then cached)
 
 log "ruff"
 ruff check .
