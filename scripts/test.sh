@@ -34,8 +34,9 @@ step() {  # step NAME COMMAND... : run it in this shell, its seconds into the re
 # flock (builds take turns); python3-yaml: the linters' schema conversion runs before the venv exists.
 step apt apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap \
     util-linux containernetworking-plugins iproute2 gcc libc6-dev python3-yaml \
-    python3-dev zsh  # the real node: CNI bridge, ip, the static pause binary; Python.h: Triton's C modules (tests);
-                     # zsh parses the CLI's completion script
+    python3-dev zsh lua5.4 gnupg  # the real node: CNI bridge, ip, the static pause binary; Python.h: Triton's C
+                                  # modules (tests); zsh parses the CLI's completion script; lua5.4 runs the Argo CD
+                                  # health check; gnupg signs the release's test
 
 # The Go builds, in the background when something is not cached (each skips what is); COMPILECACHE_TEST_OVERLAP=0
 # runs them first, in the foreground (to measure what the overlap saves: docs/testing.md).
@@ -75,6 +76,7 @@ log "helm and kubectl (fetched once, then cached)"
 step helm python -m tests.infra.helm
 log "operator and preloader images (built with podman once per content, then reused)"
 step images python -m tests.infra.images
+step releasetools python -m tests.infra.releasetools  # cyclonedx-py, for the release's SBOMs (installed once)
 
 log "ruff"
 step ruff ruff check .

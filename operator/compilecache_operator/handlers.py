@@ -44,6 +44,7 @@ from compilecache_operator.names import (
     COUNTED_ANNOTATION,
     GPU_ANNOTATION,
     GROUP,
+    NODE_CACHE_FALLBACK_ANNOTATION,
     PLURAL,
     VERSION,
     WEBHOOK_ID,
@@ -175,6 +176,9 @@ async def count_preload(
         namespace, cache, gpu=gpu, result=outcome.result, reason=outcome.code,
         seconds=outcome.seconds if outcome.ran else None, size=outcome.bytes,
     )
+    fallback = body.metadata.annotations.get(NODE_CACHE_FALLBACK_ANNOTATION)
+    if fallback:
+        state.metrics.count_node_cache_fallback(namespace, cache, fallback)
     if state.api is not None and event_type != "DELETED":
         try:
             await state.api.annotate_pod(namespace, name, {COUNTED_ANNOTATION: outcome.result})

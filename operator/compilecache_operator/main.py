@@ -26,6 +26,7 @@ from compilecache_operator.confinement import Confinement, store_destination
 from compilecache_operator.formats import DEFAULT_NODE_CACHE_ROOTS, node_path_problem
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import GROUP
+from compilecache_operator.podsecurity import LEVELS, PRIVILEGED
 from compilecache_operator.sidecars import SWITCH_VALUES
 from compilecache_operator.signing import SigningKeyError, load_signing
 from compilecache_operator.spec import (
@@ -160,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated directories (and what is below them) a CompileCache's "
                         "spec.preload.nodeCache.hostPath may name; system directories (/, /etc, /var/lib/kubelet, "
                         f"...) never (default: {','.join(DEFAULT_NODE_CACHE_ROOTS)})")
+    p.add_argument("--pod-security-default", choices=LEVELS, default=_env("POD_SECURITY_DEFAULT") or PRIVILEGED,
+                   help="the Pod Security level the API server enforces in a namespace without the "
+                        "pod-security.kubernetes.io/enforce label (its admission configuration's default): where a "
+                        "level refuses a node cache (baseline, restricted), pods preload into their own emptyDir "
+                        f"(default {PRIVILEGED})")
     p.add_argument("--native-sidecars", default=_env("NATIVE_SIDECARS") or "auto", metavar="{auto,on,off}",
                    help="run the preload of caches with spec.preload.mode Sidecar as a native sidecar: auto when the "
                         "API server is 1.29 or newer; on for a 1.28 cluster with the SidecarContainers gate, or one "
@@ -354,6 +360,7 @@ def settings_from(options: Options) -> Settings:
         signing=load_signing(a.signing_key_file, _csv(a.trusted_public_keys)) if a.signing_key_file else None,
         concurrency=a.concurrency,
         secret_reader=SecretReader(a.secret_reader_role, a.service_account),
+        pod_security_default=a.pod_security_default,
     )
 
 

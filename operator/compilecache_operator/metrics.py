@@ -34,6 +34,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from compilecache_operator import reasons
 from compilecache_operator.plan import BundleRecord, bundles_from_status
+from compilecache_operator.podsecurity import FALLBACK_REASONS as LEVEL_FALLBACKS
 from compilecache_operator.prediction import PREDICTION_CAUSES
 from compilecache_operator.reasons import ERROR, REASONS, RESULTS, SKIPPED
 from cryptography import x509
@@ -76,6 +77,9 @@ PRELOAD_OUTCOMES: dict[str, tuple[str, ...]] = {
 names no known cache: its series is born at its first event)."""
 UNKNOWN_GPU = "unknown"
 """The ``gpu`` of a pod counted before it ran anywhere (a skipped pod without the webhook's GPU annotation)."""
+
+FALLBACK_REASONS = tuple(LEVEL_FALLBACKS.values())
+"""The reasons of ``compilecache_node_cache_fallbacks_total``."""
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -158,6 +162,13 @@ class Metrics:
             ["namespace", "cache", "gpu", "result", "reason"],
             registry=None,
         )
+        self.node_cache_fallbacks = Counter(
+            "compilecache_node_cache_fallbacks",
+            "Injected pods of a CompileCache with a node cache that preloaded into their own emptyDir instead, by "
+            "reason (the namespace's Pod Security level refuses the node cache's hostPath or root preload).",
+            ["namespace", "cache", "reason"],
+            registry=None,
+        )
         self.preload_duration = Histogram(
             "compilecache_preload_duration_seconds",
             "Seconds the preload init container took (fetch, verify, unpack).",
@@ -186,7 +197,8 @@ class Metrics:
         )
         self._known: dict[tuple[str, str], Known] = {}
         for metric, zeros in ((self.preloads, self._preload_zeros), (self.preload_duration, self._duration_zeros),
-                              (self.warmup_jobs, self._warmup_zeros), (self.warmup_duration, self._warmup_zeros)):
+                              (self.warmup_jobs, self._warmup_zeros), (self.warmup_duration, self._warmup_zeros),
+                              (self.node_cache_fallbacks, self._fallback_zeros)):
             r.register(WithZeros(metric, zeros))
         self.bundle_bytes = Gauge(
             "compilecache_bundle_bytes",
@@ -285,6 +297,11 @@ class Metrics:
         if size > 0:
             self.preload_bytes.labels(namespace, cache).inc(size)
 
+    def count_node_cache_fallback(self, namespace: str, cache: str, reason: str) -> None:
+        """One injected pod whose node cache was left out for ``reason`` (a fixed set; others are ``unknown``)."""
+        known = reason if reason in FALLBACK_REASONS else UNKNOWN_REASON
+        self.node_cache_fallbacks.labels(namespace, cache, known).inc()
+
     def know_cache(self, namespace: str, cache: str, gpus: Iterable[str]) -> None:
         """Export the series of a CompileCache and its GPU types (slugs) at 0 until their first event: each
         preload result with its reasons per GPU (skipped pods also without a GPU), the preload durations per
@@ -308,6 +325,11 @@ class Metrics:
             for result in PRELOAD_OUTCOMES:
                 if result != SKIPPED:  # a skipped pod ran no preload: no duration
                     yield (namespace, cache, result), known.since
+
+    def _fallback_zeros(self) -> Iterator[tuple[tuple[str, ...], float]]:
+        for (namespace, cache), known in list(self._known.items()):
+            for reason in FALLBACK_REASONS:
+                yield (namespace, cache, reason), known.since
 
     def _warmup_zeros(self) -> Iterator[tuple[tuple[str, ...], float]]:
         for (namespace, cache), known in list(self._known.items()):

@@ -49,6 +49,10 @@ PREDICTED_ANNOTATION = f"{GROUP}/predicted"
 PREDICTED_DETAIL_ANNOTATION = f"{GROUP}/predicted-detail"
 """Beside ``predicted``: the key factors that differ from the warm-up's, each with both values."""
 """On an injected pod whose cache asks for ``Sidecar`` but got ``InitContainer``: why."""
+NODE_CACHE_FALLBACK_ANNOTATION = f"{GROUP}/node-cache-fallback"
+"""On an injected pod whose cache has a node cache that the namespace's Pod Security level refuses: the
+pod preloads into its own emptyDir instead; the value is the reason (``pod-security-baseline``,
+``pod-security-restricted``)."""
 
 WEBHOOK_ID = "inject-pods"
 """The id of the pod-mutating webhook: the webhook server serves it at ``/inject-pods``."""
@@ -80,6 +84,9 @@ HARNESS_VOLUME = "harness"
 HARNESS_DIR = "/opt/compilecache-harness"
 WORK_VOLUME = "work"
 WORK_DIR = "/work"
+SCRATCH_VOLUME = "compilecache-tmp"
+SCRATCH_DIR = "/tmp"
+"""The warm-up compile container's writable /tmp (an emptyDir) under a read-only root file system."""
 OUT_DIR = f"{WORK_DIR}/out"
 
 EXCLUDED_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})

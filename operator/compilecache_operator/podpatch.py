@@ -9,11 +9,12 @@ Nothing here talks to the API server; the webhook builds the patch here from the
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from compilecache_operator import reasons, store_ca, vllmpod
+from compilecache_operator import podsecurity, reasons, store_ca, vllmpod
 from compilecache_operator.cacheview import CacheView, bytecode_ready
 from compilecache_operator.names import (
     CACHE_LABEL,
@@ -31,6 +32,7 @@ from compilecache_operator.names import (
     INDUCTOR_DIR,
     INDUCTOR_SUBDIR,
     INJECTED_ANNOTATION,
+    NODE_CACHE_FALLBACK_ANNOTATION,
     PREDICTED_ANNOTATION,
     PREDICTED_DETAIL_ANNOTATION,
     PRELOAD_CONTAINER,
@@ -113,6 +115,7 @@ def build_pod_patch(
     excluded_namespaces: frozenset[str] = EXCLUDED_NAMESPACES,
     sidecars: SidecarSupport = NOT_DETECTED,
     trusted_keys: Sequence[str] = (),
+    pod_security: str = podsecurity.PRIVILEGED,
 ) -> PodPatch:
     """What the webhook adds to an opted-in pod: the cache volume, the preload container first
     in line (an init container, or a native sidecar where the cache asks for one and ``sidecars``
@@ -123,11 +126,18 @@ def build_pod_patch(
     A pod whose app would not read the preload is left alone, annotated with the reason (see
     :mod:`compilecache_operator.reasons`): its cache is unknown or not Ready, an app container
     cannot be wired (:mod:`compilecache_operator.wiring`), or no bundle was warmed with the pod's
-    images (``image-mismatch``)."""
+    images (``image-mismatch``).
+
+    A node cache the namespace's Pod Security level (``pod_security``) would refuse is left out: the pod
+    preloads into its own ``emptyDir``, annotated and warned (:mod:`compilecache_operator.podsecurity`)."""
     refused = _not_patched(pod, view, excluded_namespaces)
     if refused is not None:
         return refused
     assert view is not None and view.spec is not None
+    fallback = podsecurity.node_cache_fallback(pod_security) if view.spec.preload.node_cache_path else None
+    if fallback is not None:
+        view = without_node_cache(view)
+    assert view.spec is not None
     spec = pod.get("spec") or {}
     app_containers = list(spec.get("containers") or [])
     gpu = pinned_gpu(pod, view.spec.gpu_discovery.label_key)
@@ -162,6 +172,10 @@ def build_pod_patch(
             resources = view.spec.preload.resources.to_dict()
             sidecars_added.append(vllmpod.watch_container(watch, preloader_image, resources,
                                                           identity.security_context()))  # fmt: skip
+    if fallback is not None:
+        annotations[NODE_CACHE_FALLBACK_ANNOTATION] = fallback
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        warnings.append(podsecurity.fallback_warning(namespace, pod_security, f"{view.namespace}/{view.name}"))
     return PodPatch(
         init_containers=[preload, *sidecars_added, *(spec.get("initContainers") or [])],
         containers=containers,
@@ -170,6 +184,13 @@ def build_pod_patch(
         warnings=tuple(warnings),
         predictions=predictions,
     )
+
+
+def without_node_cache(view: CacheView) -> CacheView:
+    """``view`` as if its cache had no node cache: the pod's own ``emptyDir``, a "restricted" preload."""
+    assert view.spec is not None
+    preload = dataclasses.replace(view.spec.preload, node_cache_path=None)
+    return dataclasses.replace(view, spec=dataclasses.replace(view.spec, preload=preload))
 
 
 def _not_patched(

@@ -210,6 +210,9 @@ class WarmupSpec:
     """The warm-up pod's uid, gid and fsGroup: never 0, so the Job passes the "restricted" standard."""
     run_as_group: int = DEFAULT_WARMUP_ID
     fs_group: int = DEFAULT_WARMUP_ID
+    read_only_root_filesystem: bool = True
+    """The compile container's root file system is read-only, with an emptyDir on /tmp and the caches torch and
+    Triton write pointed into it or into the work volume (``spec.warmup.readOnlyRootFilesystem``)."""
 
 
 @dataclass(frozen=True)

@@ -458,6 +458,7 @@ def _parse_warmup(raw: Mapping[str, Any], defaults: Defaults, errors: FieldError
             raw.get("volumeMounts"), f"{path}.volumeMounts", volumes, errors
         ),
         **_parse_warmup_ids(raw.get("securityContext"), f"{path}.securityContext", errors),
+        read_only_root_filesystem=read_boolean(raw, "readOnlyRootFilesystem", path, errors, True),
     )
 
 

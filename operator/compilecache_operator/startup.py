@@ -32,6 +32,7 @@ from typing import Any
 import kopf
 from compilecache_operator import (
     certs,
+    conversion,
     kopfadapter,
     kubeconfig,
     leader,
@@ -178,6 +179,7 @@ class Runtime:
             watch_seconds=self.intervals.watch_server_timeout,
         )
         state.cluster.indexes = watches.indexes()
+        state.injection.namespace_levels = watches.namespace_levels
         answer_webhook(state, self.admission.server, watches.views)
         state.injection.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
         logger.info("native sidecars %s: %s", "available" if state.injection.sidecars.available else "not available",
@@ -233,7 +235,19 @@ class Runtime:
             drain_on_sigterm(state, self.stop_flag, self.shutdown_delay)
 
     async def stop(self) -> None:
-        """Stop what :meth:`start` started; release the Lease; close the API client."""
+        """Stop what :meth:`start` started; release the Lease; close the API client; and raise the stop flag.
+
+        Kopf waits for the stop flag (a ``threading.Event``) in a thread of the loop's default executor, which
+        the loop joins when it closes: stopped by Kopf's own SIGTERM handler (before the first Node or
+        CompileCache event made this replica ready and installed :func:`drain_on_sigterm`), nothing else would
+        set it, and the process would hang until SIGKILL with its Lease still held."""
+        try:
+            await self._stop()
+        finally:
+            if self.stop_flag is not None:
+                self.stop_flag.set()
+
+    async def _stop(self) -> None:
         for task in self.running.tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -304,7 +318,8 @@ def answer_webhook(state: State, server: kopfadapter.AdmissionServer | None, vie
 
 
 def admission_answers(state: State, views: Views) -> dict[str, kopfadapter.Answer]:
-    """Each webhook's answer, by id (the CompileCache one answers only where it is registered)."""
+    """Each webhook's answer, by id (the CompileCache one answers only where it is registered), and the CRD's
+    conversion (:mod:`compilecache_operator.conversion`, at ``/convert``)."""
 
     async def pods(review: Mapping[str, Any]) -> dict[str, Any]:
         with state.metrics.timed(WEBHOOK_HANDLER):
@@ -318,7 +333,10 @@ def admission_answers(state: State, views: Views) -> dict[str, kopfadapter.Answe
         with_grants = state.api is not None and state.settings.operator_namespace
         return await review_cache(state.settings, regrant if with_grants else None, review)
 
-    return {WEBHOOK_ID: pods, CACHE_WEBHOOK_ID: caches}
+    async def convert(review: Mapping[str, Any]) -> dict[str, Any]:
+        return conversion.review(review)
+
+    return {WEBHOOK_ID: pods, CACHE_WEBHOOK_ID: caches, conversion.CONVERSION_ID: convert}
 
 
 def start_certificates(state: State, admission: Admission) -> asyncio.Task[None] | None:

@@ -21,6 +21,7 @@ from compilecache_operator.confinement import Confinement
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import EXCLUDED_NAMESPACES, KIND, RECORDED_ANNOTATION
+from compilecache_operator.podsecurity import PRIVILEGED
 from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
 from compilecache_operator.signing import Signing
 from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec
@@ -57,6 +58,8 @@ class Settings:
     """Attempts at deleting a cache's bundles before its finalizer is removed anyway (BundlesLeft)."""
     secret_reader: SecretReader = field(default_factory=SecretReader)
     """Who the operator is, for the message of a storage Secret it may not read (SecretForbidden)."""
+    pod_security_default: str = PRIVILEGED
+    """The Pod Security level of a namespace without the enforce label (the API server's default)."""
 
     def in_scope(self, namespace: str) -> bool:
         return not self.namespaces or namespace in self.namespaces
@@ -235,6 +238,9 @@ class Injection:
     """Whether pods may get the preload as a native sidecar (decided at start-up)."""
     fallbacks_logged: set[Key] = field(default_factory=set)
     """Caches whose Sidecar request was turned into an init container, already said in the log."""
+    namespace_levels: IndexView = field(default_factory=dict)
+    """A namespace's name → its ``pod-security.kubernetes.io/enforce`` label ("" when unlabelled): whether a
+    node cache may be injected there (:mod:`compilecache_operator.podsecurity`)."""
 
 
 @dataclass

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from compilecache_operator.names import HARNESS_DIR, HARNESS_VOLUME, WORK_DIR, WORK_VOLUME
+from compilecache_operator.names import HARNESS_DIR, HARNESS_VOLUME, SCRATCH_VOLUME, WORK_DIR, WORK_VOLUME
 
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -27,7 +27,7 @@ KEY_REFS = {"secretKeyRef": "Secret", "configMapKeyRef": "ConfigMap"}
 """``valueFrom`` sources a warm-up may use, and the kind each reads."""
 VOLUME_SOURCES = ("persistentVolumeClaim", "secret", "configMap", "emptyDir")
 """Volume types a warm-up may mount (all allowed by the "restricted" Pod Security Standard)."""
-RESERVED_VOLUMES = (HARNESS_VOLUME, WORK_VOLUME)
+RESERVED_VOLUMES = (HARNESS_VOLUME, WORK_VOLUME, SCRATCH_VOLUME)
 RESERVED_PATHS = (HARNESS_DIR, WORK_DIR)
 
 

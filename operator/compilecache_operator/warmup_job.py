@@ -19,6 +19,8 @@ from compilecache_operator.names import (
     HARNESS_VOLUME,
     KIND,
     OUT_DIR,
+    SCRATCH_DIR,
+    SCRATCH_VOLUME,
     VARIANT_LABEL,
     WARMUP_LABEL,
     WORK_DIR,
@@ -43,6 +45,9 @@ COPY_HARNESS = (
     "'precheck', 'bytecode', 'triton_modules', 'factors', 'masking', 'vllmwarm', 'vllmargs', 'vllm_options')]"
 )
 VLLM_WARMUP_FILE = f"{HARNESS_DIR}/vllmwarm.py"
+SCRATCH_ENV = (("TMPDIR", SCRATCH_DIR), ("TRITON_HOME", SCRATCH_DIR))
+"""Under a read-only root, where the compile container's temporary files and Triton's home (its dumps and
+overrides; its cache is kept in the inductor cache on the work volume) go, unless ``spec.warmup.env`` says."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,8 @@ def build_job(
     The pod runs as ``spec.warmup.securityContext`` (uid, gid, fsGroup; 65532 by default) with
     the runtime's default seccomp profile; every container drops all capabilities and may not
     escalate; harness and publish (the preloader image) have a read-only root file system and
-    publish packs in ``TMPDIR=/work``; compile (the user's image) keeps a writable one.
+    publish packs in ``TMPDIR=/work``; compile (the user's image) too, with an emptyDir on ``/tmp``
+    (``TMPDIR``, ``TRITON_HOME``), unless ``spec.warmup.readOnlyRootFilesystem`` is false.
     """
     meta = owner.get("metadata") or {}
     namespace = str(meta.get("namespace"))
@@ -124,6 +130,7 @@ def build_job(
             {"name": WORK_VOLUME, "emptyDir": {}},
             *(dict(v) for v in warm.volumes),
             *([store_ca.ca_volume(spec.storage.ca)] if spec.storage.ca else []),
+            *([{"name": SCRATCH_VOLUME, "emptyDir": {}}] if scratch_mounted(spec) else []),
         ],
         "initContainers": [
             {
@@ -167,6 +174,9 @@ def _compile_container(
         compile_env.append({"name": GPU_ENV, "value": variant.gpu})
     if spec.remote_cache is not None:
         compile_env += [{"name": k, "value": v} for k, v in spec.remote_cache.env().items()]
+    if warm.read_only_root_filesystem:
+        own = {str(e.get("name")) for e in warm.env}
+        compile_env += [{"name": k, "value": v} for k, v in SCRATCH_ENV if k not in own]
     compile_env += [dict(e) for e in warm.env]
     if spec.model.vllm is not None:
         compile_env += [{"name": k, "value": v} for k, v in spec.model.vllm.env]
@@ -185,16 +195,25 @@ def _compile_container(
             {"name": HARNESS_VOLUME, "mountPath": HARNESS_DIR, "readOnly": True},
             {"name": WORK_VOLUME, "mountPath": WORK_DIR},
             *(dict(m) for m in warm.volume_mounts),
+            *([{"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}] if scratch_mounted(spec) else []),
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        # The user's image: torch and its libraries write temporary files where they please.
-        "securityContext": restricted_container_context(read_only_root=False),
+        "securityContext": restricted_container_context(read_only_root=warm.read_only_root_filesystem),
     }
     if resources:
         container["resources"] = resources
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
     return container
+
+
+def scratch_mounted(spec: CacheSpec) -> bool:
+    """Whether the compile container gets the /tmp emptyDir: under a read-only root, unless a volume of the
+    spec is mounted there already."""
+    warm = spec.warmup
+    return warm.read_only_root_filesystem and not any(
+        str(m.get("mountPath", "")).rstrip("/") == SCRATCH_DIR for m in warm.volume_mounts
+    )
 
 
 def _publish_container(spec: CacheSpec, settings: JobSettings) -> dict[str, Any]:

@@ -1,12 +1,14 @@
-"""The operator's memory of the cluster: its own watches of CompileCaches, warm-up Jobs and Nodes.
+"""The operator's memory of the cluster: its own watches of CompileCaches, warm-up Jobs, Nodes and Namespaces.
 
 :class:`Watches` runs one :class:`~compilecache_operator.informer.Informer` per watched namespace for the
 CompileCaches and the warm-up Jobs (those with the label ``compilecache.io/warmup-for``, selected by the
-API server), and one for the Nodes. From their changes it keeps what the reconcile and the webhook read,
-as :class:`~compilecache_operator.state.Indexes`: each CompileCache by (namespace, name), the warm-up Jobs
-by the uid of the CompileCache that owns them, and for each Node label key the values the Nodes carry
-(``gpuDiscovery.auto``). The webhook's view of a CompileCache (:class:`CacheViews`) is made from the object
-when a pod first asks for it and kept until the object or the settings change.
+API server), one for the Nodes and one for the Namespaces. From their changes it keeps what the reconcile
+and the webhook read, as :class:`~compilecache_operator.state.Indexes`: each CompileCache by (namespace,
+name), the warm-up Jobs by the uid of the CompileCache that owns them, and for each Node label key the
+values the Nodes carry (``gpuDiscovery.auto``); and each namespace's Pod Security enforce label (where the
+webhook may inject a node cache: :mod:`compilecache_operator.podsecurity`). The webhook's view of a
+CompileCache (:class:`CacheViews`) is made from the object when a pod first asks for it and kept until the
+object or the settings change.
 
 Every change is applied when it arrives, at a cost that does not grow with the number of objects; it is
 then handed to ``on_cache`` or ``on_job`` (which decide whether a reconcile is due). :meth:`Watches.synced`
@@ -20,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-from compilecache_operator import cacheview
+from compilecache_operator import cacheview, podsecurity
 from compilecache_operator.informer import Change, Informer, ObjectKey, Resource, count_labels, index_by
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.names import API_VERSION, KIND, PLURAL, WARMUP_LABEL
@@ -29,6 +31,7 @@ from compilecache_operator.state import Indexes, Key, Settings, owner_uids
 CACHES = Resource(API_VERSION, KIND, PLURAL)
 JOBS = Resource("batch/v1", "Job", "jobs", selector=WARMUP_LABEL)
 NODES = Resource("v1", "Node", "nodes")
+NAMESPACES = Resource("v1", "Namespace", "namespaces")
 Obj = Mapping[str, Any]
 
 
@@ -91,7 +94,7 @@ class CacheViews(Mapping[Key, tuple[cacheview.CacheView]]):
 
 
 class Watches:
-    """The watches of CompileCaches, warm-up Jobs and Nodes, and the indexes kept from them."""
+    """The watches of CompileCaches, warm-up Jobs, Nodes and Namespaces, and the indexes kept from them."""
 
     def __init__(self, api: KubeAPI, namespaces: Sequence[str], settings: Callable[[], Settings], *,
                  on_cache: Callable[[Change], None], on_job: Callable[[Change], None],
@@ -101,6 +104,8 @@ class Watches:
         """The owning CompileCache's uid → its warm-up Jobs by (namespace, name)."""
         self.nodes: dict[str, Counter[str]] = {}
         """A Node label key → how many Nodes carry each of its values."""
+        self.namespace_levels: dict[str, tuple[str]] = {}
+        """A namespace's name → its Pod Security enforce label ("" when unlabelled), read as an index."""
         self.views = CacheViews(self.caches, settings)
         self._on_cache, self._on_job = on_cache, on_job
         scopes: Sequence[str | None] = list(namespaces) or [None]
@@ -108,6 +113,7 @@ class Watches:
             *(Informer(api, CACHES, self.cache_changed, namespace=ns, watch_seconds=watch_seconds) for ns in scopes),
             *(Informer(api, JOBS, self.job_changed, namespace=ns, watch_seconds=watch_seconds) for ns in scopes),
             Informer(api, NODES, self.node_changed, watch_seconds=watch_seconds),
+            Informer(api, NAMESPACES, self.namespace_changed, watch_seconds=watch_seconds),
         ]
 
     def indexes(self) -> Indexes:
@@ -127,6 +133,14 @@ class Watches:
 
     def node_changed(self, change: Change) -> None:
         count_labels(self.nodes, change)
+
+    def namespace_changed(self, change: Change) -> None:
+        name = change.key[1]
+        if change.new is None:
+            self.namespace_levels.pop(name, None)
+        else:
+            labels = (change.new.get("metadata") or {}).get("labels") or {}
+            self.namespace_levels[name] = (str(labels.get(podsecurity.ENFORCE_LABEL, "")),)
 
     def synced(self) -> bool:
         """Every watch has listed its objects once."""

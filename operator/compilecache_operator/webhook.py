@@ -25,7 +25,7 @@ import logging
 from collections.abc import Collection, Mapping, MutableSet
 from typing import Any, Protocol
 
-from compilecache_operator import cacheview, podpatch, warmup_job
+from compilecache_operator import cacheview, podpatch, podsecurity, warmup_job
 from compilecache_operator.names import CACHE_LABEL, PRELOAD_MODE_REASON_ANNOTATION
 from compilecache_operator.sidecars import SidecarSupport
 from compilecache_operator.signing import Signing
@@ -42,6 +42,8 @@ class PodWebhookSettings(Protocol):
     def signing(self) -> Signing | None: ...
     @property
     def excluded_namespaces(self) -> frozenset[str]: ...
+    @property
+    def pod_security_default(self) -> str: ...
     def in_scope(self, namespace: str) -> bool: ...
 
 
@@ -52,6 +54,8 @@ class PodWebhookInjection(Protocol):
     def sidecars(self) -> SidecarSupport: ...
     @property
     def fallbacks_logged(self) -> MutableSet[tuple[str, str]]: ...
+    @property
+    def namespace_levels(self) -> Mapping[Any, Collection[str]]: ...
 
 
 class PodWebhookMetrics(Protocol):
@@ -84,6 +88,14 @@ def fill_namespace(review: Mapping[str, Any]) -> None:
 Views = Mapping[tuple[str, str], Collection[cacheview.CacheView]]
 
 
+def namespace_level(state: PodWebhookState, namespace: str) -> str:
+    """The Pod Security level ``namespace`` enforces, from the index of the namespaces' enforce labels (the
+    operator's ``--pod-security-default`` for an unlabelled namespace, or one the index does not hold yet)."""
+    label = next(iter(state.injection.namespace_levels.get(namespace, ())), "")
+    labels = {podsecurity.ENFORCE_LABEL: label} if label else {}
+    return podsecurity.enforced_level(labels, state.settings.pod_security_default)
+
+
 def pod_patch(state: PodWebhookState, views: Views | None, pod: Mapping[str, Any]) -> podpatch.PodPatch | None:
     """The patch for an opted-in pod (None outside the watched namespaces), said once in the log
     when a cache's Sidecar request becomes an init container."""
@@ -100,6 +112,7 @@ def pod_patch(state: PodWebhookState, views: Views | None, pod: Mapping[str, Any
         excluded_namespaces=state.settings.excluded_namespaces,
         sidecars=state.injection.sidecars,
         trusted_keys=state.settings.signing.trusted_texts if state.settings.signing else (),
+        pod_security=namespace_level(state, namespace),
     )
     if result.skipped:
         log.debug("pod not injected (%s) for CompileCache %s/%s", result.skipped, namespace, cache)

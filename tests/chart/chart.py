@@ -40,10 +40,16 @@ MONITORING_APIS = tuple(arg for kind in ("ServiceMonitor", "PodMonitor", "Promet
                         for arg in ("--api-versions", f"monitoring.coreos.com/v1/{kind}"))
 """``helm template`` arguments of a cluster with prometheus-operator: the chart renders its monitoring objects only
 where the cluster serves them (``helm install`` asks the API server)."""
+POLICY_APIS = tuple(arg for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+                    for arg in ("--api-versions", f"admissionregistration.k8s.io/v1/{kind}"))
+"""``helm template`` arguments of a cluster serving ValidatingAdmissionPolicy (Kubernetes 1.30+): the chart renders the
+policy that confines the operator's writes only there."""
+SERVED_APIS = (*MONITORING_APIS, *POLICY_APIS)
+"""What the newest supported Kubernetes with prometheus-operator serves, as ``helm template`` arguments."""
 
 
 def template(helm_bin: Path, values: Path | None = None, *, set_values: Iterable[str] = (),
-             namespace: str = NAMESPACE, release: str = RELEASE, apis: Iterable[str] = MONITORING_APIS
+             namespace: str = NAMESPACE, release: str = RELEASE, apis: Iterable[str] = SERVED_APIS
              ) -> list[Manifest]:
     """``helm template`` the chart for a cluster serving ``apis`` and return the rendered objects (test hooks
     included)."""
@@ -64,8 +70,10 @@ def of_kind(manifests: Iterable[Manifest], kind: str) -> list[Manifest]:
 
 
 def one(manifests: Iterable[Manifest], kind: str, name_suffix: str = "") -> Manifest:
-    """The single object of ``kind`` (whose name ends with ``name_suffix``)."""
+    """The single object of ``kind`` (whose name ends with ``name_suffix``): the chart's own where a :func:`hook` has
+    one of that kind too."""
     found = [m for m in of_kind(manifests, kind) if m["metadata"]["name"].endswith(name_suffix)]
+    found = [m for m in found if not hook(m)] or found
     assert len(found) == 1, f"expected one {kind} *{name_suffix}, found {[m['metadata']['name'] for m in found]}"
     return found[0]
 
@@ -75,11 +83,16 @@ def user_role(role: Manifest) -> bool:
     return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in role["metadata"].get("labels", {}))
 
 
+def hook(manifest: Manifest) -> bool:
+    """An object of a helm hook (the post-install check, the test pod), not of the operator."""
+    return "helm.sh/hook" in (manifest["metadata"].get("annotations") or {})
+
+
 def rbac_rules(manifests: Iterable[Manifest]) -> Iterator[tuple[Manifest, Mapping[str, Any]]]:
     """(role, rule) for every rule of every Role and ClusterRole the operator is bound to (not the
-    :func:`user_role` ones)."""
+    :func:`user_role` ones, nor a :func:`hook`'s own)."""
     for role in manifests:
-        if role["kind"] in ("Role", "ClusterRole") and not user_role(role):
+        if role["kind"] in ("Role", "ClusterRole") and not user_role(role) and not hook(role):
             for rule in role.get("rules") or []:
                 yield role, rule
 

@@ -79,7 +79,10 @@ def install(helm_bin: Path, helm_env: dict[str, str], release_namespace: str
     def _install(*args: str) -> Release:
         release = Release(f"r{uuid.uuid4().hex[:4]}", release_namespace, helm_bin, helm_env)
         # --take-ownership: the cluster-scoped CRD may already exist (other e2e tests install crds/ directly).
-        release.helm("install", release.name, str(CHART_DIR), "--take-ownership", "--timeout", "60s", *args)
+        # startupCheck off unless a test turns it on: its hook Job waits for an operator pod, which most of these
+        # tests do not run (helm waits for a post-install hook whatever --wait says).
+        release.helm("install", release.name, str(CHART_DIR), "--take-ownership", "--timeout", "60s",
+                     "--set", "startupCheck.enabled=false", *args)
         releases.append(release)
         return release
 

@@ -77,7 +77,7 @@ def test_the_documented_install_from_a_release_renders_the_released_images(helm_
     with the images taken from the registry the section names."""
     dist = tmp_path / "dist"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts/release.py"), "--dist", str(dist), "--no-images",
-                           "--helm", str(helm_bin)], capture_output=True, text=True, timeout=300)
+                           "--no-sbom", "--helm", str(helm_bin)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     text = section("Install from a release")
     (registry,) = re.findall(r"^REGISTRY=(\S+)", text, re.M)
@@ -120,3 +120,29 @@ def test_the_network_policy_section_says_what_each_peer_list_allows_by_default(h
         else:
             names = {v for peer in peers for v in peer.get("namespaceSelector", {}).get("matchLabels", {}).values()}
             assert names and all(n in said.group(1) for n in names), f"{knob}: rendered {peers}; docs {said[0]!r}"
+
+
+def table_grants(text: str) -> set[tuple[str, frozenset[str], bool]]:
+    """(resource, verbs, by name) of each row of the RBAC table in the section ``text``."""
+    out: set[tuple[str, frozenset[str], bool]] = set()
+    for row in re.findall(r"^\s*\| (`[a-z/]+`(?:, `[a-z/]+`)*) \| ((?:`[a-z]+` ?)+) \| ([^|]+) \|", text, re.M):
+        resources, verbs, where = row
+        for resource in re.findall(r"`([a-z/]+)`", resources):
+            out.add((resource, frozenset(re.findall(r"`([a-z]+)`", verbs)), "by name" in where))
+    return out
+
+
+def test_the_rbac_table_is_what_the_chart_grants(renderings: dict[str, list[dict[str, object]]]) -> None:
+    """Every rule the chart grants the operator (cluster-wide and namespaced) is a row of docs/install.md's table,
+    and every row is a rule it grants."""
+    from tests.chart.chart import rbac_rules
+
+    rendered: set[tuple[str, frozenset[str], bool]] = set()
+    for scenario in ("default", "namespaced"):
+        for _, rule in rbac_rules(renderings[scenario]):  # type: ignore[arg-type]
+            for resource in rule["resources"]:
+                rendered.add((resource, frozenset(rule["verbs"]), bool(rule.get("resourceNames"))))
+    documented = table_grants(section("What the chart guarantees"))
+    assert documented, "no RBAC table found"
+    assert not rendered - documented, f"granted, not in docs/install.md: {sorted(map(str, rendered - documented))}"
+    assert not documented - rendered, f"in docs/install.md, not granted: {sorted(map(str, documented - rendered))}"

@@ -22,7 +22,16 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from tests.chart.chart import CHART_DIR, EXAMPLES_DIR, MONITORING_APIS, NAMESPACE, RELEASE, helm, scenario_files
+from tests.chart.chart import (
+    CHART_DIR,
+    EXAMPLES_DIR,
+    MONITORING_APIS,
+    NAMESPACE,
+    POLICY_APIS,
+    RELEASE,
+    helm,
+    scenario_files,
+)
 from tests.infra.linters import convert_crds, kube_version, kubernetes_schemas
 
 REPO_ROOT = CHART_DIR.parent.parent
@@ -45,7 +54,7 @@ def render_scenarios(helm_bin: Path, out_dir: Path, *extra: str) -> dict[str, Pa
 
 @pytest.fixture(scope="session")
 def rendered(helm_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return render_scenarios(helm_bin, tmp_path_factory.mktemp("rendered"))
+    return render_scenarios(helm_bin, tmp_path_factory.mktemp("rendered"), *POLICY_APIS)
 
 
 @pytest.fixture(scope="session")

@@ -98,6 +98,10 @@ def selectors(expr: str) -> Iterator[tuple[str, set[str]]]:
         yield match.group(1), {m.group(1) for m in LABEL_MATCHER.finditer(match.group(2) or "")}
 
 
+FLEET_LABELS = {"cluster"}
+"""Labels a fleet's Prometheus puts on every series (external labels, Thanos or Mimir), not the operator."""
+
+
 def assert_queries_exported_series(exprs: list[str], where: str) -> None:
     series = exported_series()
     assert series, "the operator exports no metrics"
@@ -107,7 +111,7 @@ def assert_queries_exported_series(exprs: list[str], where: str) -> None:
             if ":" in name:
                 continue
             assert name in series, f"{where}: {name} is not exported by the operator ({sorted(series)})"
-            assert labels <= series[name], f"{where}: {name} has no label(s) {labels - series[name]}"
+            assert labels - FLEET_LABELS <= series[name], f"{where}: {name} has no label(s) {labels - series[name]}"
             checked += 1
     assert checked, f"{where}: no compilecache_* selectors found"
 
@@ -354,7 +358,7 @@ def test_dashboard_panels_and_queries() -> None:
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert {"datasource", "namespace", "cache"} <= variables
+    assert {"datasource", "cluster", "namespace", "cache"} <= variables
     exprs = [t["expr"] for p in panels for t in p["targets"]]
     for panel in panels:
         assert panel["targets"], f"panel {panel['title']} has no query"
@@ -376,7 +380,8 @@ def dashboard_expr(title: str) -> str:
 
 def as_rule(expr: str) -> str:
     """A dashboard query with Grafana's variables filled in, for promtool."""
-    for variable, value in (("$__rate_interval", "5m"), ("$__range", "1h"), ("$namespace", ".*"), ("$cache", ".*")):
+    for variable, value in (("$__rate_interval", "5m"), ("$__range", "1h"), ("$cluster", ".*"), ("$namespace", ".*"),
+                            ("$cache", ".*")):
         expr = expr.replace(variable, value)
     return expr
 
@@ -455,8 +460,10 @@ def test_the_pod_monitor_follows_the_watched_namespaces(helm_bin: Path, renderin
     assert monitor["metadata"]["labels"]["release"] == "prom"
 
 
-def test_dashboard_queries_honour_the_namespace_and_cache_variables() -> None:
-    """Every query of a metric labelled by namespace and cache filters on $namespace and $cache."""
+def test_dashboard_queries_honour_the_cluster_namespace_and_cache_variables() -> None:
+    """Every query of a metric labelled by namespace and cache filters on $cluster (a Thanos or Mimir fleet view's
+    label; All matches series without it), $namespace and $cache, and keeps the cluster apart wherever it keeps
+    namespaces apart; the namespace and cache choices follow the cluster chosen."""
     dashboard = json.loads((CHART_DIR / "dashboards" / "compilecache.json").read_text())
     series = exported_series()
     checked = 0
@@ -467,8 +474,17 @@ def test_dashboard_queries_honour_the_namespace_and_cache_variables() -> None:
                 if {"namespace", "cache"} <= series.get(name, set()):
                     assert 'namespace=~"$namespace"' in matchers and 'cache=~"$cache"' in matchers, (
                         f"{panel['title']}: {name}{matchers} ignores the dashboard's variables")
+                    assert 'cluster=~"$cluster"' in matchers, f"{panel['title']}: {name}{matchers} ignores $cluster"
                     checked += 1
+            for grouping in re.findall(r"(?:by|on) \(([^)]*)\)", target["expr"]):
+                labels = [g.strip() for g in grouping.split(",")]
+                assert "namespace" not in labels or "cluster" in labels, f"{panel['title']}: by ({grouping})"
     assert checked > 10
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    cluster = variables["cluster"]
+    assert cluster["includeAll"] and cluster["allValue"] == ".*" and "cluster)" in cluster["query"]["query"]
+    for name in ("namespace", "cache"):
+        assert 'cluster=~"$cluster"' in variables[name]["query"]["query"], name
 
 
 def test_no_dashboard_panel_mixes_units() -> None:

@@ -56,4 +56,12 @@ def test_a_monitoring_object_enabled_but_not_served_is_said(helm_bin: Path) -> N
     for kind in ("ServiceMonitor", "PodMonitor"):
         assert re.search(rf"WARNING: metrics\.\w+\.enabled is true, but this cluster does not serve\s+"
                          rf"monitoring\.coreos\.com/v1 {kind}", text), text
-    assert "PrometheusRule" not in text and "WARNING" not in notes(helm_bin)
+    assert "PrometheusRule" not in text and "WARNING: metrics" not in notes(helm_bin)
+
+
+def test_a_write_policy_the_cluster_cannot_enforce_is_said(helm_bin: Path) -> None:
+    """rbac.confineWrites where no ValidatingAdmissionPolicy is served (a client-side dry run serves none): the NOTES
+    say the operator's account has its RBAC only; turned off, nothing is said."""
+    assert re.search(r"WARNING: rbac\.confineWrites is true, but this cluster serves no ValidatingAdmissionPolicy",
+                     notes(helm_bin))
+    assert "confineWrites" not in notes(helm_bin, "rbac.confineWrites=false")

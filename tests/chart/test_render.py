@@ -21,6 +21,7 @@ from tests.chart.chart import (
     scenario_files,
     template,
 )
+from tests.chart.test_rbac_from_code import used_verbs
 
 pytestmark = pytest.mark.helm
 
@@ -171,8 +172,10 @@ def test_operator_deployment_is_rolled_hardened_and_highly_available(default_ren
     assert pod["terminationGracePeriodSeconds"] > 5 and "--shutdown-delay=5" in container["args"]
     lease_rules = [r for role in of_kind(default_rendering, "Role") if role["metadata"]["namespace"] == namespace
                    for r in role["rules"] if "leases" in r["resources"]]
-    assert lease_rules == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                            "verbs": ["get", "create", "update"]}]
+    lease = one(default_rendering, "Deployment")["metadata"]["name"]  # --leader-election-name: the full name
+    assert lease_rules == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [lease],
+                            "verbs": ["get", "update"]},
+                           {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
     assert "--health-port=8081" in container["args"]
     assert "--webhook-config=external" in container["args"]
     assert "--all-namespaces" in container["args"]
@@ -219,24 +222,9 @@ def test_release_namespace_stays_excluded_when_more_are_listed(helm_bin: Path) -
     assert set(values) == {"kube-system", "ops", "monitoring"}
 
 
-# The verbs the operator uses, per (apiGroup, resource); anything else in a rule is a test failure.
-EXPECTED_VERBS = {
-    ("compilecache.io", "compilecaches"): {"get", "list", "watch", "patch", "update"},
-    ("compilecache.io", "compilecaches/status"): {"get", "patch", "update"},
-    ("compilecache.io", "compilecaches/finalizers"): {"update"},
-    ("batch", "jobs"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "pods"): {"get", "list", "watch", "patch"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
-    ("", "nodes"): {"get", "list", "watch"},
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
-    ("", "namespaces"): {"list", "watch"},
-    ("", "secrets"): {"get", "create", "update"},
-    ("coordination.k8s.io", "leases"): {"get", "create", "update"},
-    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
-    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},  # their caBundle
-    ("", "configmaps"): {"list"},  # the grant ConfigMaps of the release namespace only (a Role)
-}
+# The verbs the operator uses, per (apiGroup, resource), read from its code (tests/chart/test_rbac_from_code.py);
+# anything else in a rule is a test failure.
+EXPECTED_VERBS = used_verbs()
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -270,8 +258,10 @@ def test_rbac_is_least_privilege(renderings: dict[str, list[Manifest]], scenario
                         for a in operator_container(rendered)["args"])
     expected = {**EXPECTED_VERBS, **({} if keeps_secrets else {("", "secrets"): {"get"}})}
     assert granted == {k: v for k, v in expected.items() if k in granted}
-    # Kopf watches namespaces only when it watches listed namespaces; cluster-wide it needs none.
-    assert (("", "namespaces") in granted) == ("--all-namespaces" not in operator_container(rendered)["args"])
+    # The webhook's index of the namespaces' Pod Security labels: in every mode.
+    assert granted[("", "namespaces")] == {"list", "watch"}
+    leases = [rule for _, rule in rbac_rules(rendered) if rule["resources"] == ["leases"]]
+    assert all(rule.get("resourceNames") or rule["verbs"] == ["create"] for rule in leases), leases
 
 
 def test_secrets_role_follows_the_listed_namespaces(renderings: dict[str, list[Manifest]]) -> None:

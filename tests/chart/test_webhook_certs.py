@@ -16,6 +16,7 @@ from tests.chart.chart import (
     CI_DIR,
     MONITORING_APIS,
     NAMESPACE,
+    POLICY_APIS,
     RELEASE,
     Manifest,
     helm,
@@ -173,6 +174,15 @@ def test_optional_apis_render_only_where_the_cluster_serves_them(helm_bin: Path)
         assert "ValidatingWebhookConfiguration" in kinds, version
         assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, version
         assert {"ServiceMonitor", "PrometheusRule"} <= kinds
+    # The policy confining the operator's writes: v1 where served (1.30+), v1beta1 where a 1.29 cluster serves it.
+    for served in ("v1", "v1beta1"):
+        apis = [a for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+                for a in ("--api-versions", f"admissionregistration.k8s.io/{served}/{kind}")]
+        policies = [m for m in template(helm_bin, apis=apis) if m["kind"].startswith("ValidatingAdmissionPolicy")]
+        assert {m["apiVersion"] for m in policies} == {f"admissionregistration.k8s.io/{served}"}
+        assert len(policies) == 8  # pods, jobs, CompileCaches, Secrets: each a policy and its binding
+    assert not [m for m in template(helm_bin, apis=POLICY_APIS, set_values=["rbac.confineWrites=false"])
+                if m["kind"].startswith("ValidatingAdmissionPolicy")]
     without = {m["kind"] for m in template(helm_bin, monitoring, apis=())}
     assert not without & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
     assert "Deployment" in without

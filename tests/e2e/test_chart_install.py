@@ -63,6 +63,9 @@ def test_default_chart_installs_upgrades_and_uninstalls(kube_client: KubeClient,
             "MutatingWebhookConfiguration": f"{MWC_API}/{name}",
             "ValidatingWebhookConfiguration":
                 f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}",
+            "ValidatingAdmissionPolicy": f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}",
+            "ValidatingAdmissionPolicyBinding":
+                f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{name}",
             "CustomResourceDefinition": f"{CRDS_API}/{name}",
         }[kind]
         assert kube_client.get(path)["metadata"]["name"] == name

@@ -137,8 +137,15 @@ def test_the_chart_operator_pod_warms_injects_preloads_and_serves_metrics(
     pod_release: Callable[[int], Release], kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
     real_node: RealNode,
 ) -> None:
+    """The first sync as a GitOps tool or a script makes it: `helm install --wait --wait-for-jobs` returns once the
+    startupCheck hook saw the CompileCache webhook answer (the release namespace enforces "restricted": its pod
+    was admitted), and a CompileCache created at once is admitted by the webhook."""
     ns = kube_namespace
-    release = pod_release(1)
+    release = pod_release(1, "--set", "startupCheck.enabled=true", "--wait", "--wait-for-jobs", "--timeout", "300s")
+    kube_client.post(cache_path(ns), compile_cache("mlp", {
+        "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()}}))
+    hooks = release.helm("get", "hooks", release.name).stdout
+    assert "startupcheck" in hooks and "post-install" in hooks, hooks
     (operator,) = wait_ready_pods(kube_client, release, 1)
     assert operator["spec"]["nodeName"] == real_node.name and not operator["spec"].get("hostNetwork")
     (container,) = operator["status"]["containerStatuses"]
@@ -151,8 +158,6 @@ def test_the_chart_operator_pod_warms_injects_preloads_and_serves_metrics(
     addresses = {a for s in slices for e in s.get("endpoints") or [] for a in e["addresses"]}
     assert addresses == {operator["status"]["podIP"]}, slices
 
-    kube_client.post(cache_path(ns), compile_cache("mlp", {
-        "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()}}))
     cache = wait_condition(kube_client, ns, "mlp", "Ready", "True", TIMEOUT)
     (bundle,) = cache["status"]["bundles"]
     (job,) = jobs_of(kube_client, ns, "mlp")

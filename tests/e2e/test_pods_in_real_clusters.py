@@ -9,10 +9,14 @@ compiles the built-in ``tiny_mlp`` target the way the warm-up did and reports to
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.chart.e2e_fixtures import helm_bin, helm_binaries, helm_env, kubectl_bin
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
@@ -31,7 +35,8 @@ from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
 
-__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
+__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "kubectl_bin", "operator"]  # redis_server: the e2e
+# conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -196,3 +201,50 @@ def test_node_cache_is_fetched_once_per_node_and_shared_by_apps_of_other_uids(
     assert second["source"] == "node-cache" and second["bytes"] == 0, second
     host = node_cache / ns / "mlp"
     assert (host / "inductor").is_dir() or any(host.iterdir()), sorted(host.iterdir())
+
+
+def test_a_node_cache_never_keeps_a_pod_from_starting_in_a_restricted_or_baseline_namespace(
+    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
+    real_node: RealNode, kubectl_bin: Path, helm_env: dict[str, str],
+) -> None:
+    """A cache with ``preload.nodeCache``, its pods in a namespace enforcing "restricted", then (the same namespace
+    relabelled, which the operator's index of namespaces follows) "baseline": the API server would refuse the
+    hostPath and the root preload; the webhook leaves them out, says so at admission (kubectl prints the warning)
+    and in an annotation, and each pod starts and warms from its own emptyDir; each is counted."""
+    ns = kube_namespace
+    node_cache = real_node.workdir / "hostpath" / "compilecache-fallback"
+    kube_client.post(cache_path(ns), compile_cache("mlp", {
+        "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()},
+        "preload": {"nodeCache": {"hostPath": str(node_cache)}}}))
+    wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
+    pods = f"/api/v1/namespaces/{ns}/pods"
+
+    def fallback_of(body: dict[str, Any]) -> str:
+        """The fallback a dry-run create of ``body`` gets (the webhook runs; nothing is stored)."""
+        dry = kube_client.request("POST", pods, body=body, query={"dryRun": "All"})
+        return str(dry["metadata"].get("annotations", {}).get("compilecache.io/node-cache-fallback", ""))
+
+    for level, uid in (("restricted", 1000), ("baseline", 1001)):
+        kube_client.merge_patch(f"/api/v1/namespaces/{ns}",
+                                {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}})
+        name = f"app-{level}"
+        body = restricted_app_pod(name, uid=uid)
+        wait_for(lambda: fallback_of(body) == f"pod-security-{level}", 30,  # noqa: B023
+                 f"the operator to see the namespace at {level}")
+        proc = subprocess.run([str(kubectl_bin), "create", "-n", ns, "-f", "-"], input=json.dumps(body),
+                              capture_output=True, text=True, env=helm_env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert f"enforces Pod Security '{level}'" in proc.stderr and "emptyDir" in proc.stderr, proc.stderr
+        created = kube_client.get(f"{pods}/{name}")
+        assert not any("hostPath" in v for v in created["spec"]["volumes"]), created["spec"]["volumes"]
+        assert created["spec"]["initContainers"][0]["securityContext"]["runAsNonRoot"] is True
+        done = finished(kube_client, ns, name)
+        assert_warm(done, uid)
+        assert terminated_message(done, "compilecache-preload", init=True)["source"] == "store"
+    assert not node_cache.exists() or not any(node_cache.iterdir()), "nothing went to the node"
+
+    def counted() -> bool:
+        return all(operator.sample("compilecache_node_cache_fallbacks_total", namespace=ns, cache="mlp",
+                                   reason=f"pod-security-{level}") == 1 for level in ("restricted", "baseline"))
+
+    wait_for(counted, 30, "each fallback counted once in /metrics")

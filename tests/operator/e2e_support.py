@@ -264,10 +264,18 @@ def operator(
     process = OperatorProcess(
         kube_cluster.kubeconfig, kube_namespace, tmp_path / "operator", "--allowed-node-cache-paths", roots
     )
-    process.start(kube_client)
+    yield from run_operator(process, kube_client, request)
+
+
+def run_operator(process: OperatorProcess, client: KubeClient,
+                 request: pytest.FixtureRequest | None = None) -> Iterator[OperatorProcess]:
+    """Start ``process`` and yield it; then stop it and delete its webhook configurations (its log goes into the
+    test's report)."""
+    process.start(client)
     try:
         yield process
     finally:
         process.stop()
-        process.delete_webhook_config(kube_client)
-        request.node.add_report_section("teardown", "operator log", process.log_tail())
+        process.delete_webhook_config(client)
+        if request is not None:
+            request.node.add_report_section("teardown", "operator log", process.log_tail())

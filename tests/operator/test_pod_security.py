@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator import cacheview, podpatch, security, warmup_job
+from compilecache_operator import cacheview, podpatch, podsecurity, security, warmup_job
 from compilecache_operator.names import PRELOAD_CONTAINER, PRELOAD_SHARE_ANNOTATION
 from compilecache_operator.plan import BundleRecord, Variant
 from compilecache_operator.podpatch import patched_pod
@@ -82,17 +82,38 @@ def test_the_warmup_pod_runs_as_its_security_context() -> None:
     assert (chosen["runAsUser"], chosen["runAsGroup"], chosen["fsGroup"]) == (1000, 100, 2000)
 
 
-def test_only_the_compile_container_keeps_a_writable_root() -> None:
+def test_every_warmup_container_has_a_read_only_root_by_default() -> None:
     """harness and publish run the preloader image and write only into volumes (publish packs in
-    TMPDIR=/work); compile runs the user's image, where torch writes temporary files anywhere."""
+    TMPDIR=/work); compile runs the user's image with an emptyDir on /tmp for its temporary files and
+    Triton's home (a policy engine's read-only-root rule admits the Job); ``readOnlyRootFilesystem: false``
+    gives compile a writable root and no /tmp volume."""
     spec = job_pod()
     harness, compile_ = spec["initContainers"]
     (publish,) = spec["containers"]
-    assert harness["securityContext"]["readOnlyRootFilesystem"] is True
-    assert publish["securityContext"]["readOnlyRootFilesystem"] is True
-    assert "readOnlyRootFilesystem" not in compile_["securityContext"]
+    for container in (harness, compile_, publish):
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True, container["name"]
     assert env_of(publish)["TMPDIR"] == "/work"
     assert {m["mountPath"] for m in publish["volumeMounts"]} == {"/work"}
+    mounts = {m["mountPath"]: m["name"] for m in compile_["volumeMounts"]}
+    assert mounts["/tmp"] == "compilecache-tmp" and {"name": "compilecache-tmp", "emptyDir": {}} in spec["volumes"]
+    assert env_of(compile_)["TMPDIR"] == "/tmp" and env_of(compile_)["TRITON_HOME"] == "/tmp"
+
+    writable = job_pod(warmup={"readOnlyRootFilesystem": False})
+    compile_ = writable["initContainers"][1]
+    assert "readOnlyRootFilesystem" not in compile_["securityContext"]
+    assert "/tmp" not in {m["mountPath"] for m in compile_["volumeMounts"]}
+    assert not any(v["name"] == "compilecache-tmp" for v in writable["volumes"])
+    assert "TRITON_HOME" not in env_of(compile_)
+
+
+def test_the_users_own_tmp_volume_and_variables_win() -> None:
+    spec = job_pod(warmup={"volumes": [{"name": "scratch", "emptyDir": {"medium": "Memory"}}],
+                           "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}],
+                           "env": [{"name": "TMPDIR", "value": "/tmp/mine"}]})
+    compile_ = spec["initContainers"][1]
+    assert [m["name"] for m in compile_["volumeMounts"] if m["mountPath"] == "/tmp"] == ["scratch"]
+    assert [e["value"] for e in compile_["env"] if e["name"] == "TMPDIR"] == ["/tmp/mine"]
+    assert compile_["securityContext"]["readOnlyRootFilesystem"] is True
 
 
 # -- the injected preload -----------------------------------------------------------------------------
@@ -229,3 +250,63 @@ def test_the_example_deployment_stays_restricted_once_injected() -> None:
     assert (preload["securityContext"]["runAsUser"], preload["securityContext"]["runAsGroup"]) == (1000, 1000)
     assert flag(preload["command"], "--share") == "owner" and flag(preload["command"], "--deadline") == "20"
     assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {"sizeLimit": "8Gi"}}]
+
+
+# -- a node cache where the namespace's Pod Security level refuses it ----------------------------------
+BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                                   "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"})
+
+
+def baseline_violations(spec: dict[str, Any]) -> list[str]:
+    """The rules of the "baseline" profile a node cache could break: hostPath volumes, capabilities beyond the
+    baseline set (the rest of baseline is in :func:`restricted_violations`, which no injected field breaks)."""
+    out = [f"volume {v['name']}: hostPath" for v in spec.get("volumes") or [] if "hostPath" in v]
+    for container in [*(spec.get("initContainers") or []), *spec["containers"]]:
+        added = set(((container.get("securityContext") or {}).get("capabilities") or {}).get("add") or [])
+        out += [f"{container['name']}: capability {c}" for c in sorted(added - BASELINE_CAPABILITIES)]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["InitContainer", "Sidecar"])
+@pytest.mark.parametrize(
+    ("level", "checks", "reason"),
+    [("restricted", restricted_violations, "pod-security-restricted"),
+     ("baseline", baseline_violations, "pod-security-baseline")],
+)
+def test_a_node_cache_the_namespace_refuses_becomes_the_pods_own_empty_dir(
+    mode: str, level: str, checks: Any, reason: str
+) -> None:
+    """A pod that passes its namespace's level still passes once injected for a cache with a node cache: the
+    hostPath and the root preload are left out, the pod preloads into its emptyDir, and the annotation and the
+    warning say why."""
+    p = pod(containers=[RESTRICTED_APP], **RESTRICTED_POD)
+    cache = view(preload={"mode": mode, "nodeCache": {"hostPath": "/var/cache/cc"}})
+    patch = podpatch.build_pod_patch(p, cache, preloader_image="p", pod_security=level)
+    out = patched_pod(p, patch)
+    assert checks(out["spec"]) == []
+    volume = next(v for v in out["spec"]["volumes"] if v["name"] == "compilecache-cache")
+    assert volume == {"name": "compilecache-cache", "emptyDir": {"sizeLimit": cache.spec.preload.size_limit}}
+    assert out["metadata"]["annotations"]["compilecache.io/node-cache-fallback"] == reason
+    (warning,) = [w for w in patch.warnings if "node cache" in w]
+    assert f"enforces Pod Security {level!r}" in warning and "emptyDir" in warning and "team-a/mlp" in warning
+    assert "--owner" not in preload_of(out)["command"]
+    # the same pod and cache where the level allows it: the node cache, no fallback
+    shared = patched_pod(p, podpatch.build_pod_patch(p, cache, preloader_image="p", pod_security="privileged"))
+    assert any("hostPath" in v for v in shared["spec"]["volumes"])
+    assert "compilecache.io/node-cache-fallback" not in shared["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "default", "level"),
+    [
+        ({}, "privileged", "privileged"),
+        ({}, "baseline", "baseline"),
+        ({"pod-security.kubernetes.io/enforce": "baseline"}, "privileged", "baseline"),
+        ({"pod-security.kubernetes.io/enforce": "privileged"}, "restricted", "privileged"),
+        ({"pod-security.kubernetes.io/warn": "restricted"}, "privileged", "privileged"),  # warn refuses nothing
+        ({"pod-security.kubernetes.io/enforce": "Restricted!"}, "privileged", "restricted"),  # as the API server
+    ],
+)
+def test_the_enforced_level_of_a_namespace(labels: dict[str, str], default: str, level: str) -> None:
+    assert podsecurity.enforced_level(labels, default) == level
+    assert (podsecurity.node_cache_fallback(level) is None) == (level == "privileged")

@@ -56,14 +56,15 @@ def test_env_from_secrets_and_config_maps_reaches_the_compile_container() -> Non
 
 def test_volumes_are_added_and_mounted_in_the_compile_container_only() -> None:
     pod = build(WARMUP)
-    assert pod["volumes"][2:] == VOLUMES
-    assert [v["name"] for v in pod["volumes"][:2]] == ["harness", "work"]
+    assert pod["volumes"][2:-1] == VOLUMES
+    assert [v["name"] for v in (pod["volumes"][:2] + pod["volumes"][-1:])] == ["harness", "work", "compilecache-tmp"]
     compile_ = pod["initContainers"][1]
     assert compile_["volumeMounts"][2:] == [
         {"name": "weights", "mountPath": "/models/llama", "readOnly": True},
         {"name": "ca", "mountPath": "/etc/redis-ca", "readOnly": False},
         {"name": "conf", "mountPath": "/etc/site/site.yaml", "readOnly": False, "subPath": "site.yaml"},
         {"name": "scratch", "mountPath": "/scratch", "readOnly": False},
+        {"name": "compilecache-tmp", "mountPath": "/tmp"},
     ]
     for container in (pod["initContainers"][0], pod["containers"][0]):
         assert {m["name"] for m in container["volumeMounts"]} <= {"harness", "work"}

@@ -81,3 +81,26 @@ def test_the_webhook_fails_open() -> None:
     answer = webhook.review_pod(STATE, VIEWS, review(broken))
     assert answer["response"] == {"uid": "u-1", "allowed": True}
 
+
+def test_the_webhook_reads_the_namespaces_level_from_the_index_and_the_default() -> None:
+    """A node cache is injected where the namespace's enforce label (the operator's watch of the namespaces), or the
+    operator's default for an unlabelled one, is privileged; elsewhere the pod gets its own emptyDir, warned."""
+    views = {("team-a", "mlp"): [view(preload={"nodeCache": {"hostPath": "/var/cache/cc"}})]}
+
+    def volume_kinds(labels: dict[str, list[str]], default: str) -> tuple[set[str], list[str]]:
+        state = State(settings=Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p"),
+                                        pod_security_default=default), metrics=Metrics())
+        state.injection.namespace_levels = labels
+        answer = webhook.review_pod(state, views, review(pod()))
+        out = patched(pod(), answer)
+        (cache,) = [v for v in out["spec"]["volumes"] if v["name"] == "compilecache-cache"]
+        return set(cache) - {"name"}, answer["response"].get("warnings", [])
+
+    assert volume_kinds({}, "privileged") == ({"hostPath"}, [])
+    assert volume_kinds({"team-a": [""]}, "privileged")[0] == {"hostPath"}
+    assert volume_kinds({"team-a": ["privileged"]}, "restricted")[0] == {"hostPath"}
+    for labels, default in (({"team-a": ["restricted"]}, "privileged"), ({"team-a": ["baseline"]}, "privileged"),
+                            ({}, "baseline"), ({"team-b": ["privileged"]}, "restricted")):
+        kinds, warnings = volume_kinds(labels, default)
+        assert kinds == {"emptyDir"}, (labels, default)
+        assert any("node cache is left out" in w for w in warnings), warnings
