@@ -299,7 +299,7 @@ def warm_up(request: Request) -> dict[str, Any]:
         counters = compilestep.counters_snapshot()
     total = time.perf_counter() - started
     stages.stage("recording the compile factors")
-    recorded = write_factors(request.cache_path, factors, request.command, job_id)  # Off's graphs: pods compare with them
+    recorded = write_factors(request.cache_path, factors, request.command, job_id)  # pods compare with Off's graphs
     stages.stage("saving the Mega-Cache")
     megacache = save_megacache(request.out)
     precompile_pass_result = None
@@ -427,6 +427,8 @@ class DroppedGuards(logging.Filter):
 PASS_FLAG = "--precompile-pass"
 """The harness as ``--precompile auto``'s second pass (:func:`precompile_pass`): run by the harness itself."""
 PASS_FILE = "precompile-pass.json"
+PASS_SCRATCH = (".precompile-pass", ".precompile-pass-cache")
+"""The second pass's output and cache directory in the first's ``--out`` (removed once merged)."""
 
 
 def precompile_in_fresh_process(request: Request, job_id: str, compile_seconds: float) -> dict[str, Any]:
@@ -440,9 +442,8 @@ def precompile_in_fresh_process(request: Request, job_id: str, compile_seconds: 
     counts, dropped guards, ``failure`` when compiling with caching precompile failed, ``megacache``: its
     Mega-Cache bytes)."""
     assert request.target is not None
-    scratch = request.out / ".precompile-pass"
+    scratch, own_cache = (request.out / name for name in PASS_SCRATCH)
     shutil.rmtree(scratch, ignore_errors=True)
-    own_cache = request.out / ".precompile-pass-cache"
     shutil.rmtree(own_cache, ignore_errors=True)
     argv = [sys.executable, str(Path(__file__).absolute()), "--target", request.target, "--out", str(scratch),
             "--namespace", request.namespace, "--name", request.name, "--cache-dir", str(own_cache),

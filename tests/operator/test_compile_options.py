@@ -65,13 +65,14 @@ def test_the_parsers_take_the_same_options() -> None:
         return {
             a.option_strings[-1]: (a.choices, a.default, a.type)
             for a in parser._actions
-            # check_precompile: the harness's internal second role (cachelib.precheck), not a compile option
-            if a.option_strings and a.dest not in ("help", "out", "namespace", "name", "cache_dir", "check_precompile")
+            # check_precompile, precompile_pass: the harness's internal roles (cachelib.precheck, its second pass)
+            if a.option_strings and a.dest not in ("help", "out", "namespace", "name", "cache_dir", "check_precompile",
+                                                   "precompile_pass")
         }
 
     warmup = build_parser()._subparsers._group_actions[0].choices["warmup"]  # type: ignore[union-attr]
     ours = compile_flags(warmup)
-    for only_warmup in ("--store", "--out", "--level", "--log-format", "--verbose"):  # the last two: global flags
+    for only_warmup in ("--store", "--out", "--force", "--level", "--log-format", "--verbose"):  # the last two: global flags
         ours.pop(only_warmup, None)
     assert ours == compile_flags(harness.build_parser())
     crd = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
