@@ -72,7 +72,7 @@ def test_the_parsers_take_the_same_options() -> None:
 
     warmup = build_parser()._subparsers._group_actions[0].choices["warmup"]  # type: ignore[union-attr]
     ours = compile_flags(warmup)
-    for only_warmup in ("--store", "--out", "--force", "--level", "--log-format", "--verbose"):  # the last two: global flags
+    for only_warmup in ("--store", "--out", "--force", "--level", "--log-format", "--verbose"):  # the last two: global
         ours.pop(only_warmup, None)
     assert ours == compile_flags(harness.build_parser())
     crd = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
