@@ -25,6 +25,8 @@ class CacheView:
     bundles: tuple[BundleRecord, ...] = ()
     current_variants: frozenset[str] = frozenset()
     job_id: str = ""
+    planned_gpus: tuple[str, ...] = ()
+    """The GPU types of the current plan (``status.plannedGPUs``; ``cpu`` for a CPU cache)."""
 
 
 def cache_view(body: Mapping[str, Any], defaults: Defaults, confinement: Confinement | None = None) -> CacheView:
@@ -43,8 +45,8 @@ def cache_view(body: Mapping[str, Any], defaults: Defaults, confinement: Confine
     bundles = tuple(bundles_from_status(status))
     current: frozenset[str] = frozenset()
     job_id = ""
+    planned = [g for g in str(status.get("plannedGPUs") or "").split(",") if g]
     if spec is not None:
-        planned = [g for g in str(status.get("plannedGPUs") or "").split(",") if g]
         current = frozenset(variant_id(namespace, name, spec, "" if g == CPU else g) for g in planned)
         job_id = next((b.job_id for b in bundles if b.variant in current and b.job_id), "") or plan_id(
             namespace, name, spec
@@ -57,6 +59,7 @@ def cache_view(body: Mapping[str, Any], defaults: Defaults, confinement: Confine
         bundles=bundles,
         current_variants=current,
         job_id=job_id,
+        planned_gpus=tuple(planned),
     )
 
 
