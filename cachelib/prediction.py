@@ -483,3 +483,92 @@ def predict_vllm(
             int(port) if port.isdigit() else DEFAULT_PORT,
         ))  # fmt: skip
     return found
+
+
+# -- a CompileCache and workloads read from manifests (``compilecache predict``) ---------------------------------------
+CACHE_LABEL = "compilecache.io/cache"
+DEFAULT_VLLM_COMMAND = ("vllm", "serve")
+TEMPLATE_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "ReplicationController", "Job"})
+
+
+class ManifestError(ValueError):
+    """A manifest the prediction cannot read, with what is wrong in it."""
+
+
+def current_variants(bundles: Sequence[Warmed]) -> frozenset[str]:
+    """The variants of the newest plan among ``bundles`` (what status shows of it outside the operator): those
+    with the job id of the bundle of the highest generation; empty when no bundle has a job id."""
+    if not bundles:
+        return frozenset()
+    newest = max(bundles, key=lambda b: b.generation)
+    return frozenset(b.variant for b in bundles if newest.job_id and b.job_id == newest.job_id)
+
+
+def cache_from_body(body: Mapping[str, Any]) -> Cache:
+    """What the prediction knows of a CompileCache object as ``kubectl get compilecache -o json`` shows it."""
+    if body.get("kind") != "CompileCache":
+        raise ManifestError(f"expected a CompileCache, got kind {body.get('kind')!r}")
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    entries = status.get("bundles") or []
+    if not isinstance(entries, list):
+        raise ManifestError("status.bundles is not a list")
+    bundles = tuple(Warmed.from_status(e) for e in entries if isinstance(e, Mapping) and e.get("key"))
+    planned = [g for g in str(status.get("plannedGPUs") or "").split(",") if g]
+    discovery = spec.get("gpuDiscovery") or {}
+    return Cache(
+        name=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        bundles=bundles,
+        current=current_variants(bundles),
+        planned_gpus=tuple(CPU if g == CPU else gpu_slug(g) for g in planned),
+        gpu_label_key=str(discovery.get("labelKey") or DEFAULT_GPU_LABEL_KEY) if isinstance(discovery, Mapping)
+        else DEFAULT_GPU_LABEL_KEY,
+    )  # fmt: skip
+
+
+def vllm_starts(body: Mapping[str, Any], pod: Mapping[str, Any]) -> list[VllmPrediction]:
+    """For a vLLM CompileCache (``spec.model.vllm``), each app container's start against the warm-up's."""
+    vllm = ((body.get("spec") or {}).get("model") or {}).get("vllm")
+    if not isinstance(vllm, Mapping):
+        return []
+    command = tuple(str(w) for w in vllm.get("command") or DEFAULT_VLLM_COMMAND)
+    argv = vllmargs.command_line(command, str(vllm.get("model", "")), [str(a) for a in vllm.get("args") or []])
+    env = {str(e.get("name")): str(e.get("value", "")) for e in vllm.get("env") or [] if isinstance(e, Mapping)}
+    return predict_vllm((pod.get("spec") or {}).get("containers") or [], argv, env, command)
+
+
+def cache_ready(body: Mapping[str, Any]) -> bool:
+    """Whether the CompileCache's Ready condition is True: only then does the webhook inject its pods."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pods_of(document: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The pods a manifest makes, each as ``kind/name`` and a Pod manifest: a Pod, the template of a Deployment,
+    StatefulSet, DaemonSet, ReplicaSet or Job, a CronJob's job template, the items of a List; none for other
+    kinds."""
+    kind = str(document.get("kind") or "")
+    meta = document.get("metadata") or {}
+    name = f"{kind}/{meta.get('name', '')}"
+    if kind == "List":
+        return [found for item in document.get("items") or [] if isinstance(item, Mapping) for found in pods_of(item)]
+    if kind == "Pod":
+        return [(name, dict(document))]
+    spec = document.get("spec") or {}
+    if kind == "CronJob":
+        spec = (spec.get("jobTemplate") or {}).get("spec") or {}
+    elif kind not in TEMPLATE_KINDS:
+        return []
+    template = spec.get("template")
+    if not isinstance(template, Mapping):
+        raise ManifestError(f"{name} has no spec.template")
+    pod_meta = dict(template.get("metadata") or {})
+    pod_meta.setdefault("namespace", meta.get("namespace", ""))
+    return [(name, {"kind": "Pod", "metadata": pod_meta, "spec": template.get("spec") or {}})]
+
+
+def opted_in_cache(pod: Mapping[str, Any]) -> str | None:
+    """The CompileCache a pod opts in to (its ``compilecache.io/cache`` label); None when it does not."""
+    label = ((pod.get("metadata") or {}).get("labels") or {}).get(CACHE_LABEL)
+    return str(label) if label else None
