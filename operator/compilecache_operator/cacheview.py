@@ -3,6 +3,7 @@ Ready, its checked spec, its bundles and its current plan; and what the pods it 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,9 @@ from compilecache_operator.confinement import Confinement, check_confinement
 from compilecache_operator.plan import CPU, BundleRecord, bundles_from_status, plan_id, variant_id
 from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec
 from compilecache_operator.spec_parse import parse_spec
+
+from cachelib import prediction
+from cachelib.keyformat import gpu_slug
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,20 @@ class CacheView:
     job_id: str = ""
     planned_gpus: tuple[str, ...] = ()
     """The GPU types of the current plan (``status.plannedGPUs``; ``cpu`` for a CPU cache)."""
+
+    @functools.cached_property
+    def prediction_cache(self) -> prediction.Cache:
+        """What the admission's prediction compares a pod with (:mod:`cachelib.prediction`): the bundles as status
+        records them, the current plan. Made once per view, not per pod: the index keeps the view until the
+        CompileCache changes."""
+        label_key = self.spec.gpu_discovery.label_key if self.spec is not None else prediction.DEFAULT_GPU_LABEL_KEY
+        return prediction.Cache(
+            name=f"{self.namespace}/{self.name}",
+            bundles=tuple(prediction.Warmed.from_status(b.to_status()) for b in self.bundles),
+            current=self.current_variants,
+            planned_gpus=tuple(gpu_slug(g) if g != CPU else CPU for g in self.planned_gpus),
+            gpu_label_key=label_key,
+        )
 
 
 def cache_view(body: Mapping[str, Any], defaults: Defaults, confinement: Confinement | None = None) -> CacheView:

@@ -140,6 +140,7 @@ def build_pod_patch(
     if refused is not None:
         return with_prediction(refused, view, pod=pod) if refused.skipped == reasons.IMAGE_MISMATCH else refused
     assert view is not None and view.spec is not None
+    indexed = view  # the index's own view, whose prediction input is made once
     fallback = podsecurity.node_cache_fallback(pod_security) if view.spec.preload.node_cache_path else None
     if fallback is not None:
         view = without_node_cache(view)
@@ -164,7 +165,7 @@ def build_pod_patch(
     predictions = tuple(predict_vllm(app_containers, vllm)) if vllm is not None else ()
     watch = vllmpod.watched(predictions)
     sidecars_added = []
-    prediction = predict_pod(pod, view, predictions)
+    prediction = predict_pod(pod, indexed, predictions)
     if vllm is not None and watch is None:
         prediction = dataclasses.replace(prediction, unknown=(
             *prediction.unknown, predicted.Unknown(predicted.ENGINE_ARGUMENT, "no container starts vLLM's server")))

@@ -18,11 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from compilecache_operator.cacheview import CacheView
-from compilecache_operator.plan import CPU
 from compilecache_operator.spec import VllmSpec
 
 from cachelib import prediction
-from cachelib.keyformat import gpu_slug
 from cachelib.prediction import CAUSES, VllmPrediction
 
 Prediction = VllmPrediction
@@ -37,21 +35,8 @@ def predict_vllm(containers: Sequence[Mapping[str, Any]], spec: VllmSpec) -> lis
     return prediction.predict_vllm(containers, spec.argv(), dict(spec.env), spec.command)
 
 
-def cache_of(view: CacheView) -> prediction.Cache:
-    """What the prediction compares a pod with: ``view``'s bundles as status records them, its current plan."""
-    assert view.spec is not None
-    planned = tuple(gpu_slug(g) if g != CPU else CPU for g in view.planned_gpus)
-    return prediction.Cache(
-        name=f"{view.namespace}/{view.name}",
-        bundles=tuple(prediction.Warmed.from_status(b.to_status()) for b in view.bundles),
-        current=view.current_variants,
-        planned_gpus=planned,
-        gpu_label_key=view.spec.gpu_discovery.label_key,
-    )
-
-
 def predict_pod(
     pod: Mapping[str, Any], view: CacheView, vllm: Sequence[VllmPrediction] = ()
 ) -> prediction.Prediction:
     """The pod's prediction against ``view``'s bundles (and its vLLM containers' starts)."""
-    return prediction.predict(pod, cache_of(view), vllm)
+    return prediction.predict(pod, view.prediction_cache, vllm)
