@@ -16,8 +16,9 @@ from compilecache_operator import coldstarts, names, webhook
 from compilecache_operator.handlers import count_cold_start
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
-from compilecache_operator.plan import BundleRecord
-from compilecache_operator.reconcile import with_warmup_env
+from compilecache_operator.plan import BundleRecord, Variant
+from compilecache_operator.reconcile import read_result, with_warmup_env
+from compilecache_operator.results import JobState
 from compilecache_operator.spec import ON_PREDICTED_COLD, Defaults, InvalidSpec
 from compilecache_operator.startup import CountedPods
 from compilecache_operator.state import Settings, State
@@ -65,6 +66,18 @@ def test_the_bundle_records_the_key_factor_variables_its_job_ran_with() -> None:
     assert "TRITON_HOME" not in entry["warmupEnv"]["values"], "the Job's scratch directory enters no key"
     assert BundleRecord.from_status(entry) == record
     assert "warmupEnv" not in BundleRecord(variant="v", key="k").to_status(), "an old record stays as it was"
+
+
+def test_the_record_of_a_succeeded_job_carries_its_variables() -> None:
+    job = job_for(warmup={"env": [{"name": "OMP_NUM_THREADS", "value": "4"}]})
+    job["metadata"]["uid"] = "job-uid"
+    key = "cc1/team-a/mlp/0123456789abcdef/fedcba9876543210/cpu/cpu/torch-2.13.0/triton-none/cuda-none/py-3.11.7"
+    publish = {"name": "publish", "state": {"terminated": {"exitCode": 0, "message": json.dumps({"key": key})}}}
+    pods = {"job-uid": [{"metadata": {"creationTimestamp": "2025-01-01T00:00:00Z"},
+                         "status": {"containerStatuses": [publish]}}]}  # fmt: skip
+    state = JobState(name=job["metadata"]["name"], variant="0123456789", generation=3, phase="succeeded")
+    record = read_result(job, state, Variant(id="0123456789", gpu="", image="registry.example/workload:1"), pods)
+    assert isinstance(record, BundleRecord) and record.warmup_env == (("OMP_NUM_THREADS", "4"),)
 
 
 # -- the admission ----------------------------------------------------------------------------------------------------
