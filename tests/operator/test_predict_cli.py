@@ -76,6 +76,20 @@ def test_the_command_says_what_the_admission_says(warmup: dict[str, str], pod_en
     assert said["detail"][:1000] == admitted.annotations[names.PREDICTED_DETAIL_ANNOTATION]
 
 
+@pytest.mark.parametrize("args", [["--max-model-len", "8192"], ["--max-model-len", "4096"], []])
+def test_a_vllm_start_is_said_as_the_admission_says_it(args: list[str]) -> None:
+    vllm = {"model": "Qwen/Qwen3-8B", "args": ["--max-model-len", "8192"]}
+    body = cache_body(model={"vllm": vllm})
+    template = deployment({}, gpu="NVIDIA-H100")
+    template["spec"]["template"]["spec"]["containers"][0].update(command=["vllm", "serve", "Qwen/Qwen3-8B", *args])
+    (_, pod), = prediction.pods_of(template)
+    admitted = inject(pod, cacheview.cache_view(body, Defaults()))
+    said = answer(pod, body, prediction.cache_from_body(body), "team-a", "mlp")
+    assert (said["prediction"], said["detail"]) == (admitted.annotations[names.PREDICTED_ANNOTATION],
+                                                    admitted.annotations[names.PREDICTED_DETAIL_ANNOTATION])
+    assert said["prediction"] == ("warm" if args == vllm["args"] else "cold"), said
+
+
 # -- on files ------------------------------------------------------------------------------------------------------
 def test_a_cold_pod_is_said_with_its_factor_and_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cc = write(tmp_path / "cc.yaml", cache_body({"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}))
