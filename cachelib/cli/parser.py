@@ -21,6 +21,7 @@ from cachelib.cli.arguments import (
 )
 from cachelib.cli.bundles import check_store, cmd_inspect, cmd_pack, cmd_publish, cmd_warmup, cmd_why
 from cachelib.cli.listing import cmd_gc, cmd_ls
+from cachelib.cli.predicting import COLD_EXIT, cmd_predict
 from cachelib.cli.preloading import cmd_load, cmd_preload, cmd_vllm_watch
 from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments
 from cachelib.masking import mask_text
@@ -186,7 +187,8 @@ HELP_EXIT_AND_ENV = (
     "  2  bad arguments, before anything runs\n"
     "  3-7  warmup: the harness's own status (3 the target cannot be imported, 4 it failed to compile or run,\n"
     "       5 it returned something other than a list of (callable_or_module, example_args[, example_kwargs]),\n"
-    "       6 its output cannot be written, 7 --require-precompile and the precompiled part was left out)\n"
+    "       6 its output cannot be written, 7 --require-precompile and the precompiled part was left out);\n"
+    "       predict: 3 a pod is predicted to start cold\n"
     "  130  interrupted (one line says what was left where); 141  the reader of stdout went away (as SIGPIPE)\n"
     "  143  publish and warmup stopped by SIGTERM, after aborting the upload under way\n\n"
     "credentials (environment only, never printed):\n" + _credential_variables() +
@@ -408,6 +410,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="for a vLLM cache: a start to check against the warm-up's ('vllm serve MODEL --max-model-len 4096', "
         "with this process's VLLM_* variables): every key factor that differs, with both values",
     )  # fmt: skip
+
+    p = _add(
+        sub,
+        "predict",
+        cmd_predict,
+        "tell whether a manifest's pods will start warm, as the admission will",
+        "Compare each pod a manifest makes (a Pod, a Deployment's, StatefulSet's, DaemonSet's, Job's or CronJob's\n"
+        "pod template) with what the CompileCache's bundles recorded of their warm-up, as the operator's\n"
+        "admission does: the image, a pinned GPU type, the variables that enter torch's keys, the job id,\n"
+        "caching precompile and a vLLM start. Prints warm, cold with each factor and both values, or\n"
+        "unknown with what cannot be told before the pod starts. The CompileCache is read from --cache-file\n"
+        "or with kubectl get (nothing is written to the cluster). Exit status "
+        f"{COLD_EXIT} when a pod is predicted cold.",
+        "  compilecache predict --cache ml/llama -f deploy.yaml\n"
+        "  kubectl get compilecache llama -n ml -o yaml > cc.yaml\n"
+        "  compilecache predict --cache-file cc.yaml -f deploy.yaml -o json",
+    )
+    p.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
+                   help="a manifest (JSON or YAML; - for stdin); repeat for several")
+    p.add_argument("--cache", type=parse_cache_arg, metavar="NS/NAME",
+                   help="the CompileCache (read with kubectl unless --cache-file has it)")
+    p.add_argument("--cache-file", metavar="FILE",
+                   help="the CompileCache as kubectl get compilecache -o json|yaml shows it (status included)")
+    p.add_argument("--kubectl", default="kubectl", help="the kubectl to read the CompileCache with")
+    p.add_argument("--context", help="kubectl's context")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
 
     p = _add(
         sub,

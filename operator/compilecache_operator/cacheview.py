@@ -3,6 +3,7 @@ Ready, its checked spec, its bundles and its current plan; and what the pods it 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,9 @@ from compilecache_operator.confinement import Confinement, check_confinement
 from compilecache_operator.plan import CPU, BundleRecord, bundles_from_status, plan_id, variant_id
 from compilecache_operator.spec import CacheSpec, Defaults, InvalidSpec
 from compilecache_operator.spec_parse import parse_spec
+
+from cachelib import prediction
+from cachelib.keyformat import gpu_slug
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,22 @@ class CacheView:
     bundles: tuple[BundleRecord, ...] = ()
     current_variants: frozenset[str] = frozenset()
     job_id: str = ""
+    planned_gpus: tuple[str, ...] = ()
+    """The GPU types of the current plan (``status.plannedGPUs``; ``cpu`` for a CPU cache)."""
+
+    @functools.cached_property
+    def prediction_cache(self) -> prediction.Cache:
+        """What the admission's prediction compares a pod with (:mod:`cachelib.prediction`): the bundles as status
+        records them, the current plan. Made once per view, not per pod: the index keeps the view until the
+        CompileCache changes."""
+        label_key = self.spec.gpu_discovery.label_key if self.spec is not None else prediction.DEFAULT_GPU_LABEL_KEY
+        return prediction.Cache(
+            name=f"{self.namespace}/{self.name}",
+            bundles=tuple(prediction.Warmed.from_status(b.to_status()) for b in self.bundles),
+            current=self.current_variants,
+            planned_gpus=tuple(gpu_slug(g) if g != CPU else CPU for g in self.planned_gpus),
+            gpu_label_key=label_key,
+        )
 
 
 def cache_view(body: Mapping[str, Any], defaults: Defaults, confinement: Confinement | None = None) -> CacheView:
@@ -43,8 +63,8 @@ def cache_view(body: Mapping[str, Any], defaults: Defaults, confinement: Confine
     bundles = tuple(bundles_from_status(status))
     current: frozenset[str] = frozenset()
     job_id = ""
+    planned = [g for g in str(status.get("plannedGPUs") or "").split(",") if g]
     if spec is not None:
-        planned = [g for g in str(status.get("plannedGPUs") or "").split(",") if g]
         current = frozenset(variant_id(namespace, name, spec, "" if g == CPU else g) for g in planned)
         job_id = next((b.job_id for b in bundles if b.variant in current and b.job_id), "") or plan_id(
             namespace, name, spec
@@ -57,6 +77,7 @@ def cache_view(body: Mapping[str, Any], defaults: Defaults, confinement: Confine
         bundles=bundles,
         current_variants=current,
         job_id=job_id,
+        planned_gpus=tuple(planned),
     )
 
 

@@ -11,7 +11,9 @@ what it has.
 
 The tally lives in ``status.coldStarts``: pods with a verdict, pods that compiled afresh, and the
 causes by pods (all of them, most frequent first: the set is bounded), each with one reason as an
-example. When most pods with a verdict started cold for one cause, the ``ColdStarts`` condition is
+example; and ``predictions``: what the admission predicted for those pods (``compilecache.io/predicted``)
+against how they started, ``{"warm": {"warm": 9, "cold": 1}, "cold": {"cold": 2}}``.
+When most pods with a verdict started cold for one cause, the ``ColdStarts`` condition is
 True and names it.
 """
 
@@ -22,10 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from compilecache_operator.conditions import Condition
-from compilecache_operator.names import VLLM_WATCH_CONTAINER
+from compilecache_operator.names import PREDICTED_ANNOTATION, PREDICTED_DETAIL_ANNOTATION, VLLM_WATCH_CONTAINER
 from compilecache_operator.results import ResultError, parse_json_message
 
 from cachelib.masking import mask_text
+from cachelib.prediction import COLD, OUTCOMES, WARM
 from cachelib.verdict import CAUSES, WHY_KEY
 
 CONDITION = "ColdStarts"
@@ -76,8 +79,32 @@ def pod_verdict(pod: Mapping[str, Any]) -> Verdict | None:
     return None
 
 
-def tally(current: Mapping[str, Any] | None, verdict: Verdict) -> dict[str, Any]:
-    """``status.coldStarts`` with one more pod's verdict counted."""
+def actual(verdict: Verdict) -> str:
+    """How the pod started, in the prediction's words: ``warm`` (a hit) or ``cold``."""
+    return WARM if verdict.result == "hit" else COLD
+
+
+def pod_prediction(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What the admission predicted for ``pod`` (its annotations): the outcome and its detail; None without one."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    predicted = str(annotations.get(PREDICTED_ANNOTATION) or "")
+    if predicted not in OUTCOMES:
+        return None
+    return predicted, str(annotations.get(PREDICTED_DETAIL_ANNOTATION) or "")
+
+
+def missed_prediction(pod: str, prediction: tuple[str, str] | None, verdict: Verdict) -> str | None:
+    """The log line of a pod predicted warm that started cold (a factor the admission does not see, or a wrong
+    prediction): both factor lists, the admission's and the verdict's; None for any other pair."""
+    if prediction is None or prediction[0] != WARM or actual(verdict) != COLD:
+        return None
+    return (f"pod {pod} was predicted warm ({prediction[1] or 'no detail'}) but started cold: {verdict.cause}: "
+            f"{verdict.reason or 'no reason given'}")  # fmt: skip
+
+
+def tally(current: Mapping[str, Any] | None, verdict: Verdict, predicted: str | None = None) -> dict[str, Any]:
+    """``status.coldStarts`` with one more pod's verdict counted (and, where the admission predicted it, the
+    prediction against the verdict in ``predictions``)."""
     current = current or {}
     causes = {str(c.get("cause")): dict(c) for c in current.get("causes") or [] if isinstance(c, Mapping)}
     out: dict[str, Any] = {
@@ -91,6 +118,13 @@ def tally(current: Mapping[str, Any] | None, verdict: Verdict) -> dict[str, Any]
     ranked = sorted(causes.values(), key=lambda c: (-int(c["pods"]), CAUSES.index(c["cause"])
                                                     if c["cause"] in CAUSES else len(CAUSES)))  # fmt: skip
     out["causes"] = ranked  # every cause (a bounded set: cachelib.factors.CAUSES), so a count is never lost
+    predictions = {str(k): dict(v) for k, v in (current.get("predictions") or {}).items()
+                   if k in OUTCOMES and isinstance(v, Mapping)}  # fmt: skip
+    if predicted in OUTCOMES:
+        entry = predictions.setdefault(str(predicted), {})
+        entry[actual(verdict)] = int(entry.get(actual(verdict)) or 0) + 1
+    if predictions:
+        out["predictions"] = predictions
     return out
 
 

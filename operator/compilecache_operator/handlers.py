@@ -115,12 +115,19 @@ async def count_cold_start(
         return
     cache = str(((body.get("metadata") or {}).get("labels") or {}).get(CACHE_LABEL, ""))
     state.metrics.count_start(namespace, cache, result=verdict.result, cause=verdict.cause)
+    prediction = coldstarts.pod_prediction(body)
+    if prediction is not None:
+        state.metrics.count_prediction_outcome(namespace, cache, predicted=prediction[0],
+                                               actual=coldstarts.actual(verdict))  # fmt: skip
+        missed = coldstarts.missed_prediction(f"{namespace}/{name}", prediction, verdict)
+        if missed is not None:
+            logger.warning("%s", missed)
     try:
         current = await state.api.get_cache(namespace, cache)
         if current is None:
             return
         status = current.get("status") or {}
-        cold = coldstarts.tally(status.get("coldStarts"), verdict)
+        cold = coldstarts.tally(status.get("coldStarts"), verdict, prediction[0] if prediction else None)
         patch: dict[str, Any] = {"coldStarts": cold}
         wanted = coldstarts.condition(cold)
         if wanted is not None:

@@ -45,6 +45,7 @@ from prometheus_client.utils import floatToGoString
 
 from cachelib import __version__
 from cachelib.keyformat import gpu_slug
+from cachelib.prediction import COLD, OUTCOMES, UNKNOWN, WARM
 from cachelib.verdict import CAUSES
 
 UNKNOWN_REASON = "unknown"
@@ -264,9 +265,17 @@ class Metrics:
         )
         self.predictions = Counter(
             "compilecache_admission_predictions",
-            "vLLM pods by what the admission predicted from their command line and VLLM_* variables: warm, or cold "
-            "with the kind of the factor that differs (engine_argument, env).",
+            "Opted-in pods by what the admission predicted from their spec against the bundles' warm-up: warm, cold "
+            "with the kind of the first factor that differs, or unknown with the kind of the first factor it could "
+            "not compare (image, gpu, env, job_id, precompile, engine_argument).",
             ["namespace", "cache", "prediction", "cause"],
+            registry=r,
+        )
+        self.prediction_outcomes = Counter(
+            "compilecache_prediction_outcomes",
+            "Opted-in pods with a verdict by what the admission predicted (warm, cold, unknown) and how they started "
+            "(actual: warm or cold, from the verdict).",
+            ["namespace", "cache", "predicted", "actual"],
             registry=r,
         )
         ProcessCollector(registry=r)
@@ -342,8 +351,14 @@ class Metrics:
                                     cause if cause in CAUSES else UNKNOWN_REASON).inc()  # fmt: skip
 
     def count_prediction(self, namespace: str, cache: str, *, prediction: str, cause: str) -> None:
-        """One vLLM pod's prediction at admission (compilecache_operator.prediction)."""
-        self.predictions.labels(namespace, cache, prediction, cause if cause in PREDICTION_CAUSES else "none").inc()
+        """One pod's prediction at admission (compilecache_operator.prediction)."""
+        self.predictions.labels(namespace, cache, prediction if prediction in OUTCOMES else UNKNOWN,
+                                cause if cause in PREDICTION_CAUSES else "none").inc()  # fmt: skip
+
+    def count_prediction_outcome(self, namespace: str, cache: str, *, predicted: str, actual: str) -> None:
+        """One pod's prediction checked against its verdict (``actual``: warm or cold)."""
+        self.prediction_outcomes.labels(namespace, cache, predicted if predicted in OUTCOMES else UNKNOWN,
+                                        actual if actual in (WARM, COLD) else COLD).inc()  # fmt: skip
 
     # -- warm-ups ----------------------------------------------------------------------------------
     def count_warmup(self, namespace: str, cache: str, *, result: str, seconds: float | None) -> None:

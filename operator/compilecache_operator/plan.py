@@ -68,6 +68,11 @@ class BundleRecord:
     """For a vLLM cache: the vLLM the warm-up ran (cachelib.vllmwarm)."""
     vllm_hash: str = ""
     """For a vLLM cache: the hash directory vLLM compiled into (empty without its AOT compile)."""
+    warmup_env: tuple[tuple[str, str], ...] | None = None
+    """The key-factor variables the warm-up's compile container ran with (cachelib.prediction.recorded_env),
+    what the admission compares a pod's with; None: recorded before these were."""
+    warmup_env_elsewhere: tuple[str, ...] = ()
+    """Of those, the ones its Job took from ``valueFrom`` (names only: their values are not known)."""
     bundle_digest: str = field(default="", compare=False)
     """What a bundle signature covers, as the publish step reported it (cachelib.signing); not kept in
     the status: only needed to sign the bundle when it is recorded."""
@@ -94,7 +99,8 @@ class BundleRecord:
             "precompileReason": self.precompile_reason,
         } | ({"bytecodeFiles": self.bytecode_files} if self.bytecode_files else {}) | (
             {"vllm": {"version": self.vllm_version, "hash": self.vllm_hash}} if self.vllm_version else {}
-        )
+        ) | ({"warmupEnv": {"values": dict(self.warmup_env), "fromElsewhere": list(self.warmup_env_elsewhere)}}
+             if self.warmup_env is not None else {})  # fmt: skip
 
     @classmethod
     def from_status(cls, entry: Mapping[str, Any]) -> BundleRecord:
@@ -120,6 +126,7 @@ class BundleRecord:
             bytecode_files=int(entry.get("bytecodeFiles") or 0),
             vllm_version=str((entry.get("vllm") or {}).get("version") or ""),
             vllm_hash=str((entry.get("vllm") or {}).get("hash") or ""),
+            **_warmup_env(entry.get("warmupEnv")),
         )
 
     @property
@@ -129,6 +136,18 @@ class BundleRecord:
             return CacheKey.parse(self.key).gpu
         except InvalidKey:
             return gpu_slug(self.gpu) if self.gpu != CPU else CPU
+
+
+def _warmup_env(recorded: Any) -> dict[str, Any]:
+    """``warmup_env`` and ``warmup_env_elsewhere`` from a status entry's ``warmupEnv`` (none: not recorded)."""
+    if not isinstance(recorded, Mapping):
+        return {}
+    values = recorded.get("values")
+    named = recorded.get("fromElsewhere")
+    values = values if isinstance(values, Mapping) else {}
+    named = named if isinstance(named, list) else []
+    return {"warmup_env": tuple(sorted((str(k), str(v)) for k, v in values.items())),
+            "warmup_env_elsewhere": tuple(str(n) for n in named)}
 
 
 def bundles_from_status(status: Mapping[str, Any] | None) -> list[BundleRecord]:

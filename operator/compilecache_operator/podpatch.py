@@ -43,16 +43,18 @@ from compilecache_operator.names import (
     SKIPPED_ANNOTATION,
     SKIPPED_DETAIL_ANNOTATION,
 )
-from compilecache_operator.prediction import Prediction, predict_vllm
+from compilecache_operator.prediction import Prediction, predict_pod, predict_vllm
 from compilecache_operator.security import PreloadIdentity, preload_identity
 from compilecache_operator.sidecars import NOT_DETECTED, SidecarSupport
-from compilecache_operator.spec import INIT_CONTAINER, SIDECAR, PreloadSpec, RemoteCacheSpec
+from compilecache_operator.spec import DENY, INIT_CONTAINER, SIDECAR, PreloadSpec, RemoteCacheSpec
 from compilecache_operator.store_access import storage_env
 from compilecache_operator.wiring import CACHE_DIR_ENV, cache_mount_point, env_from_overrides, unwired_containers
 
+from cachelib import prediction as predicted
 from cachelib.bytecode import PYCACHE_DIR, PYCACHE_ENV
 from cachelib.keyformat import gpu_slug
 from cachelib.podcontract import JOB_ID_ENV
+from cachelib.prediction import pinned_gpu, pod_images
 from cachelib.vllmargs import LAUNCH_MODULES
 
 
@@ -68,7 +70,11 @@ class PodPatch:
     annotations: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     predictions: tuple[Prediction, ...] = ()
-    """For a vLLM cache: each vLLM container's start against the warm-up's (counted by the webhook)."""
+    """For a vLLM cache: each vLLM container's start against the warm-up's."""
+    prediction: predicted.Prediction | None = None
+    """Whether the pod will start warm (counted by the webhook); None where nothing was predicted."""
+    refusal: str | None = None
+    """With ``spec.preload.onPredictedCold: Deny``: why the pod is refused (its cold prediction's warning)."""
 
     def pod_fields(self) -> dict[str, Any]:
         """The patch as a JSON merge patch of the pod (RFC 7386): the ``spec`` fields it sets whole and
@@ -132,8 +138,9 @@ def build_pod_patch(
     preloads into its own ``emptyDir``, annotated and warned (:mod:`compilecache_operator.podsecurity`)."""
     refused = _not_patched(pod, view, excluded_namespaces)
     if refused is not None:
-        return refused
+        return with_prediction(refused, view, pod=pod) if refused.skipped == reasons.IMAGE_MISMATCH else refused
     assert view is not None and view.spec is not None
+    indexed = view  # the index's own view, whose prediction input is made once
     fallback = podsecurity.node_cache_fallback(pod_security) if view.spec.preload.node_cache_path else None
     if fallback is not None:
         view = without_node_cache(view)
@@ -158,32 +165,51 @@ def build_pod_patch(
     predictions = tuple(predict_vllm(app_containers, vllm)) if vllm is not None else ()
     watch = vllmpod.watched(predictions)
     sidecars_added = []
+    prediction = predict_pod(pod, indexed, predictions)
     if vllm is not None and watch is None:
-        annotations[PREDICTED_ANNOTATION] = "unknown"
+        prediction = dataclasses.replace(prediction, unknown=(
+            *prediction.unknown, predicted.Unknown(predicted.ENGINE_ARGUMENT, "no container starts vLLM's server")))
         launchers = f"{' '.join(vllm.command)}, or python -m {LAUNCH_MODULES[0]}; through sh -c too"
         warnings.append(f"compilecache: no container of this pod starts vLLM's server as CompileCache {view.name} "
                         f"does ({launchers}): whether it starts warm cannot be told before it starts, nor "
                         "afterwards")  # fmt: skip
-    if watch is not None:
-        annotations[PREDICTED_ANNOTATION] = watch.outcome
-        annotations[PREDICTED_DETAIL_ANNOTATION] = watch.detail()[:1000]
-        warnings += [w for p in predictions if (w := p.warning(len(predictions) > 1)) is not None]
-        if sidecars.available:
-            resources = view.spec.preload.resources.to_dict()
-            sidecars_added.append(vllmpod.watch_container(watch, preloader_image, resources,
-                                                          identity.security_context()))  # fmt: skip
+    if watch is not None and sidecars.available:
+        resources = view.spec.preload.resources.to_dict()
+        sidecars_added.append(vllmpod.watch_container(watch, preloader_image, resources,
+                                                      identity.security_context()))  # fmt: skip
     if fallback is not None:
         annotations[NODE_CACHE_FALLBACK_ANNOTATION] = fallback
         namespace = str((pod.get("metadata") or {}).get("namespace") or "")
         warnings.append(podsecurity.fallback_warning(namespace, pod_security, f"{view.namespace}/{view.name}"))
-    return PodPatch(
+    return with_prediction(PodPatch(
         init_containers=[preload, *sidecars_added, *(spec.get("initContainers") or [])],
         containers=containers,
         volumes=_pod_volumes(spec, view, handoff=handoff),
         annotations=annotations,
         warnings=tuple(warnings),
         predictions=predictions,
-    )
+    ), view, prediction)  # fmt: skip
+
+
+def with_prediction(
+    patch: PodPatch, view: CacheView | None, prediction: predicted.Prediction | None = None, *,
+    pod: Mapping[str, Any] | None = None,
+) -> PodPatch:  # fmt: skip
+    """``patch`` with the pod's prediction (``prediction``, else made from ``pod`` and ``view``): its annotations,
+    the warning of a cold one, and the refusal where the cache denies pods predicted cold."""
+    assert view is not None and view.spec is not None
+    if prediction is None:
+        assert pod is not None
+        prediction = predict_pod(pod, view)
+    annotations = {**patch.annotations, PREDICTED_ANNOTATION: prediction.outcome,
+                   PREDICTED_DETAIL_ANNOTATION: prediction.detail()[:1000]}  # fmt: skip
+    warning = prediction.warning()
+    if patch.skipped and warning is not None:  # its skip warning says it already, with the bundles' images
+        warning = patch.warnings[0] if patch.warnings else warning
+    warnings = (*patch.warnings, warning) if warning is not None and warning not in patch.warnings else patch.warnings
+    refusal = warning if warning is not None and view.spec.preload.on_predicted_cold == DENY else None
+    return dataclasses.replace(patch, annotations=annotations, warnings=warnings, prediction=prediction,
+                               refusal=refusal)  # fmt: skip
 
 
 def without_node_cache(view: CacheView) -> CacheView:
@@ -238,37 +264,6 @@ def left_alone(reason: str, detail: str) -> PodPatch:
 def _listed(items: Sequence[str], limit: int = 3) -> str:
     shown = ", ".join(items[:limit])
     return f"{shown} and {len(items) - limit} more" if len(items) > limit else shown
-
-
-def pinned_gpu(pod: Mapping[str, Any], label_key: str) -> str | None:
-    """The GPU product a pod is pinned to: the ``compilecache.io/gpu`` annotation, its node
-    selector, or a required node affinity that allows exactly one value of the GPU label."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    if annotations.get(GPU_ANNOTATION):
-        return str(annotations[GPU_ANNOTATION])
-    spec = pod.get("spec") or {}
-    selected = (spec.get("nodeSelector") or {}).get(label_key)
-    if selected:
-        return str(selected)
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    values: set[str] = set()
-    for term in required.get("nodeSelectorTerms") or []:
-        term_values = [
-            set(expr.get("values") or [])
-            for expr in term.get("matchExpressions") or []
-            if expr.get("key") == label_key and expr.get("operator") == "In"
-        ]
-        if not term_values:
-            return None  # a term that does not constrain the GPU: any GPU may be picked
-        allowed = set.intersection(*term_values)
-        values |= allowed
-    return values.pop() if len(values) == 1 else None
-
-
-def pod_images(pod: Mapping[str, Any]) -> list[str]:
-    """The images of the pod's app containers, in order, once each."""
-    return list(dict.fromkeys(str(c.get("image")) for c in (pod.get("spec") or {}).get("containers") or []))
 
 
 def keys_for_pod_images(pod: Mapping[str, Any], view: CacheView) -> list[str]:

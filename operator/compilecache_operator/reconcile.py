@@ -52,6 +52,7 @@ from compilecache_operator.spec_parse import parse_spec
 from compilecache_operator.state import Emit, Key, Settings, State, WarningEvent
 from compilecache_operator.store_access import SecretReader
 
+from cachelib.prediction import recorded_env
 from cachelib.stores import Store, StoreError, in_store_thread
 
 logger = logging.getLogger(__name__)
@@ -357,10 +358,18 @@ def read_result(
     """The bundle a succeeded Job published, or a failed state when its result cannot be read."""
     try:
         message = publish_message(pods.get(str(job["metadata"].get("uid")), ()))
-        return bundle_from_publish(message, variant, generation=job_state.generation, job=job_state.name)
+        record = bundle_from_publish(message, variant, generation=job_state.generation, job=job_state.name)
+        return with_warmup_env(record, job)
     except ResultError as exc:
         return replace(job_state, variant=variant.id, phase="failed", reason="PublishResultUnreadable",
                        message=str(exc))
+
+
+def with_warmup_env(record: BundleRecord, job: Mapping[str, Any]) -> BundleRecord:
+    """``record`` with the key-factor variables its Job's compile container ran with (what the admission compares
+    a pod's with): read from the Job, not the spec, which may have changed since."""
+    values, elsewhere = recorded_env(warmup_job.compile_env(job))
+    return replace(record, warmup_env=tuple(sorted(values.items())), warmup_env_elsewhere=tuple(elsewhere))
 
 
 def new_job(

@@ -121,7 +121,7 @@ def bundle_from_publish(message: str | None, variant: Variant, *, generation: in
     )
 
 
-def _engine(engine: Any) -> dict[str, str]:
+def _engine(engine: Any) -> dict[str, Any]:
     """A vLLM warm-up's version and (first) hash directory, from the publish result's ``engine``."""
     if not isinstance(engine, Mapping) or engine.get("name") != "vllm":
         return {}

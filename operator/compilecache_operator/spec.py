@@ -27,6 +27,9 @@ TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 INIT_CONTAINER = "InitContainer"
 SIDECAR = "Sidecar"
 PRELOAD_MODES = (INIT_CONTAINER, SIDECAR)
+WARN, DENY = "Warn", "Deny"
+ON_PREDICTED_COLD = (WARN, DENY)
+"""spec.preload.onPredictedCold: what the admission does with a pod predicted to start cold (always warned)."""
 DEFAULT_PRELOAD_DEADLINE_SECONDS = 30
 MAX_PRELOAD_DEADLINE_SECONDS = 600
 DEFAULT_PRELOAD_SIZE_LIMIT = "16Gi"
@@ -249,6 +252,8 @@ class PreloadSpec:
     """The sizeLimit of the pod's cache emptyDir, as written in the spec (a Kubernetes quantity)."""
     size_limit_bytes: int = DEFAULT_PRELOAD_SIZE_LIMIT_BYTES
     """``size_limit`` in bytes: the preload's byte budget when ``max_bytes`` is unset."""
+    on_predicted_cold: str = WARN
+    """``Warn``: a pod predicted to start cold is admitted with a warning; ``Deny``: refused with it."""
 
     @property
     def byte_budget(self) -> int:

@@ -42,6 +42,7 @@ from compilecache_operator.spec import (
     MAX_NODE_SELECTOR,
     MAX_PRELOAD_DEADLINE_SECONDS,
     MAX_TOLERATION_SECONDS,
+    ON_PREDICTED_COLD,
     PRECOMPILE,
     PRECOMPILE_AUTO,
     PRECOMPILE_OFF,
@@ -50,6 +51,7 @@ from compilecache_operator.spec import (
     SIDECAR,
     TOLERATION_EFFECTS,
     TOLERATION_OPERATORS,
+    WARN,
     CacheSpec,
     Defaults,
     GpuDiscovery,
@@ -547,7 +549,9 @@ def _parse_preload(raw: Mapping[str, Any], defaults: Defaults, errors: FieldErro
             f"must be false with {path}.mode {SIDECAR}: a sidecar runs beside the workload and cannot hold the "
             f"pod's start (set {path}.mode {INIT_CONTAINER} for a strict preload)",
         )
+    on_predicted_cold = read_enum(raw, "onPredictedCold", path, errors, ON_PREDICTED_COLD, WARN) or WARN
     return PreloadSpec(
+        on_predicted_cold=on_predicted_cold,
         mode=mode,
         strict=strict,
         max_bytes=max_bytes,

@@ -164,6 +164,15 @@ def build_job(
     }
 
 
+def compile_env(job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The ``env`` entries of a warm-up Job's compile container, as the Job holds them (none when it has none)."""
+    pod_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    for container in [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]:
+        if container.get("name") == COMPILE_CONTAINER:
+            return [e for e in container.get("env") or [] if isinstance(e, Mapping)]
+    return []
+
+
 def _compile_container(
     namespace: str, cache_name: str, spec: CacheSpec, variant: Variant, job_id: str
 ) -> dict[str, Any]:

@@ -59,7 +59,7 @@ class PodWebhookInjection(Protocol):
 
 
 class PodWebhookMetrics(Protocol):
-    """The one metric the pod webhook counts: vLLM pods by prediction."""
+    """The one metric the pod webhook counts: opted-in pods by prediction."""
 
     def count_prediction(self, namespace: str, cache: str, *, prediction: str, cause: str) -> None: ...
 
@@ -143,17 +143,19 @@ def json_patch(pod: Mapping[str, Any], patch: podpatch.PodPatch) -> list[dict[st
 
 
 def count_predictions(state: PodWebhookState, pod: Mapping[str, Any], result: podpatch.PodPatch) -> None:
-    """Count the prediction of the vLLM container the sidecar watches (one per pod)."""
+    """Count the pod's prediction (one per pod)."""
+    if result.prediction is None:
+        return
     meta = pod.get("metadata") or {}
     cache = str((meta.get("labels") or {}).get(CACHE_LABEL, ""))
-    first = result.predictions[0]
-    state.metrics.count_prediction(str(meta.get("namespace") or ""), cache, prediction=first.outcome,
-                                   cause=first.cause)  # fmt: skip
+    state.metrics.count_prediction(str(meta.get("namespace") or ""), cache, prediction=result.prediction.outcome,
+                                   cause=result.prediction.cause)  # fmt: skip
 
 
 def review_pod(state: PodWebhookState, views: Views | None, review: Mapping[str, Any]) -> dict[str, Any]:
-    """The AdmissionReview answer for a pod: always allowed (the webhook fails open), with the
-    patch and warnings for an opted-in pod being created."""
+    """The AdmissionReview answer for a pod: allowed (the webhook fails open: an error is never a refusal), with
+    the patch and warnings for an opted-in pod being created; refused only where its cache says
+    ``preload.onPredictedCold: Deny`` and the pod is predicted to start cold, with the prediction's warning."""
     request = review.get("request") or {}
     response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
     pod = request.get("object")
@@ -166,10 +168,14 @@ def review_pod(state: PodWebhookState, views: Views | None, review: Mapping[str,
         except Exception:  # fail open: the pod starts without a preload
             log.exception("pod webhook failed; the pod is admitted unchanged")
             result = None
-        if result is not None and result.predictions and not request.get("dryRun"):
+        if result is not None and not request.get("dryRun"):
             count_predictions(state, pod, result)
         if result is not None and result.warnings:
             response["warnings"] = list(result.warnings)
+        if result is not None and result.refusal is not None:
+            response["allowed"] = False
+            response["status"] = {"code": 403, "reason": "Forbidden", "message": result.refusal}
+            result = None
         ops = json_patch(pod, result) if result is not None else []
         if ops:
             response["patchType"] = "JSONPatch"

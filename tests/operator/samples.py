@@ -49,12 +49,15 @@ def job_for(gpu: str = "", **spec: Any) -> dict[str, Any]:
 
 
 # -- pods and the webhook's view of a cache ---------------------------------------------------------------
-def view(ready: bool = True, precompile: str = "", bytecode_files: int = 0, **spec: Any) -> cacheview.CacheView:
+def view(ready: bool = True, precompile: str = "", bytecode_files: int = 0,
+         warmup_env: tuple[tuple[str, str], ...] | None = (), **spec: Any) -> cacheview.CacheView:
+    """The sample cache's view with one bundle per planned variant; ``warmup_env``: the key-factor variables the
+    bundles recorded of their warm-up (None: a record from before these were kept)."""
     parsed_spec = parsed(**spec)
     variants = plan_variants("team-a", "mlp", parsed_spec)
     bundles = tuple(
         BundleRecord(variant=v.id, key=KEY.format(gpu=v.gpu_slug, cap="cpu"), gpu=v.gpu_label, image=v.image,
-                     job_id="cc-job", precompile=precompile, bytecode_files=bytecode_files)
+                     job_id="cc-job", precompile=precompile, bytecode_files=bytecode_files, warmup_env=warmup_env)
         for v in variants
     )
     return cacheview.CacheView(namespace="team-a", name="mlp", ready=ready, spec=parsed_spec, bundles=bundles,

@@ -10,6 +10,8 @@ import pytest
 from compilecache_operator import cacheview, podpatch
 from compilecache_operator.names import (
     INJECTED_ANNOTATION,
+    PREDICTED_ANNOTATION,
+    PREDICTED_DETAIL_ANNOTATION,
     PRELOAD_CONTAINER,
     PRELOAD_MODE_ANNOTATION,
     PRELOAD_MODE_REASON_ANNOTATION,
@@ -39,6 +41,8 @@ from tests.operator.samples import (
 
 DONE = "/var/cache/compilecache/inductor/.compilecache-preload.json"
 WITHOUT_SIDECARS = SidecarSupport(False, "the API server is v1.20.2")
+WARM = {PREDICTED_ANNOTATION: "warm", PREDICTED_DETAIL_ANNOTATION: "every key factor matches the warm-up (image, env)"}
+"""The prediction of the sample pod against the sample cache (same image, no variable on either side)."""
 
 
 def test_pod_gets_volume_preload_first_and_cache_env() -> None:
@@ -64,7 +68,7 @@ def test_pod_gets_volume_preload_first_and_cache_env() -> None:
     assert {"name": "COMPILECACHE_PRELOAD_DONE", "value": DONE} in app["env"]
     assert app["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/var/cache/compilecache"}]
     assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp", PRELOAD_MODE_ANNOTATION: "InitContainer",
-                                              PRELOAD_SHARE_ANNOTATION: "all"}
+                                              PRELOAD_SHARE_ANNOTATION: "all", **WARM}
     assert result.warnings == ()
 
 
@@ -109,7 +113,7 @@ def test_sidecar_mode_with_native_sidecars() -> None:
     assert env_of(app)["COMPILECACHE_PRELOAD_DONE"] == DONE
     assert env_of(own)["COMPILECACHE_PRELOAD_DONE"] == "/data/inductor/.compilecache-preload.json"
     assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp", PRELOAD_MODE_ANNOTATION: "Sidecar",
-                                              PRELOAD_SHARE_ANNOTATION: "all"}
+                                              PRELOAD_SHARE_ANNOTATION: "all", **WARM}
     assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {"sizeLimit": "16Gi"}}]
     again = inject(out, view(preload={"mode": "Sidecar"}))
     assert again.skipped == "already-injected" and not again.changes
@@ -143,6 +147,7 @@ def test_sidecar_mode_without_native_sidecars_falls_back_to_an_init_container() 
         PRELOAD_MODE_ANNOTATION: "InitContainer",
         PRELOAD_MODE_REASON_ANNOTATION: "Sidecar needs Kubernetes 1.29+ native sidecars; the API server is v1.20.2",
         PRELOAD_SHARE_ANNOTATION: "all",
+        **WARM,
     }
     plain = patched_pod(pod(), inject(pod(), view(), WITHOUT_SIDECARS))
     assert PRELOAD_MODE_REASON_ANNOTATION not in plain["metadata"]["annotations"], "nothing asked for a sidecar"

@@ -192,7 +192,7 @@ def test_a_pod_whose_start_cannot_be_read_is_told_so_and_still_gets_the_bundle()
 def test_a_torch_cache_gets_no_vllm_wiring() -> None:
     patch = inject(pod(), view())
     assert "VLLM_CACHE_ROOT" not in env_of(patch.containers[0])  # type: ignore[index]
-    assert patch.predictions == () and PREDICTED_ANNOTATION not in patch.annotations
+    assert patch.predictions == () and patch.annotations[PREDICTED_ANNOTATION] == "warm"
 
 
 # -- the webhook's count ------------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from compilecache_operator import cacheview, podpatch, reasons, wiring
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.names import (
     ENV_FROM_ANNOTATION,
+    PREDICTED_ANNOTATION,
+    PREDICTED_DETAIL_ANNOTATION,
     SKIPPED_ANNOTATION,
     SKIPPED_DETAIL_ANNOTATION,
 )
@@ -114,6 +116,8 @@ def test_a_pod_whose_image_has_no_bundle_is_a_miss_without_a_preload() -> None:
         SKIPPED_DETAIL_ANNOTATION: "no bundle of CompileCache team-a/mlp was warmed with the pod's image(s) "
                                    "registry.example/workload:2; its bundles are for registry.example/workload:1 "
                                    "(warm with the image you deploy: spec.image)",
+        PREDICTED_ANNOTATION: "cold",
+        PREDICTED_DETAIL_ANNOTATION: "image registry.example/workload:1 → registry.example/workload:2",
     }
     counted = preload_outcome(out, gpu_annotation=GPU)
     assert counted is not None and (counted.result, counted.code, counted.ran) == ("miss", "image-mismatch", False)
@@ -143,11 +147,13 @@ def test_env_from_is_overridden_with_a_warning_and_an_annotation() -> None:
     first = out["spec"]["containers"][0]
     assert env_of(first)["TORCHINDUCTOR_CACHE_DIR"] == "/var/cache/compilecache/inductor"
     assert out["metadata"]["annotations"][ENV_FROM_ANNOTATION] == "app", "own sets every variable in env itself"
-    assert result.warnings == (
+    assert result.warnings[0] == (
         "compilecache: container 'app' takes variables from envFrom; the ones compilecache sets "
         "(TORCHINDUCTOR_CACHE_DIR, TORCH_COMPILE_JOB_ID, COMPILECACHE_PRELOAD_DONE) take precedence over the same "
-        "names there",
+        "names there"
     )
+    assert result.warnings[1].startswith("compilecache: this pod will compile: env TORCH_COMPILE_JOB_ID: cc-job → "
+                                         "mine (container 'own')"), "own keeps its own job id: not the warm-up's"
     plain = patched_pod(pod(), inject(pod(), view()))
     assert ENV_FROM_ANNOTATION not in plain["metadata"]["annotations"]
 
