@@ -164,7 +164,15 @@ class Runtime:
 
     async def start(self, settings: kopf.OperatorSettings) -> None:
         """Configure Kopf, log in, start the watches and everything that runs beside the handlers; return
-        once every watch has listed (Ready)."""
+        once every watch has listed (Ready). Stopped while it waits (SIGTERM before every watch has listed:
+        Kopf cancels its start-up activity and runs no cleanup after it), it stops what it started itself."""
+        try:
+            await self._start(settings)
+        except asyncio.CancelledError:
+            await self.stop()
+            raise
+
+    async def _start(self, settings: kopf.OperatorSettings) -> None:
         configure_kopf(settings, self.intervals, self.admission)
         info = login(settings=settings)
         if info is None:
@@ -238,9 +246,9 @@ class Runtime:
         """Stop what :meth:`start` started; release the Lease; close the API client; and raise the stop flag.
 
         Kopf waits for the stop flag (a ``threading.Event``) in a thread of the loop's default executor, which
-        the loop joins when it closes: stopped by Kopf's own SIGTERM handler (before the first Node or
-        CompileCache event made this replica ready and installed :func:`drain_on_sigterm`), nothing else would
-        set it, and the process would hang until SIGKILL with its Lease still held."""
+        the loop joins when it closes: stopped by Kopf's own SIGTERM handler (before every watch had listed and
+        :func:`drain_on_sigterm` was installed), nothing else would set it, and the process would hang until
+        SIGKILL with its Lease still held."""
         try:
             await self._stop()
         finally:

@@ -1,13 +1,12 @@
 """SIGTERM stops the operator at once and releases its Lease, also before it is ready.
 
-Before the first Node or CompileCache event, Kopf's own SIGTERM handler stops the operator; the stop flag the
-operator hands Kopf (a ``threading.Event``) is waited on in a thread of the loop's executor, which the loop joins
-on its way out: unless something sets it, the process hangs until SIGKILL with its Lease still held, and the
-other replica waits out the Lease's 15 s. The operator here watches an empty namespace and may not list Nodes
-(a user with the chart's rules but ``nodes``), so Kopf never finishes loading its indexes and no event ever
-arrives, whatever else the session's cluster holds.
+Before its watches have listed what it watches, the operator is not ready: no cache is known, the managed webhook
+configuration is not written yet, and the stop flag the operator hands Kopf (a ``threading.Event``, waited on in a
+thread of the loop's executor, which the loop joins on its way out) must still be set on SIGTERM, or the process
+hangs until SIGKILL with its Lease still held and the other replica waits out the Lease's 15 s. The operator here
+watches an empty namespace and may not list Nodes (a user with the chart's rules but ``nodes``), so its watch of
+the Nodes never lists and it never becomes ready, whatever else the session's cluster holds.
 """
-
 from __future__ import annotations
 
 import os
@@ -71,7 +70,8 @@ def unready_operator(kube_cluster: LocalCluster, kube_client: KubeClient, kube_n
     process = OperatorProcess(kubeconfig, kube_namespace, tmp_path / "operator",
                               "--leader-election-namespace", kube_namespace, "--shutdown-delay", "1")
     try:
-        process.start(kube_client)
+        process.spawn()  # not start(): the webhook configuration is written once the watches have listed, never here
+        wait_for(lambda: process._alive() and process._healthy(), 60, "the operator's liveness endpoint")
         yield process
     finally:
         process.kill()
@@ -100,8 +100,9 @@ def test_sigterm_before_the_operator_is_ready_stops_it_at_once_and_releases_the_
 ) -> None:
     wait_for(lambda: holder(kube_client, kube_namespace) or None, 60, "the operator to take its Lease")
     time.sleep(2)  # its watches are running
-    # Kopf has not loaded every index (no Node list): the operator's own SIGTERM handling is not installed yet
-    assert "indexes loaded" not in unready_operator.log_tail(100_000), "this test is about the time before"
+    # the watch of the Nodes has not listed (403): the operator is not ready, its webhook configuration not written
+    assert "watch of nodes failed" in unready_operator.log_tail(100_000), unready_operator.log_tail()
+    assert not unready_operator.ready(), "this test is about the time before the operator is ready"
     process = unready_operator.process
     assert process is not None
     started = time.monotonic()

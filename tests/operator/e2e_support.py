@@ -83,7 +83,7 @@ class OperatorProcess:
             )
 
     def ready(self) -> bool:
-        """``/readyz`` answers 200: every index is loaded."""
+        """``/readyz`` answers 200: every watch has listed."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=1) as response:
                 return bool(response.status == 200)
