@@ -1,6 +1,7 @@
 """The operator's RBAC is what its code uses, no more and no less: every Kubernetes API call in
 ``operator/compilecache_operator`` is read from the source (the method and the path it is made on, through
-the path builders and module constants), every resource Kopf watches for it is read from Kopf's registry, and
+the path builders and module constants), every resource Kopf watches for it is read from Kopf's registry, every
+resource the operator's own watches list and watch from :mod:`compilecache_operator.watches`, and
 the verbs they come to are compared with the rules the chart grants, in both of its modes (cluster-wide, and
 watching listed namespaces). A call added without its grant, or a grant left without its call, fails here.
 docs/install.md's table of grants is checked against the same rendering (tests/chart/test_install_docs.py).
@@ -36,6 +37,8 @@ PERMISSION_CHECKS = {
     ("compilecache.io", "compilecaches/finalizers"): {"update"},
 }
 CALL_NAMES = {"request", "get", "list_all"}
+KUBE_PLUMBING = CALL_NAMES | {"list_versioned", "watch"}
+"""KubeAPI's methods that take the path they are given: their callers are read."""
 
 
 @dataclass(frozen=True)
@@ -166,8 +169,8 @@ def calls_in(path: Path, builders: Mapping[str, ast.FunctionDef]) -> Iterator[Ca
                 target = node.args[1] if len(node.args) > 1 else None
             else:
                 method, target = ("LIST" if node.func.attr == "list_all" else "GET"), (node.args or [None])[0]
-            if fn.name in CALL_NAMES and path.stem == "kube":
-                continue  # get and list_all themselves, defined on the path they are given
+            if fn.name in KUBE_PLUMBING and path.stem == "kube":
+                continue  # get, list_all, list_versioned and watch themselves, defined on the path they are given
             for value in reader.values(target, fn):
                 yield Call(method, value, where)
 
@@ -215,9 +218,22 @@ def kopf_watches() -> dict[tuple[str, str], set[str]]:
     return found
 
 
+def informer_watches() -> dict[tuple[str, str], set[str]]:
+    """What the operator's own watches list and watch: every :class:`Resource` of its watches module."""
+    from compilecache_operator import watches
+    from compilecache_operator.informer import Resource
+
+    found: dict[tuple[str, str], set[str]] = {}
+    for resource in vars(watches).values():
+        if isinstance(resource, Resource):
+            group = resource.api_version.rpartition("/")[0]
+            found.setdefault((group, resource.plural), set()).update({"list", "watch"})
+    return found
+
+
 def used_verbs() -> dict[tuple[str, str], set[str]]:
     used: dict[tuple[str, str], set[str]] = {}
-    for source in (kopf_watches(), KOPF_CORE, PERMISSION_CHECKS):
+    for source in (kopf_watches(), informer_watches(), KOPF_CORE, PERMISSION_CHECKS):
         for key, verbs in source.items():
             used.setdefault(key, set()).update(verbs)
     for call in api_calls():
