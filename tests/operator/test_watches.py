@@ -284,3 +284,27 @@ def test_a_resync_of_many_caches_lets_the_event_loop_run() -> None:
 
     assert asyncio.run(run()) == 0
     assert ticks >= 300 // SETTINGS.concurrency, "the loop ran between the caches looked at"
+
+
+@given(st.lists(st.tuples(st.sampled_from(["team-a", "team-b"]), st.sampled_from(["ADDED", "MODIFIED", "DELETED"]),
+                          st.sampled_from([None, "", "privileged", "baseline", "restricted"])), max_size=12))
+@settings(max_examples=60, deadline=None)
+def test_the_namespaces_levels_follow_their_enforce_label(steps: list[tuple[str, str, str | None]]) -> None:
+    """Each namespace's Pod Security enforce label as the webhook reads it: "" when unlabelled, gone when deleted."""
+    from compilecache_operator.watches import Watches
+
+    watches = Watches.__new__(Watches)
+    watches.namespace_levels = {}
+    store: dict[Any, Any] = {}
+    expected: dict[str, tuple[str]] = {}
+    for version, (name, kind, label) in enumerate(steps, start=1):
+        labels = {} if label is None else {"pod-security.kubernetes.io/enforce": label}
+        change = apply_event(store, kind, {"metadata": {"name": name, "resourceVersion": str(version),
+                                                        "labels": labels}})
+        if change is not None:
+            watches.namespace_changed(change)
+        if kind == "DELETED":
+            expected.pop(name, None)
+        else:
+            expected[name] = (label or "",)
+    assert watches.namespace_levels == expected
