@@ -165,7 +165,7 @@ def test_prometheus_computes_the_hit_rate_fires_the_alerts_and_feeds_every_dashb
     empty = []
     for panel in dashboard["panels"]:
         for target in panel.get("targets") or []:
-            expr = (target["expr"].replace("$namespace", ns).replace("$cache", ".*")
+            expr = (target["expr"].replace("$cluster", ".*").replace("$namespace", ns).replace("$cache", ".*")
                     .replace("$__range", "1h").replace("$__rate_interval", "10m"))
             found = values(prometheus, expr)
             if not found or all(math.isnan(v) for v in found):
