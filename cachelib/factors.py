@@ -52,8 +52,9 @@ PROVEN_TORCH = ((2, 11), (2, 15))
 were checked (tests/cachelib/test_factors.py on 2.13 and 2.15)."""
 
 ENV_PREFIXES = ("TORCH", "PYTORCH_", "TRITON_", "CUDA_", "NVIDIA_", "HIP_", "ROCM_", "OMP_NUM_THREADS")
-ENV_PER_RUN = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_COMPILE_JOB_ID"})
-"""Environment variables that differ between any two runs by design and enter no key."""
+ENV_PER_RUN = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_COMPILE_JOB_ID", "TRITON_HOME"})
+"""Environment variables that differ between any two runs by design and enter no key (``TRITON_HOME``: where
+Triton writes its dumps and overrides, ``/tmp`` in a warm-up with a read-only root)."""
 _SKIPPED_DETAILS = frozenset(
     {"gm", "example_inputs", "fx_kwargs", "inputs_to_check", "inductor_config", "aot_config", "autograd_config",
      "torch_version", "system_info"}

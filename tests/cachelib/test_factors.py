@@ -335,6 +335,14 @@ def test_secret_named_variables_are_recorded_as_digests() -> None:
     assert "env:HOME" not in found and "env:TORCHINDUCTOR_CACHE_DIR" not in found
 
 
+@pytest.mark.parametrize("name", sorted(factors.ENV_PER_RUN))
+def test_where_files_go_is_no_factor(name: str) -> None:
+    """A warm-up with a read-only root writes Triton's home under /tmp; a pod leaves it unset: no difference."""
+    warmup = factors.env_factors({name: "/tmp", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"})
+    pod = factors.env_factors({"TORCHINDUCTOR_MAX_AUTOTUNE": "1"})
+    assert warmup == pod == {"env:TORCHINDUCTOR_MAX_AUTOTUNE": "1"}
+
+
 def test_without_the_recorder_the_metric_counts_misses_as_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
     from cachelib import metrics
 

@@ -186,8 +186,8 @@ def test_a_pod_deleted_in_mid_preload_leaves_nothing_half_written_in_the_node_ca
 ) -> None:
     ns = kube_namespace
     node_cache = real_node.workdir / "hostpath" / "node-caches"
-    kube_client.post(cache_path(ns), compile_cache("big", big_cache(
-        redis_server.store_url(), nodeCache={"hostPath": str(node_cache)})))
+    kube_client.post(cache_path(ns), compile_cache("big", big_cache(  # a deadline for a loaded 2-core machine: this
+        redis_server.store_url(), nodeCache={"hostPath": str(node_cache)}, deadlineSeconds=300)))  # is no speed test
     cache = wait_condition(kube_client, ns, "big", "Ready", "True", TIMEOUT)
     (bundle,) = cache["status"]["bundles"]
     target = node_cache / ns / "big"
