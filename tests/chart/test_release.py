@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,11 +140,21 @@ def gpg_key(home: Path) -> tuple[str, Path, Path]:
     return uid, secring, pubring
 
 
+@pytest.fixture
+def gnupg(tmp_path: Path) -> Iterator[Path]:
+    """A GnuPG home of the test's own; the gpg-agent that gpg starts for it is stopped afterwards."""
+    home = tmp_path / "gnupg"
+    yield home
+    subprocess.run(["gpgconf", "--kill", "all"], env={**os.environ, "GNUPGHOME": str(home)}, capture_output=True,
+                   check=False)  # fmt: skip
+
+
 @pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg is not installed")
-def test_a_signed_release_has_sboms_a_provenance_and_verifies(helm_bin: Path, cyclonedx: Path, tmp_path: Path) -> None:
-    uid, secring, pubring = gpg_key(tmp_path / "gnupg")
+def test_a_signed_release_has_sboms_a_provenance_and_verifies(helm_bin: Path, cyclonedx: Path, tmp_path: Path,
+                                                              gnupg: Path) -> None:
+    uid, secring, pubring = gpg_key(gnupg)
     dist = tmp_path / "dist"
-    env = {"GNUPGHOME": str(tmp_path / "gnupg")}
+    env = {"GNUPGHOME": str(gnupg)}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--dist", str(dist), "--no-images", "--helm", str(helm_bin),
                            "--cyclonedx", str(cyclonedx), "--sign", uid, "--keyring", str(secring),
                            "--builder-id", "https://ci.example/release"],
