@@ -115,7 +115,9 @@ def build_status(
     storage_url: str | None,
     now: str,
 ) -> dict[str, Any]:
-    """The full new status; ``bundles``/``planned_gpus``/``storage_url`` None keep the current values."""
+    """The status the reconcile writes; ``bundles``/``planned_gpus``/``storage_url`` None keep the current values.
+    ``coldStarts`` is not the reconcile's: it is left out, so that the merge patch keeps what the tally
+    (:func:`compilecache_operator.handlers.count_cold_start`) wrote."""
     current = current or {}
     status: dict[str, Any] = {
         "observedGeneration": generation,
@@ -135,8 +137,6 @@ def build_status(
         status["storage"] = mask_url(storage_url)
     elif "storage" in current:
         status["storage"] = current["storage"]
-    if "coldStarts" in current:  # tallied from pods (compilecache_operator.coldstarts), not reconciled
-        status["coldStarts"] = current["coldStarts"]
     compact: dict[str, Any] = without_empty_strings(status)
     return compact
 

@@ -123,11 +123,25 @@ async def count_cold_start(
         if missed is not None:
             logger.warning("%s", missed)
     try:
-        current = await state.api.get_cache(namespace, cache)
-        if current is None:
-            return
+        async with state.scheduler.locks.hold((namespace, cache)):  # the reconcile writes conditions too
+            await _tally(state, namespace, cache, verdict, prediction[0] if prediction else None, emit)
+        if event_type != "DELETED":
+            await state.api.annotate_pod(namespace, name, {COLD_COUNTED_ANNOTATION: verdict.cause})
+    except Exception as exc:  # counted in memory; a restart before the retry could count it again
+        logger.warning("could not tally the cold start of pod %s/%s: %s", namespace, name, exc)
+
+
+async def _tally(
+    state: State, namespace: str, cache: str, verdict: coldstarts.Verdict, predicted: str | None, emit: Emit | None
+) -> None:
+    """Read the cache afresh, add one verdict to ``status.coldStarts`` (and the condition), write it, and keep
+    the written object for the reconcile until the index shows it. Called under the cache's lock: the
+    reconcile, which writes the conditions list whole, never decides from a status older than this one."""
+    assert state.api is not None
+    current = await state.api.get_cache(namespace, cache)
+    if current is not None:
         status = current.get("status") or {}
-        cold = coldstarts.tally(status.get("coldStarts"), verdict, prediction[0] if prediction else None)
+        cold = coldstarts.tally(status.get("coldStarts"), verdict, predicted)
         patch: dict[str, Any] = {"coldStarts": cold}
         wanted = coldstarts.condition(cold)
         if wanted is not None:
@@ -137,11 +151,8 @@ async def count_cold_start(
             before = find(conditions, coldstarts.CONDITION)
             if emit is not None and wanted.status and (before is None or before.get("status") != "True"):
                 emit(current, "Warning", wanted.reason, wanted.message)
-        await state.api.patch_cache_status(namespace, cache, patch)
-        if event_type != "DELETED":
-            await state.api.annotate_pod(namespace, name, {COLD_COUNTED_ANNOTATION: verdict.cause})
-    except Exception as exc:  # counted in memory; a restart before the retry could count it again
-        logger.warning("could not tally the cold start of pod %s/%s: %s", namespace, name, exc)
+        written = await state.api.patch_cache_status(namespace, cache, patch)
+        state.cluster.remember((namespace, cache), written)
 
 
 def admission_hooks(check_caches: bool = False) -> list[kopfadapter.Hook]:

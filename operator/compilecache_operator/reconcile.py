@@ -528,8 +528,7 @@ async def write_status(state: State, body: Mapping[str, Any], status: Mapping[st
     assert state.api is not None
     meta = body["metadata"]
     written = await state.api.patch_cache_status(meta["namespace"], meta["name"], status)
-    if written.get("metadata"):
-        state.cluster.written[(meta["namespace"], meta["name"])] = (str(meta.get("resourceVersion", "")), written)
+    state.cluster.remember((meta["namespace"], meta["name"]), written)
 
 
 async def _count_job(state: State, job_state: JobState, body: Mapping[str, Any]) -> bool:

@@ -134,7 +134,8 @@ class ClusterView:
 
     indexes: Indexes = field(default_factory=Indexes)
     written: dict[Key, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
-    """Per cache, a status just written: (the resourceVersion it replaced, the object the API returned)."""
+    """Per cache, a status just written: (the resourceVersion the index showed then, the object the API
+    returned)."""
     counted_jobs: set[tuple[str, str]] = field(default_factory=set)
     """Jobs (namespace, name) marked as counted whose annotation the index has not shown yet."""
     ready: bool = False
@@ -154,6 +155,13 @@ class ClusterView:
             return written[1]
         del self.written[key]
         return body
+
+    def remember(self, key: Key, written: Mapping[str, Any]) -> None:
+        """Keep ``written`` (what the API returned for a status just written) as the cache's object until
+        the index shows a version other than the one it shows now."""
+        body = self.indexes.cache(key)
+        if body is not None and written.get("metadata"):
+            self.written[key] = (str(body["metadata"].get("resourceVersion", "")), written)
 
     def jobs(self, body: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
         """The warm-up Jobs of the cache ``body`` from the index, with the counted mark of those

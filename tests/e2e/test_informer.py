@@ -14,11 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
-import kopf
-import yaml
 from compilecache_operator.events import EventPoster
 from compilecache_operator.informer import ADDED, DELETED, MODIFIED, Change, Informer, Resource
 from compilecache_operator.kube import KubeAPI
@@ -54,13 +51,6 @@ def remove_kind(client: KubeClient, group: str) -> None:
     if client.exists(f"{CRDS}/widgets.{group}"):
         client.delete(f"{CRDS}/widgets.{group}")
     wait_for(lambda: not client.exists(f"{CRDS}/widgets.{group}"), 60, "the test kind gone")
-
-
-def connection(kubeconfig: Path, server: str) -> kopf.ConnectionInfo:
-    config = yaml.safe_load(kubeconfig.read_text())
-    user = config["users"][0]["user"]
-    return kopf.ConnectionInfo(server=server, ca_path=config["clusters"][0]["cluster"]["certificate-authority"],
-                               certificate_path=user["client-certificate"], private_key_path=user["client-key"])
 
 
 def put(client: KubeClient, path: str, name: str, value: str, labelled: bool = True) -> dict[str, Any]:
@@ -142,7 +132,6 @@ def test_the_watch_follows_the_server_through_a_dropped_connection_and_a_gone_ve
     group = f"{ns}.informer.compilecache.test"
     path = f"/apis/{group}/v1/namespaces/{ns}/widgets"
     port = int(kube_cluster.server.rsplit(":", 1)[1])
-    kubeconfig = kube_cluster.write_kubeconfig("informer-test", ("system:masters",))
     make_kind(kube_client, group)
     for name in ("a", "b", "c"):
         put(kube_client, path, name, "1")
@@ -152,7 +141,7 @@ def test_the_watch_follows_the_server_through_a_dropped_connection_and_a_gone_ve
     async def scenario() -> None:
         relay = Relay(port)
         async with relay as relay_port:
-            api = KubeAPI(connection(kubeconfig, f"https://127.0.0.1:{relay_port}"))
+            api = KubeAPI(kube_cluster.connection("informer-test", ("system:masters",), f"https://127.0.0.1:{relay_port}"))
             informer = Informer(api, Resource(f"{group}/v1", "Widget", "widgets", selector=SELECTOR), changes.append,
                                 namespace=ns, watch_seconds=60)
             try:
@@ -203,12 +192,11 @@ def test_the_events_the_operator_posts_are_accepted_and_read_back(
     kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str,
 ) -> None:
     ns = kube_namespace
-    kubeconfig = kube_cluster.write_kubeconfig("events-test", ("system:masters",))
     involved = put(kube_client, f"/api/v1/namespaces/{ns}/configmaps", "involved", "1")
     long_message = "x" * 3000
 
     async def scenario() -> None:
-        api = KubeAPI(connection(kubeconfig, kube_cluster.server))
+        api = KubeAPI(kube_cluster.connection("events-test", ("system:masters",)))
         poster = EventPoster(api)
         task = asyncio.create_task(poster.run())
         try:

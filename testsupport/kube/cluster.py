@@ -415,6 +415,17 @@ class LocalCluster:
         path.chmod(0o600)
         return path
 
+    def connection(self, user: str, groups: tuple[str, ...] = (), server: str | None = None) -> Any:
+        """A ``kopf.ConnectionInfo`` (what the operator's own API client takes) as ``user`` in ``groups``, to
+        ``server`` (default: the API server itself; a relay in front of it in some tests)."""
+        import kopf
+
+        document = yaml.safe_load(self.write_kubeconfig(user, groups).read_text())
+        credentials = document["users"][0]["user"]
+        return kopf.ConnectionInfo(server=server or self.server, ca_path=str(self.ca_path),
+                                   certificate_path=credentials["client-certificate"],
+                                   private_key_path=credentials["client-key"])
+
     def client(self, user: str | None = None, groups: tuple[str, ...] = ()) -> KubeClient:
         """A dict-based KubeClient, as admin or as ``user`` in ``groups``."""
         return KubeClient(self.kubeconfig if user is None else self.write_kubeconfig(user, groups))
