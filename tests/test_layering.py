@@ -3,7 +3,9 @@
 - the modules the warm-up Job copies into the user's image (``COPY_HARNESS`` of the operator's warm-up Job) import
   only the standard library, torch (and Triton, which torch brings) and each other: the image has nothing else;
 - ``cachelib`` never imports Kubernetes clients, Kopf or the operator: it runs in pods and on laptops;
-- the operator never imports torch, Triton or a model library: it runs in a small image without them.
+- the operator never imports torch, Triton or a model library: it runs in a small image without them;
+- each operator module belongs to one room of docs/operator.md's map, and imports only the rooms its rule names;
+  the pure rooms import no I/O library.
 
 A planted wrong import is found by the same reading (the last tests).
 """
@@ -25,6 +27,19 @@ OPERATOR = ROOT / "operator" / "compilecache_operator"
 IN_IMAGE_THIRD_PARTY = frozenset({"torch", "triton"})
 NOT_IN_CACHELIB = frozenset({"kubernetes", "kubernetes_asyncio", "kopf", "compilecache_operator", "pykube"})
 NOT_IN_OPERATOR = frozenset({"torch", "triton", "transformers", "timm", "torchvision", "vllm", "numpy"})
+MAP = ROOT / "docs" / "operator.md"
+MAY_IMPORT = {
+    "model": {"model"},
+    "decisions": {"model", "decisions"},
+    "edge": {"model", "decisions", "edge"},
+    "controller": {"model", "decisions", "edge", "controller"},
+    "admission": {"model", "decisions", "edge", "admission"},
+    "top": {"model", "decisions", "edge", "controller", "admission", "top"},
+}
+"""The rooms a room's modules may import, as docs/operator.md's rules say."""
+PURE = frozenset({"model", "decisions"})
+IO_LIBRARIES = frozenset({"aiohttp", "kopf", "yaml", "prometheus_client", "cryptography", "kubernetes", "asyncio",
+                          "socket", "ssl", "subprocess", "threading", "http", "urllib.request"})  # fmt: skip
 
 
 def in_image_modules() -> list[str]:
@@ -85,6 +100,66 @@ def test_the_operator_never_imports_torch_or_a_model_library(path: Path) -> None
     assert not forbidden(imported(path.read_text()), NOT_IN_OPERATOR), path
 
 
+def rooms(text: str | None = None) -> dict[str, str]:
+    """Module → room, from the map's table in docs/operator.md (a module named twice fails here)."""
+    found: dict[str, str] = {}
+    for line in (text if text is not None else MAP.read_text()).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or cells[0] not in MAY_IMPORT:
+            continue
+        for module in re.findall(r"`(\w+)`", cells[2]):
+            assert module not in found, f"{module} is in two rooms of the map: {found[module]} and {cells[0]}"
+            found[module] = cells[0]
+    return found
+
+
+def operator_imports(source: str) -> set[str]:
+    """The operator's own modules ``source`` imports, by their bare name."""
+    names = imported(source)
+    own = {n.split(".")[1] for n in names if n.startswith("compilecache_operator.")}
+    tree = ast.parse(source)
+    own |= {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+            == "compilecache_operator" for a in node.names}  # fmt: skip
+    return own
+
+
+def across_the_rule(room: str, source: str, where: dict[str, str]) -> list[str]:
+    """What a module of ``room`` imports against the map: a room its rule does not name, an I/O library from
+    a pure room."""
+    wrong = [f"{m} ({where.get(m, 'no room')})" for m in sorted(operator_imports(source))
+             if where.get(m) not in MAY_IMPORT[room]]  # fmt: skip
+    if room in PURE:
+        wrong += [n for n in sorted(imported(source)) if n in IO_LIBRARIES or n.split(".")[0] in IO_LIBRARIES]
+    return wrong
+
+
+def test_every_operator_module_is_in_one_room_of_the_map() -> None:
+    modules = {p.stem for p in OPERATOR.glob("*.py") if p.stem != "__init__"}
+    where = rooms()
+    assert modules - set(where) == set(), "modules missing from docs/operator.md's map"
+    assert set(where) - modules == set(), "the map names modules that do not exist"
+
+
+@pytest.mark.parametrize("module", sorted(rooms()))
+def test_a_module_imports_only_the_rooms_its_room_may(module: str) -> None:
+    where = rooms()
+    assert across_the_rule(where[module], (OPERATOR / f"{module}.py").read_text(), where) == []
+
+
+def test_a_planted_import_across_the_rooms_is_found() -> None:
+    where = rooms()
+    assert across_the_rule("admission", "from compilecache_operator import reconcile\n", where) == [
+        "reconcile (controller)"]
+    assert across_the_rule("decisions", "import asyncio\nfrom compilecache_operator.kube import KubeAPI\n",
+                           where) == ["kube (edge)", "asyncio"]  # fmt: skip
+    assert across_the_rule("model", "from compilecache_operator.plan import Variant\n", where) == [
+        "plan (decisions)"]
+    assert across_the_rule("top", "from compilecache_operator import reconcile, webhook\n", where) == []
+    twice = "| model | pure | `spec` |\n| edge | I/O | `spec` |\n"
+    with pytest.raises(AssertionError, match="two rooms"):
+        rooms(twice)
+
+
 @pytest.mark.parametrize("planted, rule", [
     ("def f():\n    import kopf\n", "cachelib"),
     ("from compilecache_operator.spec import Spec\n", "cachelib"),
@@ -107,3 +182,29 @@ def test_the_allowed_imports_are_not_found() -> None:
     names = imported("import os, json\nimport torch\nfrom cachelib import compilekey\nimport warmstart\n")
     assert outside_the_image(names, in_image_modules()) == []
     assert forbidden(imported("import kopf\nimport aiohttp\n"), NOT_IN_OPERATOR) == []
+
+
+TEST_FILE_IMPORT = re.compile(r"^\s*(?:from|import)\s+(tests(?:\.\w+)*\.test_\w+)", re.MULTILINE)
+
+
+def python_files(root: Path = ROOT) -> list[Path]:
+    return sorted(p for d in ("tests", "bench", "testsupport", "scripts") for p in (root / d).rglob("*.py"))
+
+
+def imported_test_files(source: str) -> list[str]:
+    """The test files (``tests/**/test_*.py``) ``source`` imports, in its code or in a script it runs."""
+    names = {n for n in imported(source) if n.split(".")[-1].startswith("test_") and n.startswith("tests.")}
+    return sorted(names | set(TEST_FILE_IMPORT.findall(source)))
+
+
+@pytest.mark.parametrize("path", python_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_file_imports_a_test_file(path: Path) -> None:
+    """What tests share lives in a helper module (tests/operator/samples.py, crdschema.py, ...): a test file
+    imported elsewhere runs its module-level code twice and hides which tests a change touches."""
+    assert imported_test_files(path.read_text()) == [], path
+
+
+def test_a_planted_test_file_import_is_found() -> None:
+    assert imported_test_files("from tests.operator.test_spec import validator\n") == ["tests.operator.test_spec"]
+    assert imported_test_files('SCRIPT = """\nfrom tests.cachelib.test_x import Y\n"""\n') == ["tests.cachelib.test_x"]
+    assert imported_test_files("from tests.operator.samples import owner\n") == []

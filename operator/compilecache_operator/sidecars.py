@@ -4,26 +4,22 @@ A native sidecar is an init container with ``restartPolicy: Always``: kubelet st
 containers as soon as it has started, and stops it when the pod ends. Kubernetes has them on by
 default from 1.29 (behind the ``SidecarContainers`` gate in 1.28). An API server that does not
 know the field drops it, and the preload would then run as an init container that never exits,
-so the operator asks the API server's version once at start-up, and ``--native-sidecars on|off``
-overrides that answer where the version misleads.
+so the operator asks the API server's version once at start-up
+(:func:`compilecache_operator.startup.detect_native_sidecars`), and ``--native-sidecars on|off`` overrides
+that answer where the version misleads. What the answer is, from the version, is pure.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from compilecache_operator.kube import KubeAPI
-
 NATIVE_SIDECARS_SINCE = (1, 29)
 SWITCH_VALUES = ("auto", "on", "off")
 _LEADING_NUMBER = re.compile(r"^\s*(\d+)")
 _GIT_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -80,16 +76,3 @@ def sidecar_support(switch: str, info: Mapping[str, Any] | None, error: str = ""
     if version is None:
         return SidecarSupport(False, f"the API server's version {describe_version(info)!r} is not major.minor")
     return SidecarSupport(version >= NATIVE_SIDECARS_SINCE, f"the API server is {describe_version(info)}")
-
-
-async def detect_native_sidecars(api: KubeAPI, switch: str) -> SidecarSupport:
-    """Ask the API server (unless the switch decides alone); a failed call means no native sidecars."""
-    if switch != "auto":
-        return sidecar_support(switch, None)
-    try:
-        info: Mapping[str, Any] | None = await api.server_version()
-        error = ""
-    except Exception as exc:  # any failure: inject init containers, which work everywhere
-        info, error = None, str(exc) or type(exc).__name__
-        logger.warning("GET /version failed, so pods get the preload as an init container: %s", error)
-    return sidecar_support(switch, info, error)

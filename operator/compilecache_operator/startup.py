@@ -47,7 +47,7 @@ from compilecache_operator.events import EventPoster
 from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.metrics import WEBHOOK_HANDLER
 from compilecache_operator.names import CACHE_LABEL, CACHE_WEBHOOK_ID, PREFIX, WEBHOOK_ID
-from compilecache_operator.sidecars import detect_native_sidecars
+from compilecache_operator.sidecars import SidecarSupport, sidecar_support
 from compilecache_operator.signing import Signing
 from compilecache_operator.state import Emit, State
 from compilecache_operator.validation import read_grants, review_cache
@@ -58,6 +58,19 @@ logger = logging.getLogger(__name__)
 MAX_COUNTED = 100_000
 GRANTS_SECONDS = 5.0
 """How often the grant ConfigMaps of the operator's namespace are read."""
+
+
+async def detect_native_sidecars(api: KubeAPI, switch: str) -> SidecarSupport:
+    """Ask the API server (unless the switch decides alone); a failed call means no native sidecars."""
+    if switch != "auto":
+        return sidecar_support(switch, None)
+    try:
+        info: Mapping[str, Any] | None = await api.server_version()
+        error = ""
+    except Exception as exc:  # any failure: inject init containers, which work everywhere
+        info, error = None, str(exc) or type(exc).__name__
+        logger.warning("GET /version failed, so pods get the preload as an init container: %s", error)
+    return sidecar_support(switch, info, error)
 
 
 @dataclass(frozen=True)

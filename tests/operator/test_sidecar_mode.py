@@ -14,13 +14,9 @@ from compilecache_operator.handlers import count_preload
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.main import parse_args, settings_from
 from compilecache_operator.metrics import Metrics
-from compilecache_operator.sidecars import (
-    detect_native_sidecars,
-    parse_server_version,
-    sidecar_support,
-)
+from compilecache_operator.sidecars import parse_server_version, sidecar_support
 from compilecache_operator.spec import Defaults
-from compilecache_operator.startup import CountedPods
+from compilecache_operator.startup import CountedPods, detect_native_sidecars
 from compilecache_operator.state import Settings, State
 from compilecache_operator.warmup_job import JobSettings
 
