@@ -328,19 +328,34 @@ def predict(pod: Mapping[str, Any], cache: Cache, vllm: Sequence[VllmPrediction]
         _image_differs(found, images, cache)
         return found.prediction()
     current = [b for b in warmed if not cache.current or b.variant in cache.current] or warmed
+    _moving_tags(found, images, warmed)
+    reference = _gpu(found, pod, cache, current)
+    _containers(found, pod, images, reference)
+    _vllm_starts(found, vllm)
+    return found.prediction()
+
+
+def _moving_tags(found: _Found, images: Sequence[str], warmed: Sequence[Warmed]) -> None:
     for image in images:
         if image in {b.image for b in warmed} and image_tag(image) in MOVING_TAGS:
             found.cannot(IMAGE, f"image {image} is a moving tag: its code may have changed since the warm-up")
-    reference = _gpu(found, pod, cache, current)
-    containers = [c for c in (pod.get("spec") or {}).get("containers") or [] if c.get("image") in images]
-    warmed_containers = [c for c in containers if c.get("image") in {b.image for b in reference}]
-    several = len((pod.get("spec") or {}).get("containers") or []) > 1
-    for container in warmed_containers:
+
+
+def _containers(found: _Found, pod: Mapping[str, Any], images: Sequence[str], reference: Sequence[Warmed]) -> None:
+    """Compare the environment of each app container that runs a warmed image with the bundles' warm-ups."""
+    every = (pod.get("spec") or {}).get("containers") or []
+    several = len(every) > 1
+    for container in every:
+        if container.get("image") not in images or container.get("image") not in {b.image for b in reference}:
+            continue
         name = str(container.get("name", "")) if several else ""
         values, elsewhere = container_env(container)
         _env(found, values, elsewhere, reference, name)
         _job_id(found, values, elsewhere, reference, name)
         _precompile(found, values, reference, name)
+
+
+def _vllm_starts(found: _Found, vllm: Sequence[VllmPrediction]) -> None:
     for start in vllm:
         for d in start.differences:
             kind = ENV if d.kind == "env" else ENGINE_ARGUMENT
@@ -348,7 +363,6 @@ def predict(pod: Mapping[str, Any], cache: Cache, vllm: Sequence[VllmPrediction]
         for reason in start.unknown:
             found.cannot(ENV, reason)
         found.compared["vLLM start"] = None
-    return found.prediction()
 
 
 def _image_differs(found: _Found, images: Sequence[str], cache: Cache) -> None:

@@ -407,57 +407,74 @@ def _fetch_cachedir(
 
 def _work(job: _Job, request: PreloadRequest, result: PreloadResult) -> None:
     """The fetch loop shared by ``preload`` and ``load``; every failure ends in ``result``."""
-    store_url, cache = request.store_url, request.cache
+    store_url = request.store_url
     store: Store | None = None
     try:
-        if job.mode == PRELOAD and job.sharing.owner is not None:
-            assert job.target is not None
-            job.stage = "checking that the tree can be handed to --owner"
-            probe = job.target if job.target.is_dir() else job.target.parent
-            probe.mkdir(parents=True, exist_ok=True)
-            check_can_own(probe, job.sharing.owner)
+        _check_owner(job)
         job.stage = "opening the store"
         store = open_store(store_url) if isinstance(store_url, str) else store_url
-        missing = missing_store(store)
-        if missing is not None:
-            result.result, result.reason = MISS, missing
-            return
-        job.stage = f"listing {cache} in the store" if cache else "resolving the keys"
-        result.keys, reason = _resolve(store, request.keys, cache, result.gpu, request.versions or {})
-        if reason:
-            result.reason = reason
-        budget = _Budget(request.max_bytes)
-        missing_keys = []
-        for key in result.keys:
-            job.gate.check()
-            try:
-                if job.mode == LOAD:
-                    job.stage = f"fetching and loading {key}"
-                    _load_megacache(store, key, job, budget, result)
-                else:
-                    _preload_key(store, key, job, budget, result)
-            except NotFound:
-                missing_keys.append(key)
-        if missing_keys:
-            result.reason = f"not in the store: {', '.join(missing_keys)}"
-        elif result.keys:
-            result.result, result.reason = HIT, None
+        _fetch_all(job, store, request, result)
     except Cancelled:
         pass  # the watcher reports the deadline
-    except StoreUnavailable as exc:
-        result.result, result.reason = MISS, f"store unavailable: {exc}"
-    except PermissionError as exc:
-        said = str(exc)
-        result.result, result.reason = ERROR, said if said.startswith("no permission") else f"no permission: {said}"
-    except (StoreError, BundleError, UnpackError, InvalidKey, ValueError, OSError) as exc:
-        result.result, result.reason = ERROR, f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # fail open: whatever went wrong, the pod gets a result and starts
-        log.debug("unexpected failure", exc_info=True)
-        result.result, result.reason = ERROR, f"unexpected {type(exc).__name__}: {exc}"
+        result.result, result.reason = _failure(exc)
     finally:
         if isinstance(store_url, str) and store is not None:
             with contextlib.suppress(Exception):
                 store.close()
+
+
+def _check_owner(job: _Job) -> None:
+    """With ``--owner``, that the tree can be handed to it (before anything is fetched)."""
+    if job.mode == PRELOAD and job.sharing.owner is not None:
+        assert job.target is not None
+        job.stage = "checking that the tree can be handed to --owner"
+        probe = job.target if job.target.is_dir() else job.target.parent
+        probe.mkdir(parents=True, exist_ok=True)
+        check_can_own(probe, job.sharing.owner)
+
+
+def _fetch_all(job: _Job, store: Store, request: PreloadRequest, result: PreloadResult) -> None:
+    """Resolve the keys and fetch each (install it, or load it into this process); a key the store lacks is
+    named in the reason."""
+    missing = missing_store(store)
+    if missing is not None:
+        result.result, result.reason = MISS, missing
+        return
+    cache = request.cache
+    job.stage = f"listing {cache} in the store" if cache else "resolving the keys"
+    result.keys, reason = _resolve(store, request.keys, cache, result.gpu, request.versions or {})
+    if reason:
+        result.reason = reason
+    budget = _Budget(request.max_bytes)
+    missing_keys = []
+    for key in result.keys:
+        job.gate.check()
+        try:
+            if job.mode == LOAD:
+                job.stage = f"fetching and loading {key}"
+                _load_megacache(store, key, job, budget, result)
+            else:
+                _preload_key(store, key, job, budget, result)
+        except NotFound:
+            missing_keys.append(key)
+    if missing_keys:
+        result.reason = f"not in the store: {', '.join(missing_keys)}"
+    elif result.keys:
+        result.result, result.reason = HIT, None
+
+
+def _failure(exc: Exception) -> tuple[str, str]:
+    """The result and reason of a preload that failed with ``exc``."""
+    if isinstance(exc, StoreUnavailable):
+        return MISS, f"store unavailable: {exc}"
+    if isinstance(exc, PermissionError):
+        said = str(exc)
+        return ERROR, said if said.startswith("no permission") else f"no permission: {said}"
+    if isinstance(exc, (StoreError, BundleError, UnpackError, InvalidKey, ValueError, OSError)):
+        return ERROR, f"{type(exc).__name__}: {exc}"
+    log.debug("unexpected failure", exc_info=exc)
+    return ERROR, f"unexpected {type(exc).__name__}: {exc}"
 
 
 _abandoned: list[threading.Thread] = []

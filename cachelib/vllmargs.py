@@ -20,6 +20,7 @@ operator imports it for the admission check.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -213,28 +214,30 @@ def _read_options(tokens: Sequence[str]) -> tuple[str | None, dict[str, str], li
 
 def _option_value(name: str, given: str | None, rest: Sequence[str]) -> tuple[str, str, int]:
     """(canonical name, value, tokens taken after the option) for the option spelt ``name``."""
-    base = name.split(".", 1)[0]
-    known = SPELLINGS.get(base)
-    takes = known[0].takes if known is not None and base == name else "one"
-    if known is not None and base == name:
-        option, negated = known
-        shown = canonical(option)
-    else:
-        shown, negated = (canonical(known[0]) + name[len(base):]) if known is not None else name, False
+    shown, takes, negated = _option_named(name)
     if given is not None:
         return shown, given, 0
-    if takes == "flag" or (known is None and (not rest or rest[0].startswith("--"))):
+    if takes == "flag" or (takes == "unknown" and (not rest or rest[0].startswith("--"))):
         return shown, "false" if negated else "true", 0
     if takes == "many":
-        values = []
-        for item in rest:
-            if item.startswith("-") and not _number(item):
-                break
-            values.append(item)
+        values = list(itertools.takewhile(lambda item: not item.startswith("-") or _number(item), rest))
         return shown, " ".join(values), len(values)
     if takes == "optional" and (not rest or (rest[0].startswith("-") and not _number(rest[0]))):
         return shown, "", 0
     return (shown, rest[0], 1) if rest else (shown, "", 0)
+
+
+def _option_named(name: str) -> tuple[str, str, bool]:
+    """(canonical name, what it takes, whether the spelling negates it) of the option spelt ``name``: a
+    sub-option (``--compilation-config.mode``) takes one value, an option vLLM does not know is ``unknown``."""
+    base = name.split(".", 1)[0]
+    known = SPELLINGS.get(base)
+    if known is None:
+        return name, "unknown", False
+    option, negated = known
+    if base != name:
+        return canonical(option) + name[len(base):], "one", False
+    return canonical(option), option.takes, negated
 
 
 def _number(text: str) -> bool:

@@ -154,45 +154,69 @@ def judge(
     """The verdict once the evidence decides it (None: not yet). ``opened``: whether vLLM opened the bundle's
     artifact (None: not known); ``ready``: vLLM listens on its port."""
     if manifest is None:
-        if not ready:
-            return None
-        why = f"the preload brought no vLLM bundle ({(preload or {}).get('result', 'no result')}: " \
-              f"{(preload or {}).get('reason') or 'no reason given'})"
-        return Verdict(MISS, "unknown", f"{why}; vLLM compiled at start-up as without compilecache")
+        return _without_bundle(preload) if ready else None
     shipped = set(manifest.get("aot_hashes") or [])
-    fresh = sorted((now.aot_hashes - before.aot_hashes - shipped) | (now.hashes - before.hashes))
     graphs, kernels = new_kernels(before, now)
     counts = {"graphs_compiled": graphs, "kernels_compiled": kernels}
-    if fresh:
-        theirs = ", ".join(h[:12] for h in sorted(shipped)) or "none"
-        reason = f"vLLM compiled afresh under another key ({fresh[0][:12]}; the bundle's: {theirs})"
-        cause = predicted_cause(prediction)
-        reason += f": {said(prediction)}" if prediction else (
-            ": no argument or VLLM_* variable of the pod spec differs from the warm-up's (a value from a ConfigMap "
-            "or Secret, another image, or vLLM's own defaults on this node)")  # fmt: skip
-        return Verdict(MISS, cause, reason, {"hash": fresh[0], **counts})
-    rewritten = sorted(p for p, stat in now.artifacts.items() if p in before.artifacts and stat != before.artifacts[p])
-    if rewritten:
-        hit_kernels = "and Inductor compiled no kernel afresh" if kernels == 0 else f"and compiled {kernels} kernels"
-        reason = (f"vLLM {manifest.get('vllm', '')} could not load its compiled artifact {rewritten[0]} and compiled "
-                  f"the model again (it traced again; the preloaded kernels served {hit_kernels})")  # fmt: skip
-        if manifest.get("aot_load_failures"):
-            reason += f"; the warm-up's own reload failed the same way: {manifest['aot_load_failures'][0]}"
-        return Verdict(MISS, "artifact_load", reason, {"artifact": rewritten[0], **counts})
-    if not ready:
+    early = _another_key(shipped, before, now, prediction, counts) or _loaded_again(manifest, before, now, counts)
+    if early is not None or not ready:
+        return early
+    return _once_ready(shipped, opened, prediction, counts)
+
+
+def _with_prediction(reason: str, prediction: Sequence[Mapping[str, str]]) -> str:
+    return reason + (f": {said(prediction)}" if prediction else "")
+
+
+def _without_bundle(preload: Mapping[str, Any] | None) -> Verdict:
+    why = f"the preload brought no vLLM bundle ({(preload or {}).get('result', 'no result')}: " \
+          f"{(preload or {}).get('reason') or 'no reason given'})"
+    return Verdict(MISS, "unknown", f"{why}; vLLM compiled at start-up as without compilecache")
+
+
+def _another_key(shipped: set[str], before: Tree, now: Tree, prediction: Sequence[Mapping[str, str]],
+                 counts: Mapping[str, int]) -> Verdict | None:  # fmt: skip
+    """vLLM wrote a hash directory the bundle did not bring: it compiled under another key."""
+    fresh = sorted((now.aot_hashes - before.aot_hashes - shipped) | (now.hashes - before.hashes))
+    if not fresh:
         return None
+    theirs = ", ".join(h[:12] for h in sorted(shipped)) or "none"
+    reason = f"vLLM compiled afresh under another key ({fresh[0][:12]}; the bundle's: {theirs})"
+    reason += f": {said(prediction)}" if prediction else (
+        ": no argument or VLLM_* variable of the pod spec differs from the warm-up's (a value from a ConfigMap "
+        "or Secret, another image, or vLLM's own defaults on this node)")  # fmt: skip
+    return Verdict(MISS, predicted_cause(prediction), reason, {"hash": fresh[0], **counts})
+
+
+def _loaded_again(manifest: Mapping[str, Any], before: Tree, now: Tree, counts: Mapping[str, int]) -> Verdict | None:
+    """vLLM wrote a shipped artifact again: it could not load it."""
+    rewritten = sorted(p for p, stat in now.artifacts.items() if p in before.artifacts and stat != before.artifacts[p])
+    if not rewritten:
+        return None
+    kernels = counts["kernels_compiled"]
+    hit_kernels = "and Inductor compiled no kernel afresh" if kernels == 0 else f"and compiled {kernels} kernels"
+    reason = (f"vLLM {manifest.get('vllm', '')} could not load its compiled artifact {rewritten[0]} and compiled "
+              f"the model again (it traced again; the preloaded kernels served {hit_kernels})")  # fmt: skip
+    if manifest.get("aot_load_failures"):
+        reason += f"; the warm-up's own reload failed the same way: {manifest['aot_load_failures'][0]}"
+    return Verdict(MISS, "artifact_load", reason, {"artifact": rewritten[0], **counts})
+
+
+def _once_ready(shipped: set[str], opened: bool | None, prediction: Sequence[Mapping[str, str]],
+                counts: Mapping[str, int]) -> Verdict:  # fmt: skip
+    """vLLM listens and wrote nothing under another key: whether it loaded the artifact, or hit the kernels."""
+    cause = predicted_cause(prediction)
+    if shipped and opened is False:
+        reason = "vLLM did not open the bundle's compiled artifact (it compiled nothing, or nothing it keeps)"
+        return Verdict(MISS, cause, _with_prediction(reason, prediction), counts)
     if shipped:
-        if opened is False:
-            cause = predicted_cause(prediction)
-            reason = "vLLM did not open the bundle's compiled artifact (it compiled nothing, or nothing it keeps)"
-            return Verdict(MISS, cause, reason + (f": {said(prediction)}" if prediction else ""), counts)
         hashes = ", ".join(h[:12] for h in sorted(shipped))
         return Verdict(HIT, "none", f"vLLM loaded its compiled artifact ({hashes}) from the preloaded bundle",
                        {"hash": sorted(shipped)[0], **counts})  # fmt: skip
+    graphs, kernels = counts["graphs_compiled"], counts["kernels_compiled"]
     if graphs or kernels:
-        cause = predicted_cause(prediction)
         reason = f"Inductor compiled {graphs} graphs and {kernels} kernels afresh"
-        return Verdict(MISS, cause, reason + (f": {said(prediction)}" if prediction else ""), counts)
+        return Verdict(MISS, cause, _with_prediction(reason, prediction), counts)
     return Verdict(HIT, "none", "every graph vLLM compiled hit the preloaded Inductor cache", counts)
 
 

@@ -14,7 +14,7 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -252,51 +252,100 @@ class Options:
     args: argparse.Namespace
 
 
-def parse_args(argv: Sequence[str] | None = None) -> Options:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    namespaces = tuple(args.namespace or ([] if args.all_namespaces else _csv(_env("NAMESPACE"))))
-    if args.concurrency < 1:
-        parser.error(f"--concurrency: {args.concurrency} is not a positive number")
-    for port_name in ("metrics_port", "health_port", "webhook_port"):
-        port = getattr(args, port_name)
+Rule = Callable[[argparse.Namespace], str | None]
+"""One rule the flags keep together: the error naming the flag, or None when they keep it."""
+
+
+def _positive_concurrency(args: argparse.Namespace) -> str | None:
+    return f"--concurrency: {args.concurrency} is not a positive number" if args.concurrency < 1 else None
+
+
+def _port_numbers(args: argparse.Namespace) -> str | None:
+    for name in ("metrics_port", "health_port", "webhook_port"):
+        port = getattr(args, name)
         if not 0 <= port <= 65535:
-            parser.error(f"--{port_name.replace('_', '-')}: {port} is not a port number")
-    if args.native_sidecars not in SWITCH_VALUES:
-        parser.error(f"--native-sidecars: {args.native_sidecars!r} is not one of {', '.join(SWITCH_VALUES)}")
+            return f"--{name.replace('_', '-')}: {port} is not a port number"
+    return None
+
+
+def _native_sidecars_switch(args: argparse.Namespace) -> str | None:
+    if args.native_sidecars in SWITCH_VALUES:
+        return None
+    return f"--native-sidecars: {args.native_sidecars!r} is not one of {', '.join(SWITCH_VALUES)}"
+
+
+def _node_cache_paths(args: argparse.Namespace) -> str | None:
     for flag, paths in (("--allowed-node-cache-paths", _csv(args.allowed_node_cache_paths)),
                         ("--node-cache-path", [args.node_cache_path] if args.node_cache_path else [])):
         for path in paths:
             problem = node_path_problem(path, (path,))  # the format, and never a system directory
             if problem:
-                parser.error(f"{flag}: {path!r} {problem}")
+                return f"{flag}: {path!r} {problem}"
+    return None
+
+
+def _default_store_url(args: argparse.Namespace) -> str | None:
+    """Refused at once, as each CompileCache's own store URL is checked."""
+    if not args.default_storage_url:
+        return None
+    try:
+        read_store_url(args.default_storage_url, "--default-storage-secret")
+    except StoreURLError as exc:
+        return f"--default-storage-url: {exc}"
+    return None
+
+
+def _service_account_name(args: argparse.Namespace) -> str | None:
+    if args.service_account and not re.fullmatch(r"[a-z0-9][-a-z0-9.]*/[a-z0-9][-a-z0-9.]*", args.service_account):
+        return f"--service-account: {args.service_account!r} is not NAMESPACE/NAME"
+    return None
+
+
+def _refused_when(condition: Callable[[argparse.Namespace], bool], message: str) -> Rule:
+    return lambda args: message if condition(args) else None
+
+
+RULES: tuple[Rule, ...] = (
+    _positive_concurrency,
+    _port_numbers,
+    _native_sidecars_switch,
+    _node_cache_paths,
+    _default_store_url,
+    _service_account_name,
+    _refused_when(lambda a: bool(a.webhook_cert_secret or a.signing_key_secret) and not a.operator_namespace,
+                  "--webhook-cert-secret and --signing-key-secret need --operator-namespace (their namespace)"),
+    _refused_when(lambda a: bool(a.check_caches_at_admission) and a.webhook_config == "off",
+                  "--check-caches-at-admission needs the webhook server (not --webhook-config off)"),
+    _refused_when(lambda a: bool(a.webhook_cert_secret and a.webhook_cert_dir),
+                  "--webhook-cert-secret and --webhook-cert-dir: choose one source of the serving certificate"),
+    _refused_when(lambda a: bool(a.signing_key_secret and a.signing_key_file),
+                  "--signing-key-secret and --signing-key-file: choose one source of the signing key"),
+    _refused_when(lambda a: bool(a.webhook_cert_renew_before_days >= a.webhook_cert_validity_days),
+                  "--webhook-cert-renew-before-days must be less than --webhook-cert-validity-days"),
+)  # fmt: skip
+"""Every rule of the flags, checked in this order; the first broken one is the error."""
+
+
+def _read_json_flags(args: argparse.Namespace) -> None:
+    """The JSON flags in place of their text (``--*-resources``, ``--default-storage-ca``); raises ValueError
+    naming the flag."""
     for flag, _, default in RESOURCE_SETTINGS:
         attr = flag.replace("-", "_")
-        try:
-            setattr(args, attr, resources_setting(getattr(args, attr), f"--{flag}", default))
-        except ValueError as exc:
-            parser.error(str(exc))
-    if args.default_storage_url:  # as each CompileCache's own store URL is checked, refused here at once
-        try:
-            read_store_url(args.default_storage_url, "--default-storage-secret")
-        except StoreURLError as exc:
-            parser.error(f"--default-storage-url: {exc}")
+        setattr(args, attr, resources_setting(getattr(args, attr), f"--{flag}", default))
+    args.default_storage_ca = default_storage_ca(args.default_storage_ca, args.default_storage_url)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    namespaces = tuple(args.namespace or ([] if args.all_namespaces else _csv(_env("NAMESPACE"))))
+    broken = next((problem for problem in (rule(args) for rule in RULES) if problem), None)
+    if broken:
+        parser.error(broken)
     try:
-        args.default_storage_ca = default_storage_ca(args.default_storage_ca, args.default_storage_url)
+        _read_json_flags(args)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.service_account and not re.fullmatch(r"[a-z0-9][-a-z0-9.]*/[a-z0-9][-a-z0-9.]*", args.service_account):
-        parser.error(f"--service-account: {args.service_account!r} is not NAMESPACE/NAME")
-    if (args.webhook_cert_secret or args.signing_key_secret) and not args.operator_namespace:
-        parser.error("--webhook-cert-secret and --signing-key-secret need --operator-namespace (their namespace)")
-    if args.check_caches_at_admission and args.webhook_config == "off":
-        parser.error("--check-caches-at-admission needs the webhook server (not --webhook-config off)")
-    if args.webhook_cert_secret and args.webhook_cert_dir:
-        parser.error("--webhook-cert-secret and --webhook-cert-dir: choose one source of the serving certificate")
-    if args.signing_key_secret and args.signing_key_file:
-        parser.error("--signing-key-secret and --signing-key-file: choose one source of the signing key")
-    if args.webhook_cert_renew_before_days >= args.webhook_cert_validity_days:
-        parser.error("--webhook-cert-renew-before-days must be less than --webhook-cert-validity-days")
     if args.webhook_config == "external" and args.webhook_cert_dir is None and not args.webhook_cert_secret:
         logging.getLogger(__name__).warning(
             "--webhook-config external without --webhook-cert-dir: the self-signed certificate is not known "

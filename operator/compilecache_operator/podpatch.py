@@ -224,31 +224,41 @@ def _not_patched(
 ) -> PodPatch | None:
     """Why the webhook leaves ``pod`` alone, or None when it patches it."""
     meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
     namespace = str(meta.get("namespace", ""))
     if namespace in excluded_namespaces:
         return PodPatch(skipped="excluded-namespace")
-    if any(c.get("name") == PRELOAD_CONTAINER for c in spec.get("initContainers") or []):
+    if any(c.get("name") == PRELOAD_CONTAINER for c in (pod.get("spec") or {}).get("initContainers") or []):
         return PodPatch(skipped="already-injected")
     cache = str((meta.get("labels") or {}).get(CACHE_LABEL, ""))
     if view is None:
         return left_alone(reasons.UNKNOWN_CACHE, f"no CompileCache {cache!r} in namespace {namespace!r}")
     if not view.ready or view.spec is None:
         return left_alone(reasons.NOT_READY, f"CompileCache {view.namespace}/{view.name} is not Ready")
-    problems = unwired_containers(list(spec.get("containers") or []))
+    return _unwired(pod, view) or _image_mismatch(pod, view)
+
+
+def _unwired(pod: Mapping[str, Any], view: CacheView) -> PodPatch | None:
+    """Containers whose cache directories the webhook cannot point at the preloaded tree."""
+    assert view.spec is not None
+    containers = list((pod.get("spec") or {}).get("containers") or [])
+    problems = unwired_containers(containers)
     if view.spec.model.vllm is not None:
-        problems += [u for c in spec.get("containers") or [] if (u := vllmpod.unwired_root(c)) is not None]
+        problems += [u for c in containers if (u := vllmpod.unwired_root(c)) is not None]
     if problems:
         return left_alone(problems[0].reason, "; ".join(p.message for p in problems))
-    if not keys_for_pod_images(pod, view):
-        warmed = sorted({b.image for b in view.bundles if b.image})
-        return left_alone(
-            reasons.IMAGE_MISMATCH,
-            f"no bundle of CompileCache {view.namespace}/{view.name} was warmed with the pod's image(s) "
-            f"{_listed(pod_images(pod))}; its bundles are for {_listed(warmed) or 'no image'} "
-            "(warm with the image you deploy: spec.image)",
-        )
     return None
+
+
+def _image_mismatch(pod: Mapping[str, Any], view: CacheView) -> PodPatch | None:
+    if keys_for_pod_images(pod, view):
+        return None
+    warmed = sorted({b.image for b in view.bundles if b.image})
+    return left_alone(
+        reasons.IMAGE_MISMATCH,
+        f"no bundle of CompileCache {view.namespace}/{view.name} was warmed with the pod's image(s) "
+        f"{_listed(pod_images(pod))}; its bundles are for {_listed(warmed) or 'no image'} "
+        "(warm with the image you deploy: spec.image)",
+    )
 
 
 def left_alone(reason: str, detail: str) -> PodPatch:
@@ -446,10 +456,26 @@ def _with_cache(
     container finds the done file (``COMPILECACHE_PRELOAD_DONE``). The container is one
     :func:`wiring.unwired` accepts."""
     out = copy.deepcopy(dict(container))
-    pycache = pycache_path(container) if bytecode else None
     env = list(out.get("env") or [])
     names = {e.get("name") for e in env}
     mounts = list(out.get("volumeMounts") or [])
+    extra = _mount_cache(container, mounts, names, handoff)
+    extra.update(_cache_variables(container, mounts, job_id=job_id, remote=remote, handoff=handoff,
+                                  bytecode=bytecode))  # fmt: skip
+    added = [k for k in extra if k not in names]
+    env += [{"name": k, "value": extra[k]} for k in added]
+    if vllm:  # vLLM's cache root in the bundle (compilecache_operator.vllmpod)
+        added += vllmpod.with_root(container, env, mounts)
+    out["env"] = env
+    out["volumeMounts"] = mounts
+    return out, added
+
+
+def _mount_cache(
+    container: Mapping[str, Any], mounts: list[dict[str, Any]], names: set[Any], handoff: bool
+) -> dict[str, str]:
+    """Mount the cache volume (where the container's own ``TORCHINDUCTOR_CACHE_DIR`` says, else at the
+    default with the variable set) and the hand-off volume into ``mounts``; the variables that takes."""
     extra: dict[str, str] = {}
     if not any(m.get("name") == CACHE_VOLUME for m in mounts):
         point = cache_mount_point(container)
@@ -460,6 +486,15 @@ def _with_cache(
             mounts.append({"name": CACHE_VOLUME, "mountPath": point, "subPath": INDUCTOR_SUBDIR})
     if handoff and not any(m.get("name") == HANDOFF_VOLUME for m in mounts):
         mounts.append({"name": HANDOFF_VOLUME, "mountPath": HANDOFF_DIR})
+    return extra
+
+
+def _cache_variables(
+    container: Mapping[str, Any], mounts: Sequence[Mapping[str, Any]], *, job_id: str,
+    remote: RemoteCacheSpec | None, handoff: bool, bytecode: bool,
+) -> dict[str, str]:  # fmt: skip
+    """The job id, the done file, the remote cache's variables and the byte-code prefix the container gets."""
+    extra: dict[str, str] = {}
     if job_id:
         extra[JOB_ID_ENV] = job_id
     done_file = HANDOFF_DONE_FILE if handoff else done_file_seen_by(mounts)
@@ -467,15 +502,10 @@ def _with_cache(
         extra[DONE_FILE_ENV] = done_file
     if remote is not None:
         extra.update(remote.env())
+    pycache = pycache_path(container) if bytecode else None
     if pycache is not None:  # the byte code of what the warm-up imported, from an init-container preload
         extra[PYCACHE_ENV] = pycache
-    added = [k for k in extra if k not in names]
-    env += [{"name": k, "value": extra[k]} for k in added]
-    if vllm:  # vLLM's cache root in the bundle (compilecache_operator.vllmpod)
-        added += vllmpod.with_root(container, env, mounts)
-    out["env"] = env
-    out["volumeMounts"] = mounts
-    return out, added
+    return extra
 
 
 def done_file_seen_by(mounts: Sequence[Mapping[str, Any]]) -> str | None:
