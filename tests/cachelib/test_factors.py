@@ -26,7 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cachelib import factors, verdict
-from tests.zoo.test_zoo import interpreter
+from tests.zoo.ends import interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,17 +17,16 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import BinaryIO
 
 import pytest
 
 from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, PREAMBLE, HashingWriter, write_bundle_file
 from cachelib.preload import DEFAULT_MAX_RATIO, PreloadFailed, load, preload
 from cachelib.publish import publish
-from cachelib.stores import ObjectInfo, Store, open_store
+from cachelib.stores import open_store
 from cachelib.unpack import RUNTIME_DIRS, STAGING_PREFIX
+from tests.cachelib.broken_store import BrokenStore
 from tests.cachelib.helpers import ROOT, content, last_json, make_key, make_outdir, run_cli
 from testsupport.servers import LOOPBACK, RedisServer, start_redis
 
@@ -257,34 +256,6 @@ def _wait_for_staging(directory: Path, proc: subprocess.Popen[str]) -> Path:
 
 
 # -- fail open ----------------------------------------------------------------------------------------
-class BrokenStore(Store):
-    """A store whose every call raises what no caller expects (as redis-py 5.0 did with a newer
-    Retry signature: TypeError from inside the client)."""
-
-    url = "broken://"
-
-    def _boom(self) -> None:
-        raise TypeError("call_with_retry() takes 3 positional arguments but 5 were given")
-
-    def put(self, key: str, stream: BinaryIO, size: int | None = None) -> ObjectInfo:
-        self._boom()
-        raise AssertionError
-
-    def get(self, key: str) -> AbstractContextManager[BinaryIO]:
-        self._boom()
-        raise AssertionError
-
-    def head(self, key: str) -> ObjectInfo | None:
-        self._boom()
-        return None
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        self._boom()
-        return iter(())
-
-    def delete(self, key: str) -> bool:
-        self._boom()
-        return False
 
 
 @pytest.mark.parametrize("deadline", [None, 5.0])
@@ -301,7 +272,7 @@ def test_an_unexpected_exception_is_an_error_result(tmp_path: Path, deadline: fl
 _BROKEN_CLI = """
 import sys
 import cachelib.preload
-from tests.cachelib.test_preload_bounds import BrokenStore
+from tests.cachelib.broken_store import BrokenStore
 cachelib.preload.open_store = lambda url: BrokenStore()
 from cachelib.cli import main
 sys.exit(main(sys.argv[1:]))

@@ -21,7 +21,7 @@ from tests.chart.chart import (
     scenario_files,
     template,
 )
-from tests.chart.test_rbac_from_code import used_verbs
+from tests.chart.verbs_from_code import used_verbs
 
 pytestmark = pytest.mark.helm
 

@@ -11,8 +11,8 @@ import yaml
 from compilecache_operator.spec import Defaults
 from compilecache_operator.spec_parse import parse_spec
 
+from tests.operator.crdschema import validator
 from tests.operator.restricted import restricted_violations
-from tests.operator.test_spec import validator
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "your-own-server.md"

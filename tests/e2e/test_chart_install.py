@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from tests.chart.e2e_fixtures import (
     kubectl_bin,
     release_namespace,
 )
+from tests.e2e.chart_releases import allowed
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.crd import CRD_NAME, install_crd
 from testsupport.kube.rest import KubeAPIError, KubeClient
@@ -97,26 +97,6 @@ def test_default_chart_installs_upgrades_and_uninstalls(kube_client: KubeClient,
     assert gone.value.status == 404
     crd = kube_client.get(f"{CRDS_API}/{CRD_NAME}")
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-
-
-def allowed(client: KubeClient, method: str, path: str, body: Any = None) -> bool:
-    """Whether the API server lets ``client`` make the call (create/delete as server-side dry runs)."""
-    query = {"dryRun": "All"} if method in ("POST", "DELETE", "PATCH") else None
-    content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
-    for attempt in range(50):
-        try:
-            client.request(method, path, body=body, query=query, content_type=content_type)
-        except KubeAPIError as error:
-            if error.status == 403:
-                return False
-            if error.status in (404, 409, 422):  # authorized, then refused for another reason
-                return True
-            if error.status == 429 and attempt < 49:  # a just-installed CRD's storage is initializing
-                time.sleep(0.2)
-                continue
-            raise
-        return True
-    raise AssertionError("unreachable")
 
 
 def test_operator_rbac_acting_as_its_service_account(

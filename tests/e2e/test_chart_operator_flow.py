@@ -13,7 +13,6 @@ does not reach is bound by the command the CompileCache's condition prints.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import re
 import shlex
@@ -21,13 +20,11 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from compilecache_operator.certs import self_signed
 
 from tests.chart.e2e_fixtures import (
-    MWC_API,
     VWC_API,
     Release,
     helm_bin,
@@ -37,6 +34,7 @@ from tests.chart.e2e_fixtures import (
     kubectl_bin,
     release_namespace,
 )
+from tests.e2e.chart_releases import ChartOperator, point_webhook_at
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import GATEWAY, RealNode
 from tests.infra.podspec import restricted
@@ -64,38 +62,10 @@ REDIS_PASSWORD = "s3cret-for-e2e"
 REFUSED = re.compile(r"HTTP 403\b|\bForbidden\b|Not enough permissions|APIForbiddenError")
 
 
-class ChartOperator(OperatorProcess):
-    """The operator with the chart's webhook wiring: an external configuration and a certificate directory."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, workdir: Path, webhook_config: str, cert_dir: Path,
-                 *extra: str) -> None:
-        super().__init__(kubeconfig, namespace, workdir, *extra)
-        self.webhook_config = webhook_config
-        self.cert_dir = cert_dir
-
-    def argv(self) -> list[str]:
-        argv = super().argv()
-        argv[argv.index("--webhook-config") + 1] = "external"
-        return [*argv, "--webhook-cert-dir", str(self.cert_dir)]
-
-    def start(self, client: KubeClient, timeout: float = 60) -> None:
-        """Started and ready: its webhooks answer (the chart's check of CompileCaches fails closed)."""
-        super().start(client, timeout)
-        wait_for(self.ready, timeout, "the operator ready, its webhooks listening")
-
-
 @pytest.fixture
 def password_redis(real_node: RealNode, tmp_path: Path) -> Iterator[RedisServer]:
     with start_redis(tmp_path / "redis", password=REDIS_PASSWORD, extra=("--bind", f"127.0.0.1 {GATEWAY}")) as server:
         yield dataclasses.replace(server, host=GATEWAY)  # the address pods reach the host at
-
-
-def point_webhook_at(client: KubeClient, name: str, url: str, ca: bytes, api: str = MWC_API) -> dict[str, Any]:
-    """Replace the chart's webhook clientConfig (Service) by a URL; every other field stays as rendered."""
-    config = client.get(f"{api}/{name}")
-    (hook,) = config["webhooks"]
-    hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca).decode()}
-    return client.request("PUT", f"{api}/{name}", body=config)
 
 
 def test_operator_flow_under_the_charts_rbac(

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.chart.e2e_fixtures import Release, helm_bin, helm_binaries, helm_env, install, release_namespace
+from tests.e2e.chart_releases import operator_pods, pod_release
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.node import GATEWAY, PROJECT_TAGS, RealNode
+from tests.infra.node import PROJECT_TAGS, RealNode
 from tests.infra.podspec import restricted
 from tests.operator.e2e_support import (
     COMPILE_TINY_MLP,
@@ -38,7 +37,7 @@ from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
 
-__all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "release_namespace"]
+__all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "pod_release", "release_namespace"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm, pytest.mark.slow]
 
@@ -46,32 +45,6 @@ CACHE_LABEL = "compilecache.io/cache"
 PRELOAD = "compilecache-preload"
 TIMEOUT = 420
 METRICS_PORT = 8080
-
-
-def operator_values(tmp_path: Path, api: tuple[str, int], namespace: str, replicas: int) -> Path:
-    """Values for the chart's operator as pods here: our images as the node has them, one watched namespace,
-    the tests' stores allowed, the API server at the relay."""
-    def image(name: str) -> dict[str, str]:
-        repository, tag = PROJECT_TAGS[name].rsplit(":", 1)
-        return {"repository": repository, "tag": tag, "pullPolicy": "Never"}  # no registry: imported images only
-
-    values = {
-        "images": {"operator": image("operator"), "preloader": image("preloader")},
-        "highAvailability": {"replicas": replicas},
-        "confinement": {"storeHosts": [GATEWAY, "127.0.0.1"]},  # redis_server; the HA test's unreachable store
-        "operator": {"watchNamespaces": [namespace], "verbose": True, "extraEnv": [
-            {"name": "KUBERNETES_SERVICE_HOST", "value": api[0]},
-            {"name": "KUBERNETES_SERVICE_PORT", "value": str(api[1])},
-        ]},
-    }
-    path = tmp_path / "operator-values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    return path
-
-
-def operator_pods(client: KubeClient, release: Release) -> list[dict[str, Any]]:
-    selector = f"app.kubernetes.io/instance={release.name},app.kubernetes.io/component=operator"
-    return list(client.get(f"/api/v1/namespaces/{release.namespace}/pods", labelSelector=selector)["items"])
 
 
 def ready_pods(client: KubeClient, release: Release) -> list[dict[str, Any]]:
@@ -113,24 +86,6 @@ def sample(text: str, name: str, **labels: str) -> float:
         if head.split("{")[0] == name and all(f'{k}="{v}"' in head for k, v in labels.items()):
             total += float(value)
     return total
-
-
-@pytest.fixture
-def pod_release(
-    install: Callable[..., Release], kube_client: KubeClient, real_node: RealNode, api_for_pods: tuple[str, int],
-    kube_namespace: str, tmp_path: Path, request: pytest.FixtureRequest,
-) -> Callable[..., Release]:
-    """``pod_release(replicas, *helm args)``: the chart installed with its operator as pods on the real node,
-    watching ``kube_namespace``; the operator pods' logs go into the report of a failed test."""
-
-    def make(replicas: int, *args: str) -> Release:
-        release = install("--values", str(operator_values(tmp_path, api_for_pods, kube_namespace, replicas)), *args)
-        request.addfinalizer(lambda: request.node.add_report_section("teardown", "operator pods", "\n".join(
-            real_node.container_log(release.namespace, p["metadata"]["name"], "operator")[-4000:]
-            for p in operator_pods(kube_client, release))))
-        return release
-
-    return make
 
 
 def test_the_chart_operator_pod_warms_injects_preloads_and_serves_metrics(

@@ -19,7 +19,7 @@ from tests.chart.e2e_fixtures import (
     kubectl_bin,
     release_namespace,
 )
-from tests.e2e.test_chart_install import allowed
+from tests.e2e.chart_releases import allowed
 from tests.infra.podspec import restricted
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeAPIError, KubeClient

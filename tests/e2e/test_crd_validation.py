@@ -21,10 +21,10 @@ from compilecache_operator.spec import Defaults, InvalidSpec
 from compilecache_operator.spec_parse import parse_spec
 from hypothesis import HealthCheck, given, settings
 
-from tests.chart.test_crd_descriptions import fields
+from tests.chart.crd_files import fields
 from tests.infra.helm import helm_binaries, kubectl_bin  # noqa: F401  (fixtures)
+from tests.operator.example_files import QUICK_START_STORE
 from tests.operator.specgen import Case, dotted, last_bad_specs
-from tests.operator.test_examples import QUICK_START_STORE
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.crd import CC_API, CRD_NAME, install_crd
 from testsupport.kube.rest import KubeAPIError, KubeClient

@@ -10,13 +10,13 @@ manager evicts a pod whose volume grows past it), and the grace period of a dele
 from __future__ import annotations
 
 import functools
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
+from tests.e2e.operator_on_node import kubectl
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
 from tests.operator.e2e_support import (
@@ -60,16 +60,6 @@ def app_pod(name: str, cache: str, command: list[str]) -> dict[str, Any]:
     app = {"name": "app", "image": WORKLOAD_IMAGE, "command": command}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: cache}},
             "spec": restricted({"restartPolicy": "Never", "terminationGracePeriodSeconds": 2, "containers": [app]})}
-
-
-def kubectl(cluster: LocalCluster, *args: str) -> str:
-    from tests.infra.helm import ensure_binaries
-
-    binary = ensure_binaries()["kubectl"]
-    proc = subprocess.run([str(binary), "--kubeconfig", str(cluster.kubeconfig), *args], capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
 def preload_state(pod: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import io
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,9 @@ from cachelib.signing import Signer, check_stored, signature_key, write_signatur
 from cachelib.stores import open_store
 from tests.cachelib.helpers import make_outdir
 from tests.chart.e2e_fixtures import CC_API, Release, helm_bin, helm_binaries, helm_env, install, release_namespace
+from tests.e2e.chart_releases import pod_release
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.e2e.test_chart_operator_pod import pod_release
-from tests.infra.node import RealNode
+from tests.e2e.operator_on_node import start_operator
 from tests.infra.podspec import restricted
 from tests.operator.e2e_support import (
     OperatorProcess,
@@ -42,45 +42,19 @@ from tests.operator.e2e_support import (
     terminated_message,
     wait_condition,
 )
-from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
 
 # redis_server: the e2e conftest's, reachable from pods
-__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "pod_release", "release_namespace"]
+__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "pod_release", "release_namespace",
+           "start_operator"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CACHE_LABEL = "compilecache.io/cache"
 WARM_UP_TIMEOUT = 420
 POD_TIMEOUT = 180
-
-
-@pytest.fixture
-def start_operator(
-    kube_cluster: LocalCluster, kube_client: KubeClient, real_node: RealNode, kube_namespace: str, crd: None,
-    tmp_path: Path, request: pytest.FixtureRequest,
-) -> Iterator[Callable[..., OperatorProcess]]:
-    """``start_operator(*flags)``: the operator for the test's namespace with extra flags; one at a time (a
-    new call stops the previous one), all stopped afterwards."""
-    started: list[OperatorProcess] = []
-
-    def start(*flags: str) -> OperatorProcess:
-        if started:
-            started[-1].stop()
-        process = OperatorProcess(kube_cluster.kubeconfig, kube_namespace, tmp_path / f"operator{len(started)}",
-                                  *flags)  # fmt: skip
-        started.append(process)
-        process.start(kube_client)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
-        request.node.add_report_section("teardown", f"operator log {process.workdir.name}", process.log_tail())
-    if started:
-        started[-1].delete_webhook_config(kube_client)
 
 
 def key_file(directory: Path, signer: Signer, name: str) -> str:

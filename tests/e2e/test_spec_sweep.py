@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.operator import e2e_support as e2e
+from tests.operator.crdschema import validator
 from tests.operator.specgen import (
     SECRET,
     URL_FORMS,
@@ -31,7 +32,6 @@ from tests.operator.specgen import (
     last_bad_specs,
     spec_problems,
 )
-from tests.operator.test_spec import validator
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
 

@@ -26,8 +26,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.e2e.test_real_node import kubectl
-from tests.e2e.test_security import start_operator
+from tests.e2e.operator_on_node import kubectl, start_operator
 from tests.operator.e2e_support import (
     OperatorProcess,
     cache_path,

@@ -15,8 +15,8 @@ from compilecache_operator.warmup_job import harness_command
 from cachelib import harness
 from cachelib.cli.parser import build_parser
 from cachelib.compilekey import MODES, CompileOptions, options_from_args
+from tests.operator.crdschema import CRD
 from tests.operator.samples import parsed
-from tests.operator.test_spec import CRD
 
 COMPILE_SPECS: list[dict[str, Any]] = [
     {},

@@ -26,8 +26,8 @@ from compilecache_operator.spec_parse import parse_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.operator.example_files import EXAMPLES, EXAMPLES_DIR, QUICK_START_STORE
 from tests.operator.samples import SETTINGS, inject, owner, pod, raw_spec
-from tests.operator.test_examples import EXAMPLES, EXAMPLES_DIR, QUICK_START_STORE
 
 CPUS = st.sampled_from(["50m", "100m", "250m", "1", "2", "1500m"])
 MEMORY = st.sampled_from(["64Mi", "128Mi", "256Mi", "1Gi", "512M", "2Gi"])

@@ -12,7 +12,7 @@ from compilecache_operator.conversion import Version
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.operator.test_examples import EXAMPLES_DIR
+from tests.operator.example_files import EXAMPLES_DIR
 
 HUB = "compilecache.io/v1alpha1"
 NEXT = "compilecache.io/v1beta9"

@@ -14,7 +14,7 @@ from compilecache_operator.kube import KubeAPI
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.operator.test_reconcile import cache
+from tests.operator.reconcile_samples import cache
 
 
 @given(st.text(max_size=3000))

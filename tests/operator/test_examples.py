@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from compilecache_operator.spec import Defaults
 from compilecache_operator.spec_parse import parse_spec
 
-from tests.operator.test_spec import validator
-
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
-QUICK_START_STORE = "redis://redis.compilecache-system.svc:6379/0"
-
-
-def compile_caches() -> list[tuple[str, dict[str, Any]]]:
-    return [
-        (f"{path.name}:{doc['metadata']['name']}", doc)
-        for path in sorted(EXAMPLES_DIR.glob("*.yaml"))
-        for doc in yaml.safe_load_all(path.read_text())
-        if doc and doc.get("kind") == "CompileCache"
-    ]
-
-
-EXAMPLES = compile_caches()
+from tests.operator.crdschema import validator
+from tests.operator.example_files import EXAMPLES, QUICK_START_STORE
 
 
 def test_the_examples_hold_compile_caches() -> None:

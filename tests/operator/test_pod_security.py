@@ -14,9 +14,9 @@ from compilecache_operator.podpatch import patched_pod
 from compilecache_operator.spec import Defaults
 from compilecache_operator.spec_parse import parse_spec
 
+from tests.operator.example_files import EXAMPLES_DIR
 from tests.operator.restricted import restricted_violations
 from tests.operator.samples import SETTINGS, env_of, flag, inject, owner, pod, view
-from tests.operator.test_examples import EXAMPLES_DIR
 
 RESTRICTED_APP: dict[str, Any] = {
     "name": "app",

@@ -25,8 +25,8 @@ from compilecache_operator.state import Settings, State
 from compilecache_operator.warmup_job import JobSettings
 
 from cachelib.verdict import WHY_KEY
+from tests.operator.admission_samples import patched, review
 from tests.operator.samples import job_for, parsed, pod, view
-from tests.operator.test_webhook_review import patched, review
 from testsupport.servers import free_port
 
 AUTOTUNE = (("TORCHINDUCTOR_MAX_AUTOTUNE", "1"),)
@@ -143,7 +143,7 @@ def test_a_bad_on_predicted_cold_names_the_field_and_the_values() -> None:
 
 
 def test_the_crd_offers_the_values_the_spec_reads() -> None:
-    from tests.chart.test_crd_descriptions import CRD_FILES, load_crd
+    from tests.chart.crd_files import CRD_FILES, load_crd
 
     for path in CRD_FILES:
         crd = load_crd(path)

@@ -8,61 +8,25 @@ import json
 from typing import Any
 
 import pytest
-from compilecache_operator import cache_status, reconcile, scheduling, warmup_job
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import GENERATION_LABEL, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
-from compilecache_operator.plan import BundleRecord, job_name, plan_variants
+from compilecache_operator import cache_status, reconcile, scheduling
+from compilecache_operator.names import RECORDED_ANNOTATION
+from compilecache_operator.plan import BundleRecord, job_name
 from compilecache_operator.reconcile import Actions, Snapshot
 from compilecache_operator.results import PUBLISH_CONTAINER
-from compilecache_operator.spec import Defaults
-from compilecache_operator.spec_parse import parse_spec
-from compilecache_operator.state import Indexes, KeyedLocks, Settings, State
+from compilecache_operator.state import KeyedLocks
 from compilecache_operator.storeops import DeleteReport
 
-from tests.operator.samples import KEY, owner
+from tests.operator.reconcile_samples import SETTINGS, cache, conditions, job, state_with, variant_of
+from tests.operator.samples import KEY
 from testsupport.servers import free_port
 
-SETTINGS = Settings(defaults=Defaults(), jobs=warmup_job.JobSettings(preloader_image="p"), retry_seconds=7)
 NOW = "2026-01-01T00:00:00Z"
-
-
-def cache(generation: int = 3, status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
-    body = owner(generation=generation, **spec)
-    body["metadata"]["resourceVersion"] = "100"
-    if status is not None:
-        body["status"] = status
-    return body
-
-
-def variant_of(body: dict[str, Any], gpus: frozenset[str] = frozenset()) -> Any:
-    spec = parse_spec(body["spec"], Defaults())
-    return plan_variants("team-a", "mlp", spec, gpus)[0]
-
-
-def job(body: dict[str, Any], *, phase: str, generation: int = 3, recorded: bool = False, uid: str = "job-uid",
-        gpus: frozenset[str] = frozenset()) -> dict[str, Any]:
-    variant = variant_of(body, gpus)
-    conditions = {"succeeded": [{"type": "Complete", "status": "True"}],
-                  "failed": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}.get(phase, [])
-    return {
-        "metadata": {
-            "name": job_name("mlp", variant, generation), "namespace": "team-a", "uid": uid, "resourceVersion": "7",
-            "labels": {WARMUP_LABEL: "mlp", VARIANT_LABEL: variant.id, GENERATION_LABEL: str(generation)},
-            "annotations": {RECORDED_ANNOTATION: "succeeded"} if recorded else {},
-            "ownerReferences": [{"kind": "CompileCache", "uid": "uid-1234", "name": "mlp"}],
-        },
-        "status": {"conditions": conditions},
-    }
 
 
 def publish_pod(message: str) -> dict[str, Any]:
     return {"metadata": {"name": "warm-1", "creationTimestamp": "2026-01-01T00:00:00Z"},
             "status": {"phase": "Succeeded", "containerStatuses": [
                 {"name": PUBLISH_CONTAINER, "state": {"terminated": {"exitCode": 0, "message": message}}}]}}
-
-
-def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
 
 
 def decided(snapshot: Snapshot, kept: Any = None, note: str = "") -> tuple[Actions, dict[str, Any]]:
@@ -166,11 +130,6 @@ def test_only_jobs_whose_outcome_is_still_to_be_read_need_their_pods() -> None:
 
 
 # -- state kept between reconciles ----------------------------------------------------------------------
-def state_with(body: dict[str, Any], jobs: tuple[dict[str, Any], ...] = ()) -> State:
-    state = State(settings=SETTINGS, metrics=Metrics())
-    state.cluster.indexes = Indexes(caches={("team-a", "mlp"): [body]}, jobs={"uid-1234": list(jobs)},
-                            nodes={"nvidia.com/gpu.product": ["NVIDIA-L4"]})
-    return state
 
 
 def test_the_resync_skips_a_settled_cache_until_something_it_reads_changes() -> None:

@@ -14,7 +14,7 @@ from compilecache_operator.metrics import WEBHOOK_HANDLER, Metrics, error_kind, 
 from compilecache_operator.names import WEBHOOK_ID
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.operator.test_reconcile import cache, state_with
+from tests.operator.reconcile_samples import cache, state_with
 
 
 def samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

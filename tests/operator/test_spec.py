@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 from compilecache_operator.spec import MAX_NAME_LENGTH, Defaults, InvalidSpec
@@ -16,9 +14,8 @@ from compilecache_operator.spec_parse import parse_spec
 from cachelib.compilekey import BUILTIN_TARGETS, dynamic_text, is_target
 from cachelib.keyformat import CacheKey
 from cachelib.stores.base import MAX_SEGMENT_LENGTH, InvalidObjectKey, check_key
+from tests.operator.crdschema import CRD, crd_version, validator
 from tests.operator.samples import parsed, raw_spec
-
-CRD = Path(__file__).resolve().parents[2] / "crds" / "compilecache.io_compilecaches.yaml"
 
 
 def errors_of(spec: Any, defaults: Defaults | None = None) -> dict[str, str]:
@@ -257,24 +254,6 @@ def test_yaml_booleans_for_dynamic_are_understood() -> None:
 
 
 # -- the CRD ---------------------------------------------------------------------------------------
-def crd_version() -> dict[str, Any]:
-    crd = yaml.safe_load(CRD.read_text())
-    (version,) = crd["spec"]["versions"]
-    return version  # type: ignore[no-any-return]
-
-
-def as_json_schema(node: Any) -> Any:
-    """The CRD's OpenAPI v3 schema as JSON Schema (int-or-string and nullable spelled out)."""
-    if isinstance(node, list):
-        return [as_json_schema(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: as_json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "format"}
-    return out
-
-
-def validator() -> jsonschema.Draft4Validator:
-    return jsonschema.Draft4Validator(as_json_schema(crd_version()["schema"]["openAPIV3Schema"]))
 
 
 def test_crd_identity_and_printer_columns() -> None:

@@ -11,8 +11,8 @@ from compilecache_operator import formats
 from compilecache_operator.spec import Defaults, InvalidSpec
 from compilecache_operator.spec_parse import parse_spec
 
+from tests.operator.crdschema import validator
 from tests.operator.samples import raw_spec
-from tests.operator.test_spec import validator
 
 TEN_KB = "v" * 10_240
 

@@ -14,6 +14,7 @@ from compilecache_operator import reconcile
 from compilecache_operator.reconcile import Snapshot
 from hypothesis import HealthCheck, given, settings
 
+from tests.operator.crdschema import validator
 from tests.operator.specgen import (
     BASES,
     SECRET,
@@ -27,7 +28,6 @@ from tests.operator.specgen import (
     last_bad_specs,
     spec_problems,
 )
-from tests.operator.test_spec import validator
 
 SCHEMA = validator()
 REFUSALS = ("InvalidSpec", "SecretKeyMissing", "SecretNotFound", "NoGPUNodes")

@@ -13,7 +13,7 @@ from compilecache_operator.startup import Admission, Election, Probes, Runtime, 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.operator.test_reconcile import cache, state_with
+from tests.operator.reconcile_samples import cache, state_with
 
 NAMES = st.from_regex(r"[a-z][a-z0-9-]{0,20}[a-z0-9]", fullmatch=True)
 

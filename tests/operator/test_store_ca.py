@@ -17,9 +17,9 @@ from compilecache_operator.store_ca import STORE_CA_FILE
 
 from tests.chart.chart import Manifest, one, template
 from tests.infra.helm import helm_bin, helm_binaries  # noqa: F401  (fixtures)
+from tests.operator.crdschema import validator
 from tests.operator.restricted import restricted_violations
 from tests.operator.samples import SETTINGS, inject, owner, pod, view
-from tests.operator.test_spec import validator
 
 URL = f"rediss://redis.cache:6380/0?ca={STORE_CA_FILE}"
 MOUNT = {"name": "compilecache-store-ca", "mountPath": "/etc/compilecache/store-ca", "readOnly": True}

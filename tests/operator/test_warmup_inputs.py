@@ -13,9 +13,9 @@ from compilecache_operator.plan import Variant
 from compilecache_operator.spec import Defaults, InvalidSpec
 from compilecache_operator.spec_parse import parse_spec
 
+from tests.operator.crdschema import validator
 from tests.operator.restricted import restricted_violations
 from tests.operator.samples import SETTINGS, owner
-from tests.operator.test_spec import validator
 
 HF_TOKEN = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token"}}}
 REGION = {"name": "REGION", "valueFrom": {"configMapKeyRef": {"name": "site", "key": "region", "optional": True}}}

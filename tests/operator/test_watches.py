@@ -34,7 +34,7 @@ from compilecache_operator.watches import CacheViews, Grouped, Singles
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.operator.test_reconcile import SETTINGS, cache, job
+from tests.operator.reconcile_samples import SETTINGS, cache, job
 
 NAMES = st.sampled_from(["a", "b", "c", "d", "e"])
 NAMESPACES = st.sampled_from(["team-a", "team-b"])

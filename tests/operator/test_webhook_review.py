@@ -3,8 +3,6 @@ path (deep copy, merge, diff) does, and the webhook fails open."""
 
 from __future__ import annotations
 
-import base64
-import json
 from typing import Any
 
 import jsonpatch
@@ -17,23 +15,11 @@ from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Settings, State
 from compilecache_operator.warmup_job import JobSettings
 
+from tests.operator.admission_samples import patched, review
 from tests.operator.samples import pod, view
 
 STATE = State(settings=Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p")), metrics=Metrics())
 VIEWS = {("team-a", "mlp"): [view()]}
-
-
-def review(obj: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
-    obj = json.loads(json.dumps(obj))
-    obj["metadata"].pop("namespace", None)  # the API server may leave it to the request
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "u-1", "operation": operation, "namespace": "team-a", "object": obj}}
-
-
-def patched(obj: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-    ops = json.loads(base64.b64decode(answer["response"]["patch"])) if "patch" in answer["response"] else []
-    result: dict[str, Any] = jsonpatch.apply_patch(obj, ops)
-    return result
 
 
 def kopf_patched(obj: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import aiohttp
 from compilecache_operator import startup
 from compilecache_operator.kopfadapter import AdmissionServer
 
-from tests.operator.test_reconcile import cache, state_with
+from tests.operator.reconcile_samples import cache, state_with
 from testsupport.servers import free_port
 
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",

@@ -25,8 +25,8 @@ from compilecache_operator.state import Settings, State
 from compilecache_operator.warmup_job import JobSettings
 from compilecache_operator.webhook import review_pod
 
+from tests.operator.admission_samples import patched, review
 from tests.operator.samples import KEY, env_of, inject, pod, view
-from tests.operator.test_webhook_review import patched, review
 
 IMAGE = "registry.example/workload:1"
 GPU = "compilecache.io/gpu"
