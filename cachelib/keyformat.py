@@ -15,7 +15,7 @@ empty, so that ``/`` can separate segments and the string form round-trips exact
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -132,3 +132,38 @@ def cache_prefix(namespace: str, name: str) -> str:
 
 def _is_dns_subdomain(value: str) -> bool:
     return len(value) <= 253 and all(_SUBDOMAIN_PART.match(label) for label in value.split("."))
+
+
+VERSION_FIELDS = ("torch", "triton", "cuda", "py")
+"""The version fields of a key a preload may ask for."""
+
+
+def version_matches(have: str, wanted: str | None) -> bool:
+    """``wanted`` None matches anything; ``2.13.0`` matches ``2.13.0`` and ``2.13.0+cu128``."""
+    if wanted is None or have == wanted:
+        return True
+    return "+" not in wanted and have.split("+", 1)[0] == wanted
+
+
+def select_keys(
+    keys: Iterable[CacheKey], *, gpu: str | None = None, versions: Mapping[str, str | None] | None = None
+) -> list[CacheKey]:
+    """The keys of the given GPU (slug, or any when None) whose versions match, in key order."""
+    wanted = {k: v for k, v in (versions or {}).items() if v is not None}
+    unknown = set(wanted) - set(VERSION_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown version field(s): {', '.join(sorted(unknown))}")
+    slug = gpu_slug(gpu) if gpu else None
+    return sorted(
+        k
+        for k in keys
+        if (slug is None or k.gpu == slug) and all(version_matches(getattr(k, f), v) for f, v in wanted.items())
+    )
+
+
+def parse_cache_ref(text: str) -> tuple[str, str]:
+    """``NS/NAME`` -> (namespace, name); :class:`InvalidKey` when malformed."""
+    namespace, sep, name = text.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise InvalidKey(f"--cache {text!r}: expected NAMESPACE/NAME")
+    return namespace, name

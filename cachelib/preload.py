@@ -26,25 +26,23 @@ import functools
 import json
 import logging
 import os
-import shutil
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BundleError
 from cachelib.bundlereader import BundleReader
-from cachelib.keyformat import CacheKey, InvalidKey, cache_prefix, gpu_slug
+from cachelib.deadline import within_deadline
+from cachelib.keyformat import CacheKey, InvalidKey, cache_prefix, gpu_slug, parse_cache_ref, select_keys
 from cachelib.podcontract import CACHE_DIR_ENV, GPU_ENV
 from cachelib.progress import Watch, unwatched
 from cachelib.signing import PublicKey, check_stored
 from cachelib.stores import NotFound, Store, StoreError, StoreUnavailable, open_store
 from cachelib.stores._stream import stream_size
 from cachelib.unpack import (
-    LOCK_SUFFIX,
     SHARE_GROUP,
     Cancelled,
     Gate,
@@ -76,7 +74,6 @@ a bomb after its header."""
 DEFAULT_DEADLINE = 30.0
 """The CLI's default for ``--deadline`` (seconds for the whole preload)."""
 DEFAULT_SHARE = SHARE_GROUP
-VERSION_FIELDS = ("torch", "triton", "cuda", "py")
 log = logging.getLogger(__name__)
 
 
@@ -154,38 +151,6 @@ class PreloadResult:
 
     def exit_code(self, strict: bool) -> int:
         return 0 if self.result == HIT or not strict else 1
-
-
-# -- key resolution (pure) ---------------------------------------------------------------------------
-def version_matches(have: str, wanted: str | None) -> bool:
-    """``wanted`` None matches anything; ``2.13.0`` matches ``2.13.0`` and ``2.13.0+cu128``."""
-    if wanted is None or have == wanted:
-        return True
-    return "+" not in wanted and have.split("+", 1)[0] == wanted
-
-
-def select_keys(
-    keys: Iterable[CacheKey], *, gpu: str | None = None, versions: Mapping[str, str | None] | None = None
-) -> list[CacheKey]:
-    """The keys of the given GPU (slug, or any when None) whose versions match, in key order."""
-    wanted = {k: v for k, v in (versions or {}).items() if v is not None}
-    unknown = set(wanted) - set(VERSION_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown version field(s): {', '.join(sorted(unknown))}")
-    slug = gpu_slug(gpu) if gpu else None
-    return sorted(
-        k
-        for k in keys
-        if (slug is None or k.gpu == slug) and all(version_matches(getattr(k, f), v) for f, v in wanted.items())
-    )
-
-
-def parse_cache_ref(text: str) -> tuple[str, str]:
-    """``NS/NAME`` -> (namespace, name); :class:`InvalidKey` when malformed."""
-    namespace, sep, name = text.partition("/")
-    if not sep or not namespace or not name or "/" in name:
-        raise InvalidKey(f"--cache {text!r}: expected NAMESPACE/NAME")
-    return namespace, name
 
 
 def keys_in_cache(store: Store, namespace: str, name: str) -> list[CacheKey]:
@@ -477,60 +442,6 @@ def _failure(exc: Exception) -> tuple[str, str]:
     return ERROR, f"unexpected {type(exc).__name__}: {exc}"
 
 
-_abandoned: list[threading.Thread] = []
-_abandoned_lock = threading.Lock()
-
-
-def abandoned_work() -> bool:
-    """Whether a preload called off by its deadline left a worker thread blocked (in a socket read,
-    say). A command line that is done should then leave with ``os._exit``: the interpreter would
-    otherwise wait for that worker's thread pools at exit."""
-    with _abandoned_lock:
-        _abandoned[:] = [t for t in _abandoned if t.is_alive()]
-        return bool(_abandoned)
-
-
-def _within_deadline(job: _Job, work: Callable[[], None], deadline: float | None) -> bool:
-    """Run ``work``; with a deadline in a worker thread. False when the deadline passed first:
-    the gate is then closed (an install under way is waited for, later ones never happen) and
-    the worker's staging directories are removed."""
-    if deadline is None:
-        work()
-        return True
-    finished = threading.Event()
-
-    def run() -> None:
-        try:
-            work()
-        finally:
-            finished.set()
-
-    worker = threading.Thread(target=run, name=f"compilecache-{job.mode}", daemon=True)
-    worker.start()
-    try:
-        if finished.wait(max(0.0, deadline)):
-            return True
-    except KeyboardInterrupt:
-        _call_off(job, worker, finished)
-        raise
-    return _call_off(job, worker, finished)
-
-
-def _call_off(job: _Job, worker: threading.Thread, finished: threading.Event) -> bool:
-    """Close the gate (an install under way ends first, later ones never happen) and remove the
-    worker's staging directories; True when it had finished its last install after all."""
-    leftovers = job.gate.close()
-    if finished.wait(0.05):
-        return True  # it was finishing its last install: the result is complete
-    for staging in leftovers:
-        shutil.rmtree(staging, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            os.unlink(f"{staging}{LOCK_SUFFIX}")
-    with _abandoned_lock:
-        _abandoned.append(worker)
-    return False
-
-
 class Interrupted(KeyboardInterrupt):
     """SIGINT ended a preload (or load): ``result`` holds what was installed before, each bundle
     complete with its marker; nothing partial is left (staging directories are removed)."""
@@ -567,7 +478,7 @@ def run(mode: str, request: PreloadRequest) -> PreloadResult:
             result.share, result.owner = request.share, f"{owner[0]}:{owner[1]}" if owner else None
         job = _Job(mode, target, sharing, request.max_ratio, request.watch, Gate(), tuple(request.trusted_keys))
         work = functools.partial(_work, job, request, result)
-        if not _within_deadline(job, work, deadline):
+        if not within_deadline(f"compilecache-{job.mode}", job.gate, work, deadline):
             result = _deadline_result(result, job, deadline)
     except KeyboardInterrupt:
         raise Interrupted(replace(result, hits=list(result.hits), result=ERROR, reason="interrupted")) from None

@@ -53,8 +53,8 @@ def _reader_gone() -> int:
 def _leave_now_if_abandoned(code: int) -> None:
     """After a preload called off by its deadline, exit at once: its worker may still be blocked
     on a frozen server, and the interpreter would wait for that worker's threads at exit."""
-    preload = sys.modules.get("cachelib.preload")
-    if preload is not None and preload.abandoned_work():
+    deadline = sys.modules.get("cachelib.deadline")
+    if deadline is not None and deadline.abandoned_work():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -102,8 +102,7 @@ def parse_owner_arg(text: str) -> tuple[int, int]:
 
 def parse_cache_arg(text: str) -> str:
     """``NS/NAME`` as given; anything else is a bad argument (exit status 2)."""
-    from cachelib.keyformat import InvalidKey
-    from cachelib.preload import parse_cache_ref
+    from cachelib.keyformat import InvalidKey, parse_cache_ref
 
     try:
         parse_cache_ref(text)

@@ -17,8 +17,7 @@ if TYPE_CHECKING:
 
 
 def _prefix(args: argparse.Namespace) -> str:
-    from cachelib.keyformat import cache_prefix
-    from cachelib.preload import parse_cache_ref
+    from cachelib.keyformat import cache_prefix, parse_cache_ref
 
     if args.cache:
         return cache_prefix(*parse_cache_ref(args.cache))

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from compilecache_operator import storeops, warmup_job
+from compilecache_operator.cache_warnings import emit_event
 from compilecache_operator.names import FINALIZER, WARMUP_LABEL
 from compilecache_operator.plan import Variant
 from compilecache_operator.reconcile import (
     cache_spec,
-    emit_event,
     read_storage_secret,
     secret_credentials,
     secret_forbidden,

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from compilecache_operator import cache_status, storeops, warmup_job
-from compilecache_operator.conditions import Condition, now_rfc3339, shown_message
+from compilecache_operator.cache_warnings import (
+    emit_event,
+    failure_warning,
+    post_warnings,
+    warmup_failed_warning,
+)
+from compilecache_operator.conditions import Condition, now_rfc3339
 from compilecache_operator.confinement import check_confinement
 from compilecache_operator.failures import step
 from compilecache_operator.kube import KubeAPI, KubeError
@@ -578,40 +584,3 @@ def secret_credentials(storage: StorageSpec, data: Mapping[str, bytes] | None) -
     return {c.env: data[c.key].decode() for c in storage.secret_keys if c.key in data}
 
 
-def post_warnings(state: State, body: Mapping[str, Any], current: Sequence[WarningEvent], emit: Emit | None) -> None:
-    """Post the warnings of ``current`` that are new for this cache, and remember what stands."""
-    meta = body.get("metadata") or {}
-    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    for warning in fresh_warnings(state.scheduler.warnings.get(key, frozenset()), current):
-        emit_event(emit, body, "Warning", warning.reason, warning.message)
-    if current:
-        state.scheduler.warnings[key] = frozenset(current)
-    else:
-        state.scheduler.warnings.pop(key, None)
-
-
-def emit_event(emit: Emit | None, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    if emit is not None:
-        try:
-            emit(body, type_, reason, shown_message(message))
-        except Exception as exc:  # events are best effort; the log keeps what it said
-            logger.warning("event %s not posted (%s): %s", reason, exc, message)
-
-
-def fresh_warnings(standing: frozenset[WarningEvent], current: Sequence[WarningEvent]) -> list[WarningEvent]:
-    """The warnings of ``current`` to post: those not already standing since an earlier reconcile
-    (a problem is reconciled again until it passes; one event per problem, not one per pass). A
-    problem that goes away and comes back is posted again."""
-    return [w for w in dict.fromkeys(current) if w not in standing]
-
-
-def failure_warning(failure: cache_status.Failure) -> WarningEvent:
-    """A failure that keeps the cache from being served (InvalidSpec, SecretNotFound, SecretForbidden,
-    SecretKeyMissing, NoGPUNodes) as a Warning event of the same reason."""
-    return WarningEvent(failure.reason, failure.message)
-
-
-def warmup_failed_warning(job: JobState, gpu: str) -> WarningEvent:
-    """A failed warm-up Job (posted once, when the Job is counted)."""
-    what = f"{job.reason}: {job.message}" if job.message else job.reason
-    return WarningEvent("WarmupFailed", f"Job {job.name} ({gpu}) failed: {what}")

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from compilecache_operator import cache_status
+from compilecache_operator.cache_warnings import failure_warning, post_warnings
 from compilecache_operator.conditions import now_rfc3339
 from compilecache_operator.deletion import finalize
 from compilecache_operator.failures import describe, failure_of
@@ -30,9 +31,7 @@ from compilecache_operator.reconcile import (
     apply_actions,
     cache_spec,
     decide_actions,
-    failure_warning,
     is_deleting,
-    post_warnings,
     read_snapshot,
     write_status,
 )

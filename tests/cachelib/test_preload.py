@@ -12,14 +12,8 @@ import pytest
 
 from cachelib.bundle import CACHEDIR_PART, PREAMBLE
 from cachelib.bundlereader import read_header
-from cachelib.keyformat import CacheKey
-from cachelib.preload import (
-    PreloadFailed,
-    choose_gpu,
-    preload,
-    select_keys,
-    version_matches,
-)
+from cachelib.keyformat import CacheKey, select_keys, version_matches
+from cachelib.preload import PreloadFailed, choose_gpu, preload
 from cachelib.publish import publish
 from cachelib.stores import open_store
 from cachelib.unpack import RUNTIME_DIRS

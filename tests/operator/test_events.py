@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compilecache_operator import cache_status, reconcile
+from compilecache_operator import cache_status, cache_warnings
 from compilecache_operator.metrics import Metrics
 from compilecache_operator.results import JobState
 from compilecache_operator.spec import Defaults
@@ -31,27 +31,27 @@ def new_state() -> State:
 
 def test_failures_become_warnings_of_the_same_reason() -> None:
     for reason in ("InvalidSpec", "SecretNotFound", "SecretKeyMissing", "NoGPUNodes"):
-        warning = reconcile.failure_warning(cache_status.Failure(reason, f"spec.x: {reason}"))
+        warning = cache_warnings.failure_warning(cache_status.Failure(reason, f"spec.x: {reason}"))
         assert warning == WarningEvent(reason, f"spec.x: {reason}")
 
 
 def test_a_failed_warmup_names_the_job_the_gpu_and_the_failure() -> None:
     job = JobState(name="cc-mlp-0123456789-g3", variant="0123456789", generation=3, phase="failed",
                    reason="CompileFailed", message="container compile of pod p exited with code 1: boom")
-    assert reconcile.warmup_failed_warning(job, "NVIDIA-L4") == WarningEvent(
+    assert cache_warnings.warmup_failed_warning(job, "NVIDIA-L4") == WarningEvent(
         "WarmupFailed",
         "Job cc-mlp-0123456789-g3 (NVIDIA-L4) failed: CompileFailed: container compile of pod p exited with code 1: "
         "boom",
     )
     bare = JobState(name="j", variant="v", generation=1, phase="failed", reason="BackoffLimitExceeded")
-    assert reconcile.warmup_failed_warning(bare, "cpu").message == "Job j (cpu) failed: BackoffLimitExceeded"
+    assert cache_warnings.warmup_failed_warning(bare, "cpu").message == "Job j (cpu) failed: BackoffLimitExceeded"
 
 
 def test_only_new_problems_are_posted() -> None:
     a, b = WarningEvent("InvalidSpec", "spec.image: required"), WarningEvent("StorePruneFailed", "x")
-    assert reconcile.fresh_warnings(frozenset(), [a, a]) == [a]
-    assert reconcile.fresh_warnings(frozenset({a}), [a, b]) == [b]
-    assert reconcile.fresh_warnings(frozenset({a, b}), []) == []
+    assert cache_warnings.fresh_warnings(frozenset(), [a, a]) == [a]
+    assert cache_warnings.fresh_warnings(frozenset({a}), [a, b]) == [b]
+    assert cache_warnings.fresh_warnings(frozenset({a, b}), []) == []
 
 
 def test_a_standing_problem_is_posted_once_and_again_after_it_cleared() -> None:
@@ -60,14 +60,14 @@ def test_a_standing_problem_is_posted_once_and_again_after_it_cleared() -> None:
     posted, emit = recorder()
     invalid = WarningEvent("InvalidSpec", "spec.model.target: 'x y' is not module:function")
     for _ in range(3):
-        reconcile.post_warnings(state, body, [invalid], emit)
+        cache_warnings.post_warnings(state, body, [invalid], emit)
     assert posted == [("Warning", "InvalidSpec", invalid.message)]
     fixed = WarningEvent("InvalidSpec", "spec.storage.url: required")
-    reconcile.post_warnings(state, body, [fixed], emit)
+    cache_warnings.post_warnings(state, body, [fixed], emit)
     assert posted[-1] == ("Warning", "InvalidSpec", fixed.message), "a different problem is news"
-    reconcile.post_warnings(state, body, [], emit)
+    cache_warnings.post_warnings(state, body, [], emit)
     assert ("team-a", "mlp") not in state.scheduler.warnings
-    reconcile.post_warnings(state, body, [fixed], emit)
+    cache_warnings.post_warnings(state, body, [fixed], emit)
     assert len(posted) == 3, "a problem that comes back is posted again"
 
 
@@ -75,8 +75,8 @@ def test_warnings_are_kept_per_cache() -> None:
     state = new_state()
     posted, emit = recorder()
     problem = WarningEvent("SecretNotFound", "spec.storage.secretRef.name: Secret 'creds' not found")
-    reconcile.post_warnings(state, owner(name="a"), [problem], emit)
-    reconcile.post_warnings(state, owner(name="b"), [problem], emit)
+    cache_warnings.post_warnings(state, owner(name="a"), [problem], emit)
+    cache_warnings.post_warnings(state, owner(name="b"), [problem], emit)
     assert len(posted) == 2
 
 
@@ -86,5 +86,5 @@ def test_a_failing_event_api_never_breaks_the_reconcile() -> None:
 
     state = new_state()
     pruning = WarningEvent("StorePruneFailed", "pruning failed: x")
-    reconcile.post_warnings(state, owner(), [pruning], broken)
+    cache_warnings.post_warnings(state, owner(), [pruning], broken)
     assert state.scheduler.warnings[("team-a", "mlp")] == frozenset({pruning})
