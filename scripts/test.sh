@@ -34,9 +34,9 @@ step() {  # step NAME COMMAND... : run it in this shell, its seconds into the re
 # flock (builds take turns); python3-yaml: the linters' schema conversion runs before the venv exists.
 step apt apt_install redis-server prometheus binutils ca-certificates podman buildah runc mmdebstrap uidmap \
     util-linux containernetworking-plugins iproute2 gcc libc6-dev python3-yaml \
-    python3-dev zsh lua5.4 gnupg  # the real node: CNI bridge, ip, the static pause binary; Python.h: Triton's C
-                                  # modules (tests); zsh parses the CLI's completion script; lua5.4 runs the Argo CD
-                                  # health check; gnupg signs the release's test
+    python3-dev zsh lua5.4 gnupg libnuma1  # the real node: CNI bridge, ip, the static pause binary; Python.h:
+                                  # Triton's C modules (tests); zsh parses the CLI's completion script; lua5.4 runs
+                                  # the Argo CD health check; gnupg signs the release's test; libnuma: vLLM's CPU kernels
 
 # The Go builds, in the background when something is not cached (each skips what is); COMPILECACHE_TEST_OVERLAP=0
 # runs them first, in the foreground (to measure what the overlap saves: docs/testing.md).

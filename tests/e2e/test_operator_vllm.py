@@ -82,7 +82,8 @@ def vllm_pod(name: str, extra: list[str]) -> dict[str, Any]:
         "env": [{"name": k, "value": v} for k, v in ENV.items()],
         "volumeMounts": [MODEL_MOUNT],
         "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 5},
-        "resources": {"limits": {"cpu": "2", "memory": "6Gi"}},
+        # both pods fit the 2-CPU node beside their watch sidecars: limits alone would request 2 CPUs each
+        "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "6Gi"}},
     }  # fmt: skip
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: "tiny-vllm"}},
             "spec": restricted({"containers": [container], "volumes": [MODEL_VOLUME]})}  # fmt: skip

