@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -24,6 +25,12 @@ __all__ = ["redis_cluster", "redis_server", "s3_server", "store_url"]
 """The store servers, one of each per session for every folder (a fixture imported into several conftests would be
 started once for each of them); tests/e2e/conftest.py has its own Redis, on the node's bridge."""
 
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # A suite started with SIGINT ignored (an asynchronous command of a shell without job control, as a CI runner
+    # or `nohup cmd &` may start it) would pass that on to every process it starts, and the tests that interrupt
+    # the command line (Ctrl-C: what it says it left where) would see their SIGINT ignored. Python's own default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 LANES = ("default", "full")
 
