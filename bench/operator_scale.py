@@ -83,7 +83,7 @@ def spec(mode: str = "default") -> dict[str, Any]:
 def settled_status(name: str, body: dict[str, Any]) -> dict[str, Any]:
     """The status a finished warm-up leaves: the bundle of the planned variant, as the operator writes it."""
     parsed = parse_spec(body["spec"], Defaults())
-    (variant,) = plan_variants(NS, name, parsed)
+    (variant,) = plan_variants(body["metadata"]["namespace"], name, parsed)
     record = BundleRecord(variant=variant.id, key=KEY.format(name=name), gpu=variant.gpu_label, image=IMAGE,
                           generation=1, job_id="job", job=f"cc-{name}", created="2026-01-01T00:00:00Z",
                           digest="0" * 64, bytes=1000)

@@ -22,39 +22,29 @@ from typing import Any
 
 import pytest
 from compilecache_operator import coldstarts, names, scheduling
-from compilecache_operator.cache_status import without_empty_strings
 from compilecache_operator.handlers import count_cold_start
 from compilecache_operator.kube import KubeAPI
 from compilecache_operator.metrics import Metrics
-from compilecache_operator.plan import BundleRecord, plan_variants
-from compilecache_operator.spec import Defaults
-from compilecache_operator.spec_parse import parse_spec
 from compilecache_operator.startup import CountedPods
-from compilecache_operator.state import Indexes, Settings, State
-from compilecache_operator.warmup_job import JobSettings
+from compilecache_operator.state import Indexes, State
 
+from bench import operator_scale
 from cachelib.verdict import WHY_KEY
+from tests.operator.reconcile_samples import SETTINGS
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.crd import CC_API, install_crd
 from testsupport.kube.rest import KubeClient
 
-IMAGE = "registry.example/app:1"
-
 
 def settled_cache(client: KubeClient, namespace: str, name: str) -> dict[str, Any]:
-    """A CompileCache whose warm-up already published its bundle (recorded in status, as the operator does),
-    and one pod's cold start already tallied: what the index of a lagging operator holds."""
+    """A CompileCache whose warm-up already published its bundle (recorded in status, as the operator does):
+    the scale bench's (bench/operator_scale.py)."""
     body = client.post(f"{CC_API}/namespaces/{namespace}/compilecaches", {
         "apiVersion": "compilecache.io/v1alpha1", "kind": "CompileCache", "metadata": {"name": name},
-        "spec": {"image": IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": "redis://127.0.0.1:1/0"},
-                 "gpuTypes": ["cpu"]}})  # fmt: skip
-    (variant,) = plan_variants(namespace, name, parse_spec(body["spec"], Defaults()))
-    record = BundleRecord(variant=variant.id, key=f"cc1/{namespace}/{name}/cpu", gpu=variant.gpu_label, image=IMAGE,
-                          generation=1, job_id="job", job=f"cc-{name}", created="2026-01-01T00:00:00Z",
-                          digest="0" * 64, bytes=1000)  # fmt: skip
-    status = {"bundles": [without_empty_strings(record.to_status())], "bundleCount": 1, "plannedGPUs": "cpu"}
+        "spec": operator_scale.spec()})  # fmt: skip
     client.request("PATCH", f"{CC_API}/namespaces/{namespace}/compilecaches/{name}/status",
-                   body={"status": status}, content_type="application/merge-patch+json")
+                   body={"status": operator_scale.settled_status(name, body)},
+                   content_type="application/merge-patch+json")  # fmt: skip
     return body
 
 
@@ -67,8 +57,7 @@ def ended_pod(cache: str, n: int) -> dict[str, Any]:
 
 
 def operator_state(api: KubeAPI, index: Mapping[str, Any]) -> State:
-    state = State(settings=Settings(defaults=Defaults(), jobs=JobSettings(preloader_image="p")), metrics=Metrics(),
-                  api=api)  # fmt: skip
+    state = State(settings=SETTINGS, metrics=Metrics(), api=api)
     meta = index["metadata"]
     state.cluster.indexes = Indexes(caches={(meta["namespace"], meta["name"]): [index]})
     return state
