@@ -200,15 +200,32 @@ def judge(counters: Mapping[str, Mapping[str, int]], fell_back: Sequence[str], p
     return None
 
 
+def restarted_attempts(counters: Mapping[str, Mapping[str, int]]) -> int:
+    """AOTAutograd compiles that Dynamo restarted before they ended (pure): ``total`` counts each start,
+    ``ok`` and ``not_ok`` each end, and a restart (torch's ``TensorifyScalarRestartAnalysis``, when a
+    Python float of a dynamic-shape graph cannot become a tensor) ends neither. Each such attempt looks
+    its key up, misses, and is never saved, in the warm-up as in every pod: no cache can serve it."""
+    aot = counters.get("aot_autograd", {})
+    return max(0, aot.get("total", 0) - aot.get("ok", 0) - aot.get("not_ok", 0))
+
+
+def avoidable_misses(counters: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """The FX-graph and AOTAutograd misses a cache could have served (pure): every miss but those of
+    restarted attempts (:func:`restarted_attempts`)."""
+    inductor, aot = counters.get("inductor", {}), counters.get("aot_autograd", {})
+    return {
+        "FX-graph": inductor.get("fxgraph_cache_miss", 0),
+        "AOTAutograd": max(0, aot.get("autograd_cache_miss", 0) - restarted_attempts(counters)),
+    }
+
+
 def judge_plain(counters: Mapping[str, Mapping[str, int]], problems: Sequence[str]) -> str | None:
     """Why a pod without ``warm_start()`` would not start warm on this bundle; None when every
-    FX-graph and AOTAutograd lookup hit (pure)."""
+    FX-graph and AOTAutograd lookup a cache can serve hit (pure)."""
     if problems:
         return problems[0] if problems[0].startswith(RAISED) else "outputs differ from eager: " + problems[0]
     inductor, aot = counters.get("inductor", {}), counters.get("aot_autograd", {})
-    misses = {name: count for name, count in (
-        ("FX-graph", inductor.get("fxgraph_cache_miss", 0)), ("AOTAutograd", aot.get("autograd_cache_miss", 0)),
-    ) if count}  # fmt: skip
+    misses = {name: count for name, count in avoidable_misses(counters).items() if count}
     if misses:
         return "missed " + ", ".join(f"{count} {name} lookup(s)" for name, count in misses.items())
     if not inductor.get("fxgraph_cache_hit") and not aot.get("autograd_cache_hit"):
