@@ -90,17 +90,23 @@ def settled_status(name: str, body: dict[str, Any]) -> dict[str, Any]:
     return {"bundles": [without_empty_strings(record.to_status())], "bundleCount": 1, "plannedGPUs": "cpu"}
 
 
-def create_caches(client: KubeClient, count: int, workers: int = 8) -> None:
-    def one(i: int) -> None:
-        name = f"cache-{i:05d}"
-        body = client.post(f"{CC_API}/namespaces/{NS}/compilecaches", {
-            "apiVersion": "compilecache.io/v1alpha1", "kind": "CompileCache", "metadata": {"name": name},
-            "spec": spec()})
-        client.request("PATCH", f"{CC_API}/namespaces/{NS}/compilecaches/{name}/status",
-                       body={"status": settled_status(name, body)}, content_type="application/merge-patch+json")
+def create_cache(client: KubeClient, namespace: str, name: str, *, ready: bool = False) -> dict[str, Any]:
+    """One CompileCache whose warm-up already published its bundle (recorded in status, as the operator
+    does); ``ready``: its status says Ready too, as after the operator's first reconcile."""
+    body = client.post(f"{CC_API}/namespaces/{namespace}/compilecaches", {
+        "apiVersion": "compilecache.io/v1alpha1", "kind": "CompileCache", "metadata": {"name": name},
+        "spec": spec()})  # fmt: skip
+    status = settled_status(name, body)
+    if ready:
+        status["conditions"] = [{"type": "Ready", "status": "True", "reason": "BundlesPublished", "message": "",
+                                 "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}]
+    return client.request("PATCH", f"{CC_API}/namespaces/{namespace}/compilecaches/{name}/status",
+                          body={"status": status}, content_type="application/merge-patch+json")  # fmt: skip
 
+
+def create_caches(client: KubeClient, count: int, workers: int = 8) -> None:
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(one, range(count)))
+        list(pool.map(lambda i: create_cache(client, NS, f"cache-{i:05d}"), range(count)))
 
 
 class Observed:

@@ -6,8 +6,10 @@ which ``main`` builds and whose :meth:`~compilecache_operator.startup.Runtime.st
 
 - the start-up handler starts the operator's own watches of CompileCaches, warm-up Jobs and Nodes
   (:mod:`compilecache_operator.watches`; not Kopf's indexes, whose cost grows faster than the square
-  of the number of objects) and returns once they have listed, so the operator is Ready (``/readyz``)
-  and its webhook server starts only once it knows every cache. Their changes queue reconciles
+  of the number of objects) and returns once the namespaces are listed: from then on the webhook answers
+  every pod as it will once every cache is known (a cache not listed yet is read when its pod asks), its
+  server starts and the operator is Ready (``/readyz``); reconciles begin once every watch has listed.
+  Their changes queue reconciles
   (:mod:`compilecache_operator.scheduling`): a cache whose inputs changed since its last settled
   reconcile, the owner of a warm-up Job that finished; with ``deletionPolicy: Delete`` the cache
   carries the finalizer ``compilecache.io/bundles``, and its deletion deletes its bundles first. Kopf

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-address", default=_env("METRICS_ADDRESS") or "0.0.0.0",
                    help="address the metrics endpoint listens on (default 0.0.0.0)")
     p.add_argument("--health-port", type=int, default=_env_int("HEALTH_PORT", 8081),
-                   help="port of the liveness (/healthz) and readiness (/readyz: every cache known, the webhook "
+                   help="port of the liveness (/healthz) and readiness (/readyz: the namespaces listed, the webhook "
                         "listening) endpoints; 0 turns them off (default 8081)")
     p.add_argument("--health-address", default=_env("HEALTH_ADDRESS") or "0.0.0.0",
                    help="address the liveness and readiness endpoints listen on (default 0.0.0.0)")

@@ -9,8 +9,10 @@ in the objects it holds (the State, :class:`Running`, the counted pods), shared 
 :meth:`Runtime.start` (Kopf's start-up) configures Kopf, logs in, starts the watches of CompileCaches,
 warm-up Jobs and Nodes and wires their indexes into the State, answers the webhook from them, detects
 native sidecars, and starts the probes, the Event poster, the reconcile workers, the resync, the grants,
-the election, the serving certificate and the signing key; it returns once every watch has listed (the
-operator is then Ready, and Kopf starts the webhook server). :meth:`Runtime.stop` undoes it.
+the election, the serving certificate and the signing key; it returns once the namespaces are listed
+(the webhook then answers every pod as it will once the CompileCaches are all listed, reading a cache not
+listed yet when its pod asks; the operator is Ready once Kopf has started the webhook server), and the
+reconciles begin once every watch has listed. :meth:`Runtime.stop` undoes it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import socket
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,11 +54,15 @@ from compilecache_operator.signing import Signing
 from compilecache_operator.state import Emit, State
 from compilecache_operator.validation import read_grants, review_cache
 from compilecache_operator.watches import Watches
-from compilecache_operator.webhook import Views, review_pod
+from compilecache_operator.webhook import Views, asked_cache, review_pod
 
 logger = logging.getLogger(__name__)
 MAX_COUNTED = 100_000
 GRANTS_SECONDS = 5.0
+UNLISTED_READ_SECONDS = 2.0
+"""The longest a pod's admission waits to read its CompileCache while the caches are not all listed (the
+webhook's own timeout is longer: the pod is admitted unchanged, as for an unknown cache, past it)."""
+ReadUnlisted = Callable[[tuple[str, str]], Awaitable[None]]
 """How often the grant ConfigMaps of the operator's namespace are read."""
 
 
@@ -177,8 +183,9 @@ class Runtime:
 
     async def start(self, settings: kopf.OperatorSettings) -> None:
         """Configure Kopf, log in, start the watches and everything that runs beside the handlers; return
-        once every watch has listed (Ready). Stopped while it waits (SIGTERM before every watch has listed:
-        Kopf cancels its start-up activity and runs no cleanup after it), it stops what it started itself."""
+        once the webhook can answer pods (the namespaces listed: :meth:`mark_admitting`). Stopped while it
+        waits (SIGTERM then: Kopf cancels its start-up activity and runs no cleanup after it), it stops what
+        it started itself."""
         try:
             await self._start(settings)
         except asyncio.CancelledError:
@@ -201,7 +208,9 @@ class Runtime:
         )
         state.cluster.indexes = watches.indexes()
         state.injection.namespace_levels = watches.namespace_levels
-        answer_webhook(state, self.admission.server, watches.views)
+        api = state.api
+        answer_webhook(state, self.admission.server, watches.views,
+                       lambda key: watches.fetch_unlisted(api, key, UNLISTED_READ_SECONDS))
         state.injection.sidecars = await detect_native_sidecars(state.api, state.settings.native_sidecars)
         logger.info("native sidecars %s: %s", "available" if state.injection.sidecars.available else "not available",
                     state.injection.sidecars.basis)
@@ -229,6 +238,11 @@ class Runtime:
             tasks.append(cert_task)
         if self.signing_secret is not None:
             tasks.append(await start_signing(state, self.signing_secret))
+        await watches.wait_admitting()
+        self.mark_admitting()
+        tasks.append(asyncio.create_task(self.until_listed(watches), name="until every watch has listed"))
+
+    async def until_listed(self, watches: Watches) -> None:
         await watches.wait_synced()
         self.mark_ready()
 
@@ -239,21 +253,31 @@ class Runtime:
             return
         self.running.events.emit(body, type_, reason, message)
 
+    def mark_admitting(self) -> None:
+        """The namespaces are listed: the webhook answers every pod as it will once every watch has listed
+        (a cache not listed yet is read when its pod asks): Ready from now on, and SIGTERM drains."""
+        state = self.state
+        if state.cluster.admitting:
+            return
+        state.cluster.admitting = True
+        logger.info("the namespaces listed: admitting pods (CompileCaches read one by one until listed)")
+        if self.stop_flag is not None:
+            drain_on_sigterm(state, self.stop_flag, self.shutdown_delay)
+
     def mark_ready(self) -> None:
         """Every watch has listed: the webhook knows every cache, each cache's metrics are made, reconciles
-        may begin; from now on SIGTERM drains."""
+        may begin."""
         state = self.state
         if state.cluster.ready:
             return
+        self.mark_admitting()
         state.cluster.ready = True
         caches = state.cluster.indexes.caches
         for key in list(caches):
             body = state.cluster.indexes.cache(key)
             if body is not None:
                 scheduling.observe(state, key, body)
-        logger.info("every watch listed: %d CompileCache(s); ready", len(caches))
-        if self.stop_flag is not None:
-            drain_on_sigterm(state, self.stop_flag, self.shutdown_delay)
+        logger.info("every watch listed: %d CompileCache(s)", len(caches))
 
     async def stop(self) -> None:
         """Stop what :meth:`start` started; release the Lease; close the API client; and raise the stop flag.
@@ -330,20 +354,26 @@ def configure_kopf(settings: kopf.OperatorSettings, intervals: Intervals, admiss
     settings.admission.managed = admission.managed
 
 
-def answer_webhook(state: State, server: kopfadapter.AdmissionServer | None, views: Views) -> None:
-    """Let the operator's own webhook server answer each webhook from the State and the cache views."""
+def answer_webhook(state: State, server: kopfadapter.AdmissionServer | None, views: Views,
+                   unlisted: ReadUnlisted | None = None) -> None:
+    """Let the operator's own webhook server answer each webhook from the State and the cache views
+    (``unlisted``: read a cache the views do not hold while the caches are not all listed)."""
     if server is None:
         return
-    server.answers = admission_answers(state, views)
+    server.answers = admission_answers(state, views, unlisted)
     server.draining = lambda: state.lifecycle.draining
 
 
-def admission_answers(state: State, views: Views) -> dict[str, kopfadapter.Answer]:
+def admission_answers(state: State, views: Views, unlisted: ReadUnlisted | None = None
+                      ) -> dict[str, kopfadapter.Answer]:
     """Each webhook's answer, by id (the CompileCache one answers only where it is registered), and the CRD's
     conversion (:mod:`compilecache_operator.conversion`, at ``/convert``)."""
 
     async def pods(review: Mapping[str, Any]) -> dict[str, Any]:
         with state.metrics.timed(WEBHOOK_HANDLER):
+            key = asked_cache(review)
+            if unlisted is not None and key is not None and key not in views:
+                await unlisted(key)
             return review_pod(state, views, review)
 
     async def regrant() -> tuple[Grant, ...]:
@@ -398,8 +428,9 @@ async def start_signing(state: State, where: SigningSecret) -> asyncio.Task[None
 
 def readiness(state: State, server: kopfadapter.AdmissionServer | None,
               admission: Admission | None = None) -> Callable[[], bool]:
-    """What ``/readyz`` answers: the caches are known and, where this replica serves the webhook,
-    its endpoint accepts connections with the certificate to serve; not while shutting down."""
+    """What ``/readyz`` answers: the webhook answers pods as it will once every cache is known and, where
+    this replica serves the webhook, its endpoint accepts connections with the certificate to serve; not
+    while shutting down."""
     if server is None:
         return state.serving
     webhook = server

@@ -139,7 +139,10 @@ class ClusterView:
     counted_jobs: set[tuple[str, str]] = field(default_factory=set)
     """Jobs (namespace, name) marked as counted whose annotation the index has not shown yet."""
     ready: bool = False
-    """Every watch has listed its objects once: the webhook knows every CompileCache (its readiness)."""
+    """Every watch has listed its objects once: the webhook knows every CompileCache."""
+    admitting: bool = False
+    """The webhook answers pods as it will once every watch has listed (the namespaces are listed; a
+    CompileCache not listed yet is read when its pod asks): the replica's readiness."""
     specs: dict[Key, tuple[Mapping[str, Any], Settings, CacheSpec | InvalidSpec]] = field(default_factory=dict)
     """Per cache, its checked spec with the object and the settings it was checked from: parsed once for
     each of their versions (:func:`compilecache_operator.reconcile.cache_spec`)."""
@@ -268,8 +271,9 @@ class State:
         self.scheduler = Scheduler(concurrency=self.settings.concurrency)
 
     def serving(self) -> bool:
-        """Ready for admissions: every CompileCache known, and not shutting down."""
-        return not self.lifecycle.draining and self.cluster.ready
+        """Ready for admissions: the webhook answers pods as it will once every watch has listed, and the
+        replica is not shutting down."""
+        return not self.lifecycle.draining and (self.cluster.admitting or self.cluster.ready)
 
     def forget(self, key: Key) -> None:
         """A deleted cache: drop what is remembered about it."""

@@ -10,6 +10,11 @@ webhook may inject a node cache: :mod:`compilecache_operator.podsecurity`). The 
 CompileCache (:class:`CacheViews`) is made from the object when a pod first asks for it and kept until the
 object or the settings change.
 
+Until the CompileCaches are all listed (a restarted operator lists every one of them, seconds at 10,000),
+the webhook reads the one a pod asks for itself (:meth:`Watches.fetch_unlisted`: one GET, bounded), so a
+replica injects pods once it knows the namespaces' Pod Security levels (:meth:`Watches.wait_admitting`),
+not once it knows every cache.
+
 Every change is applied when it arrives, at a cost that does not grow with the number of objects; it is
 then handed to ``on_cache`` or ``on_job`` (which decide whether a reconcile is due). :meth:`Watches.synced`
 says that every watch has listed its objects once: from then on the webhook knows every CompileCache.
@@ -18,13 +23,15 @@ says that every watch has listed its objects once: from then on the webhook know
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
+import aiohttp
 from compilecache_operator import cacheview, podsecurity
-from compilecache_operator.informer import Change, Informer, ObjectKey, Resource, count_labels, index_by
-from compilecache_operator.kube import KubeAPI
+from compilecache_operator.informer import Change, Informer, ObjectKey, Resource, count_labels, index_by, kept
+from compilecache_operator.kube import KubeAPI, KubeError
 from compilecache_operator.names import API_VERSION, KIND, PLURAL, WARMUP_LABEL
 from compilecache_operator.state import Indexes, Key, Settings, owner_uids
 
@@ -33,6 +40,7 @@ JOBS = Resource("batch/v1", "Job", "jobs", selector=WARMUP_LABEL)
 NODES = Resource("v1", "Node", "nodes")
 NAMESPACES = Resource("v1", "Namespace", "namespaces")
 Obj = Mapping[str, Any]
+logger = logging.getLogger(__name__)
 
 
 class Singles(Mapping[Key, tuple[Obj]]):
@@ -71,12 +79,14 @@ class CacheViews(Mapping[Key, tuple[cacheview.CacheView]]):
     """The webhook's view of each CompileCache, made on first use from the object and the settings of the
     moment, and made again once either changed (a grant, the signing key)."""
 
-    def __init__(self, caches: Mapping[Key, Obj], settings: Callable[[], Settings]) -> None:
-        self._caches, self._settings = caches, settings
+    def __init__(self, caches: Mapping[Key, Obj], settings: Callable[[], Settings],
+                 fetched: Callable[[], Mapping[Key, Obj]] = dict) -> None:
+        self._caches, self._settings, self._fetched = caches, settings, fetched
         self._made: dict[Key, tuple[Obj, Settings, cacheview.CacheView]] = {}
 
     def __getitem__(self, key: Key) -> tuple[cacheview.CacheView]:
-        body, settings = self._caches[key], self._settings()
+        body = self._caches.get(key) or self._fetched()[key]
+        settings = self._settings()
         made = self._made.get(key)
         if made is None or made[0] is not body or made[1] is not settings:
             made = (body, settings, cacheview.cache_view(body, settings.defaults, settings.confinement))
@@ -106,7 +116,9 @@ class Watches:
         """A Node label key → how many Nodes carry each of its values."""
         self.namespace_levels: dict[str, tuple[str]] = {}
         """A namespace's name → its Pod Security enforce label ("" when unlabelled), read as an index."""
-        self.views = CacheViews(self.caches, settings)
+        self.fetched: dict[Key, Obj] = {}
+        """CompileCaches the webhook read itself before the list had them (:meth:`fetch_unlisted`)."""
+        self.views = CacheViews(self.caches, settings, lambda: {} if self.caches_listed() else self.fetched)
         self._on_cache, self._on_job = on_cache, on_job
         scopes: Sequence[str | None] = list(namespaces) or [None]
         self.informers = [
@@ -120,6 +132,7 @@ class Watches:
         return Indexes(caches=Singles(self.caches), jobs=Grouped(self.jobs), nodes=self.nodes)
 
     def cache_changed(self, change: Change) -> None:
+        self.fetched.pop(change.key, None)
         if change.new is None:
             self.caches.pop(change.key, None)
             self.views.forget(change.key)
@@ -149,6 +162,33 @@ class Watches:
     async def wait_synced(self) -> None:
         for informer in self.informers:
             await informer.synced.wait()
+        self.fetched.clear()
+
+    def caches_listed(self) -> bool:
+        """Every watch of the CompileCaches has listed them once: the index holds each one."""
+        return all(informer.synced.is_set() for informer in self.informers if informer.resource is CACHES)
+
+    async def wait_admitting(self) -> None:
+        """Until the webhook can answer every pod as it would once every watch has listed: the namespaces'
+        Pod Security levels are listed (a namespace is few objects); a CompileCache not listed yet is
+        read when a pod asks for it (:meth:`fetch_unlisted`)."""
+        for informer in self.informers:
+            if informer.resource is NAMESPACES:
+                await informer.synced.wait()
+
+    async def fetch_unlisted(self, api: KubeAPI, key: Key, timeout: float) -> None:
+        """Before the CompileCaches are all listed, read the one ``key`` names, unless the list or an earlier
+        read has it: one GET of at most ``timeout`` seconds. A failure (or no such cache) leaves it to the
+        list: the pod gets the webhook's answer for a cache it does not know, as before."""
+        if self.caches_listed() or key in self.caches or key in self.fetched:
+            return
+        try:
+            body = await asyncio.wait_for(api.get_cache(*key), timeout)
+        except (KubeError, TimeoutError, OSError, aiohttp.ClientError) as exc:
+            logger.info("CompileCache %s/%s not read before the list (%s): its pod is left to the list", *key, exc)
+            return
+        if body is not None and not self.caches_listed() and key not in self.caches:
+            self.fetched[key] = kept(body, CACHES)
 
     def start(self) -> list[asyncio.Task[None]]:
         return [asyncio.create_task(informer.run(), name=f"watch of {informer.what}") for informer in self.informers]

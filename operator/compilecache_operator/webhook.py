@@ -88,6 +88,19 @@ def fill_namespace(review: Mapping[str, Any]) -> None:
 Views = Mapping[tuple[str, str], Collection[cacheview.CacheView]]
 
 
+def asked_cache(review: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The CompileCache (namespace, name) an opted-in pod being created asks for (pure); None for any
+    other review."""
+    request = review.get("request") or {}
+    pod = request.get("object")
+    if request.get("operation") != "CREATE" or not isinstance(pod, dict):
+        return None
+    meta = pod.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(CACHE_LABEL)
+    namespace = meta.get("namespace") or request.get("namespace")
+    return (str(namespace), str(name)) if name and namespace else None
+
+
 def namespace_level(state: PodWebhookState, namespace: str) -> str:
     """The Pod Security level ``namespace`` enforces, from the index of the namespaces' enforce labels (the
     operator's ``--pod-security-default`` for an unlabelled namespace, or one the index does not hold yet)."""

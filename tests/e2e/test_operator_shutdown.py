@@ -4,8 +4,9 @@ Before its watches have listed what it watches, the operator is not ready: no ca
 configuration is not written yet, and the stop flag the operator hands Kopf (a ``threading.Event``, waited on in a
 thread of the loop's executor, which the loop joins on its way out) must still be set on SIGTERM, or the process
 hangs until SIGKILL with its Lease still held and the other replica waits out the Lease's 15 s. The operator here
-watches an empty namespace and may not list Nodes (a user with the chart's rules but ``nodes``), so its watch of
-the Nodes never lists and it never becomes ready, whatever else the session's cluster holds.
+watches an empty namespace and may not list Namespaces (a user with the chart's rules but ``namespaces``), so its
+watch of the Namespaces (whose Pod Security levels the webhook needs before it may answer a pod) never lists and it
+never becomes ready, whatever else the session's cluster holds.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ RBAC = "/apis/rbac.authorization.k8s.io/v1"
 
 def grant(client: KubeClient, namespace: str) -> None:
     """What the operator reads and writes in one watched namespace, its Lease there, CRDs and namespaces, its
-    managed webhook configuration: everything it does at start-up except listing Nodes."""
+    managed webhook configuration: everything it does at start-up except listing Namespaces."""
     rules = [
         {"apiGroups": ["compilecache.io"], "resources": ["compilecaches"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": ["compilecache.io"], "resources": ["compilecaches/status"], "verbs": ["patch"]},
@@ -45,7 +46,7 @@ def grant(client: KubeClient, namespace: str) -> None:
     ]
     cluster_rules = [
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
         {"apiGroups": ["admissionregistration.k8s.io"],
          "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
          "verbs": ["get", "list", "watch", "create", "patch"]},
@@ -100,8 +101,8 @@ def test_sigterm_before_the_operator_is_ready_stops_it_at_once_and_releases_the_
 ) -> None:
     wait_for(lambda: holder(kube_client, kube_namespace) or None, 60, "the operator to take its Lease")
     time.sleep(2)  # its watches are running
-    # the watch of the Nodes has not listed (403): the operator is not ready, its webhook configuration not written
-    assert "watch of nodes failed" in unready_operator.log_tail(100_000), unready_operator.log_tail()
+    # the watch of the Namespaces has not listed (403): not ready, its webhook configuration not written
+    assert "watch of namespaces failed" in unready_operator.log_tail(100_000), unready_operator.log_tail()
     assert not unready_operator.ready(), "this test is about the time before the operator is ready"
     process = unready_operator.process
     assert process is not None

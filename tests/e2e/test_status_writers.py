@@ -36,18 +36,6 @@ from testsupport.kube.crd import CC_API, install_crd
 from testsupport.kube.rest import KubeClient
 
 
-def settled_cache(client: KubeClient, namespace: str, name: str) -> dict[str, Any]:
-    """A CompileCache whose warm-up already published its bundle (recorded in status, as the operator does):
-    the scale bench's (bench/operator_scale.py)."""
-    body = client.post(f"{CC_API}/namespaces/{namespace}/compilecaches", {
-        "apiVersion": "compilecache.io/v1alpha1", "kind": "CompileCache", "metadata": {"name": name},
-        "spec": operator_scale.spec()})  # fmt: skip
-    client.request("PATCH", f"{CC_API}/namespaces/{namespace}/compilecaches/{name}/status",
-                   body={"status": operator_scale.settled_status(name, body)},
-                   content_type="application/merge-patch+json")  # fmt: skip
-    return body
-
-
 def ended_pod(cache: str, n: int) -> dict[str, Any]:
     """A pod of ``cache`` whose app ended saying it compiled afresh (its verdict in the termination message)."""
     verdict = {"result": "miss", "cause": "shape", "reason": f"shape of l_x_: [4] → [{8 * n}]"}
@@ -78,7 +66,7 @@ def test_a_tally_and_a_reconcile_interleaved_lose_nothing(
     install_crd(kube_client)
     namespace = namespace_factory(None)
     path = f"{CC_API}/namespaces/{namespace}/compilecaches/mlp"
-    settled_cache(kube_client, namespace, "mlp")
+    operator_scale.create_cache(kube_client, namespace, "mlp")
 
     async def scenario() -> None:
         api = KubeAPI(kube_cluster.connection("status-writers-test", ("system:masters",)))

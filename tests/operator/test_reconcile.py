@@ -197,9 +197,11 @@ def test_the_finalizer_follows_the_deletion_policy(policy: str, current: list[st
     assert reconcile.decide_actions(Snapshot(cache(image="", deletionPolicy=policy)), SETTINGS).finalizers is None
 
 
-def test_the_webhook_is_ready_once_it_knows_every_cache() -> None:
+def test_the_webhook_is_ready_once_it_answers_as_it_will_when_it_knows_every_cache() -> None:
     state = state_with(cache())
     assert not state.serving(), "nothing listed yet"
+    state.cluster.admitting = True
+    assert state.serving(), "the namespaces listed: a cache not listed yet is read when its pod asks"
     state.cluster.ready = True
     assert state.serving(), "every watch has listed"
     state.lifecycle.draining = True

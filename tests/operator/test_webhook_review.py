@@ -14,6 +14,8 @@ from compilecache_operator.podpatch import patched_pod
 from compilecache_operator.spec import Defaults
 from compilecache_operator.state import Settings, State
 from compilecache_operator.warmup_job import JobSettings
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.operator.admission_samples import patched, review
 from tests.operator.samples import pod, view
@@ -90,3 +92,27 @@ def test_the_webhook_reads_the_namespaces_level_from_the_index_and_the_default()
         kinds, warnings = volume_kinds(labels, default)
         assert kinds == {"emptyDir"}, (labels, default)
         assert any("node cache is left out" in w for w in warnings), warnings
+
+
+@given(
+    labels=st.dictionaries(st.sampled_from([CACHE_LABEL, "app"]), st.sampled_from(["", "mlp", "x"]), max_size=2),
+    in_pod=st.sampled_from([None, "", "team-b"]),
+    operation=st.sampled_from(["CREATE", "UPDATE", "DELETE"]),
+)
+def test_the_cache_a_review_asks_for_is_the_labelled_pods_own(
+    labels: dict[str, str], in_pod: str | None, operation: str
+) -> None:
+    """What a restarted operator reads before its list: only the cache an opted-in pod being created names, in
+    the pod's namespace (else the request's)."""
+    shape = pod()
+    shape["metadata"]["labels"] = labels
+    answer = review(shape, operation=operation)
+    if in_pod is not None:
+        answer["request"]["object"]["metadata"]["namespace"] = in_pod
+    asked = webhook.asked_cache(answer)
+    if operation != "CREATE" or not labels.get(CACHE_LABEL):
+        assert asked is None
+    else:
+        assert asked == (in_pod or "team-a", labels[CACHE_LABEL])
+    labelled = operation == "CREATE" and CACHE_LABEL in labels
+    assert asked is None or labelled, "never a cache for a pod the webhook leaves alone"
