@@ -21,8 +21,8 @@ from cachelib.podcontract import CACHEDIR, MEGACACHE_FILE, RESULT_FILE
 from cachelib.progress import stderr_bar
 
 if TYPE_CHECKING:
-    from cachelib.harness import Stages
     from cachelib.signing import PublicKey, Signature
+    from cachelib.stagelog import Stages
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -71,8 +71,8 @@ def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
 def cmd_warmup(args: argparse.Namespace) -> int:
     """Every argument and the store checked, then the harness, then the publish. What it leaves on the
     way is said when it fails or is interrupted: the compiled output is never thrown away unpublished."""
-    from cachelib.harness import Stages
     from cachelib.publish import publish
+    from cachelib.stagelog import Stages
 
     url = store_url(args)  # every argument is checked before anything compiles
     stages = Stages("compilecache warmup")

@@ -93,13 +93,17 @@ def test_job_options_command_env_and_remote_cache() -> None:
 
 def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
     """The copy command of the ``harness`` init container, run for real: harness.py, targets.py,
-    warmstart.py, precheck.py, factors.py, masking.py, the byte-code and Triton-module parts, the pod contract and
-    the vLLM warm-up with its command-line reader and table land side by side, so that short target names,
+    warmstart.py, precheck.py, factors.py, masking.py, the byte-code and Triton-module parts, the pod contract, the
+    stage lines and the vLLM warm-up with its command-line reader and table land side by side (the harness starts
+    from them alone), so that short target names,
     --precompile (with its check) and vLLM warm-ups work in an image without cachelib."""
     subprocess.run([sys.executable, "-c", warmup_job.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "bytecode.py", "compilekey.py", "compilestep.py", "factors.py", "harness.py", "masking.py", "podcontract.py",
-        "precheck.py", "precompileguard.py", "targets.py", "triton_modules.py", "vllm_options.py", "vllmargs.py",
-        "vllmwarm.py", "warmstart.py",
+        "precheck.py", "precompileguard.py", "stagelog.py", "targets.py", "triton_modules.py", "vllm_options.py",
+        "vllmargs.py", "vllmwarm.py", "warmstart.py",
     ]  # fmt: skip
+    alone = subprocess.run([sys.executable, "-E", "-s", str(tmp_path / "harness.py"), "--help"], capture_output=True,
+                           text=True, cwd=tmp_path, check=False)  # fmt: skip
+    assert alone.returncode == 0 and "--target" in alone.stdout, ("the copy imports only its companions", alone.stderr)
     assert "def tiny_mlp" in (tmp_path / "targets.py").read_text()
