@@ -40,11 +40,43 @@ def from_directory(directory: Path) -> CertFiles:
     return CertFiles(cert=cert, key=key, ca=ca if ca.is_file() else None)
 
 
-def _san(name: str) -> x509.GeneralName:
-    try:
-        return x509.IPAddress(ipaddress.ip_address(name))
-    except ValueError:
-        return x509.DNSName(name)
+def alt_names(names: Sequence[str]) -> list[x509.GeneralName]:
+    """Subject alternative names: an IP address as such, anything else as a DNS name."""
+    alt: list[x509.GeneralName] = []
+    for name in names:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alt.append(x509.DNSName(name))
+    return alt
+
+
+def ca_certificate(
+    key: ec.EllipticCurvePrivateKey, name: x509.Name, start: datetime.datetime, end: datetime.datetime,
+    *, path_length: int | None = 0,
+) -> x509.Certificate:
+    """A self-signed CA certificate for ``key``, valid from ``start`` to ``end``: the one CA builder, of the
+    operator's webhook CA and of the test clusters' (``testsupport/kube/pki.py``)."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                key_encipherment=False, data_encipherment=False, key_agreement=False,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
 
 
 @dataclass(frozen=True)
@@ -69,25 +101,7 @@ def issue(hostnames: Sequence[str], validity: datetime.timedelta, now: datetime.
         x509.NameAttribute(NameOID.COMMON_NAME, "compilecache-operator webhook CA"),
         x509.NameAttribute(NameOID.SERIAL_NUMBER, f"{x509.random_serial_number():x}"),
     ])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_cert = ca_certificate(ca_key, ca_name, start, end, path_length=0)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
@@ -97,7 +111,7 @@ def issue(hostnames: Sequence[str], validity: datetime.timedelta, now: datetime.
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName([_san(n) for n in names]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(alt_names(names)), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import datetime
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from compilecache_operator import certs
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -51,26 +51,8 @@ class CertificateAuthority:
         self._key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         name = _name(common_name)
-        self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                    key_encipherment=False, data_encipherment=False, key_agreement=False,
-                    encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False)
-            .sign(self._key, hashes.SHA256())
-        )
+        self._cert = certs.ca_certificate(self._key, name, now - datetime.timedelta(minutes=5), now + VALIDITY,
+                                          path_length=None)
         self.pair = KeyPair(
             cert=_write(directory / "ca.crt", self._cert.public_bytes(serialization.Encoding.PEM)),
             key=_write(directory / "ca.key", _key_pem(self._key), private=True),
@@ -110,22 +92,12 @@ class CertificateAuthority:
             )
         )
         if server_names:
-            builder = builder.add_extension(x509.SubjectAlternativeName(_alt_names(server_names)), critical=False)
+            builder = builder.add_extension(x509.SubjectAlternativeName(certs.alt_names(server_names)), critical=False)
         cert = builder.sign(self._key, hashes.SHA256())
         return KeyPair(
             cert=_write(self.directory / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM)),
             key=_write(self.directory / f"{stem}.key", _key_pem(key), private=True),
         )
-
-
-def _alt_names(names: tuple[str, ...]) -> list[x509.GeneralName]:
-    alt: list[x509.GeneralName] = []
-    for name in names:
-        try:
-            alt.append(x509.IPAddress(ipaddress.ip_address(name)))
-        except ValueError:
-            alt.append(x509.DNSName(name))
-    return alt
 
 
 def write_service_account_keys(directory: Path) -> KeyPair:
