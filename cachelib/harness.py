@@ -37,15 +37,12 @@ failed, 5 target returned the wrong shape, 6 output cannot be written, 7 (only w
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -55,13 +52,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING or __package__:  # imported as cachelib.harness
-    from cachelib import compilekey, compilestep, podcontract
-    from cachelib.stagelog import Stages
+    from cachelib import compilekey, compilestep, podcontract, precompileparts, stagelog
 else:  # run as a script in the warm-up pod: the warm-up Job copies these modules beside this file
     import compilekey
     import compilestep
     import podcontract
-    from stagelog import Stages
+    import precompileparts
+    import stagelog
 
 
 HARNESS_VERSION = "1"
@@ -77,9 +74,7 @@ CHECK_FLAG = "--check-precompile"
 REQUIRE_FLAG = "--require-precompile"
 EXIT_PRECOMPILE_LEFT_OUT = 7
 """With ``--require-precompile``: the output is complete, but its precompiled part was left out."""
-LOG_FILE = "warmup.log"
-"""In OUT: what the harness kept out of its own output (torch's dropped-guard warnings, in full)."""
-DROPPED_GUARD = "is dropped with caching_precompile=True"
+LOG_FILE = precompileparts.LOG_FILE
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
@@ -93,7 +88,7 @@ def load_warmstart() -> Any:
     return compilestep.load_companion("cachelib.warmstart")
 
 
-stages = Stages("harness")
+stages = stagelog.Stages("harness")
 """The harness's own progress (stderr: the warm-up Job's log, or ``compilecache warmup``'s terminal)."""
 
 
@@ -192,8 +187,10 @@ def warm_up(request: Request) -> dict[str, Any]:
     precompile_pass_result = None
     if request.options.precompile == "auto" and request.target is not None:
         stages.stage("compiling once more with Dynamo's caching precompile, in a fresh process")
-        precompile_pass_result = precompile_in_fresh_process(request, job_id, total)
-        megacache = merge_megacache(request.out, megacache, precompile_pass_result.pop("megacache", None))
+        harness = Path(__file__).absolute()
+        precompile_pass_result = precompileparts.precompile_in_fresh_process(request, harness, PASS_FLAG, job_id, total)
+        added = precompile_pass_result.pop("megacache", None)
+        megacache = precompileparts.merge_megacache(request.out, megacache, added)
     stages.stage("writing the byte code of the imported modules")
     bytecode = write_bytecode(request)
     triton_modules = compilestep.load_companion("cachelib.triton_modules").collect(request.cache_path).to_dict()
@@ -204,15 +201,15 @@ def warm_up(request: Request) -> dict[str, Any]:
             None if request.target is not None else "a --command warm-up cannot be checked; precompile needs --target"
         )
         if failure is not None:
-            _record_check(request.cache_path, {"verified": False, "reason": failure})
+            precompileparts.record_check(request.cache_path, {"verified": False, "reason": failure})
             precompile["check"] = {"verified": False, "reason": failure, "seconds": 0.0}
         elif precompile["dynamo_entries"]:
             stages.stage("checking the precompiled part in fresh processes, as pods will load it")
             precompile.update(prove_precompiled(request, job_id, total))
-            megacache = megacache_after_check(request.out, megacache, precompile)
+            megacache = precompileparts.megacache_after_check(request.out, megacache, precompile)
         else:
             reason = "caching precompile saved no Dynamo entry for this target"
-            _record_check(request.cache_path, {"verified": False, "reason": reason})
+            precompileparts.record_check(request.cache_path, {"verified": False, "reason": reason})
             precompile["check"] = {"verified": False, "reason": reason, "seconds": 0.0}
     result = {
         "format": RESULT_FORMAT,
@@ -291,100 +288,8 @@ def command_environment(env: Mapping[str, str]) -> dict[str, str]:
     return {**env, "PATH": os.pathsep.join([here, *rest])}
 
 
-class DroppedGuards(logging.Filter):
-    """Dynamo says, one warning per guard, each guard that caching precompile cannot save (118 for a
-    Hugging Face Llama): counted here and written to OUT/warmup.log instead of the harness's output,
-    where they buried the one line that matters."""
-
-    def __init__(self, log_path: Path) -> None:
-        super().__init__()
-        self.count = 0
-        self.log_path = log_path
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if DROPPED_GUARD not in message:
-            return True
-        self.count += 1
-        with contextlib.suppress(OSError), self.log_path.open("a") as f:
-            f.write(f"{record.name}: {message}\n")
-        return False
-
-
 PASS_FLAG = "--precompile-pass"
 """The harness as ``--precompile auto``'s second pass (:func:`precompile_pass`): run by the harness itself."""
-PASS_FILE = "precompile-pass.json"
-PASS_SCRATCH = (".precompile-pass", ".precompile-pass-cache")
-"""The second pass's output and cache directory in the first's ``--out`` (removed once merged)."""
-
-
-def precompile_in_fresh_process(request: Request, job_id: str, compile_seconds: float) -> dict[str, Any]:
-    """``--precompile auto``'s second pass, in a fresh process of the same image: the target once more,
-    with Dynamo's caching precompile on from the start (``TORCH_CACHING_PRECOMPILE=1`` before torch is
-    imported), into a cache directory of its own, whose files are then added to the first pass's (Off's)
-    where they are new: Dynamo's precompiled entries, AOTAutograd's in the bundled form caching precompile
-    reads. Its own directory and process, because on a GPU (torch 2.11) a compile whose FX graph came
-    from a cache hit cannot save its bundled AOTAutograd entry (Triton's launchers are made already), and
-    the precompiled entry it saved then lacked its backend in every pod. What the pass did (seconds, cache
-    counts, dropped guards, ``failure`` when compiling with caching precompile failed, ``megacache``: its
-    Mega-Cache bytes)."""
-    assert request.target is not None
-    scratch, own_cache = (request.out / name for name in PASS_SCRATCH)
-    shutil.rmtree(scratch, ignore_errors=True)
-    shutil.rmtree(own_cache, ignore_errors=True)
-    argv = [sys.executable, str(Path(__file__).absolute()), "--target", request.target, "--out", str(scratch),
-            "--namespace", request.namespace, "--name", request.name, "--cache-dir", str(own_cache),
-            *request.options.harness_args(), PASS_FLAG]  # fmt: skip
-    env = {**os.environ, PRECOMPILE_ENV: "1", JOB_ID_ENV: job_id}
-    started = time.perf_counter()
-    timeout = max(600.0, 4 * compile_seconds)
-    try:
-        proc = subprocess.run(argv, env=env, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, timeout=timeout,
-                              check=False)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        proc = None
-    try:
-        record: dict[str, Any] = json.loads((scratch / PASS_FILE).read_text())
-    except (OSError, ValueError):
-        if proc is None:
-            record = {"failure": f"the caching-precompile pass did not finish in {timeout:.0f} s"}
-        else:
-            sys.stderr.write(proc.stderr[-4000:])
-            tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-            record = {"failure": f"the caching-precompile pass failed (exit {proc.returncode}): {tail[:300]}"}
-    if record.get("failure"):
-        print(f"harness: {record['failure']}; the bundle ships the first pass's cache without a precompiled part",
-              file=sys.stderr)  # fmt: skip
-    else:
-        record["added_files"] = add_missing_files(own_cache, request.cache_path)
-    with contextlib.suppress(OSError):
-        kept = (scratch / LOG_FILE).read_text()
-        with (request.out / LOG_FILE).open("a") as log:
-            log.write(kept)
-    megacache = scratch / MEGACACHE_FILE
-    record["megacache"] = megacache.read_bytes() if megacache.is_file() and not record.get("failure") else None
-    shutil.rmtree(scratch, ignore_errors=True)
-    shutil.rmtree(own_cache, ignore_errors=True)
-    record["seconds"] = round(time.perf_counter() - started, 4)
-    return record
-
-
-def add_missing_files(source: Path, target: Path) -> int:
-    """Copy every file of ``source`` into ``target`` under the same relative path where ``target`` has none
-    (what both passes compiled is the same entry under the same key: the first pass's stays); how many."""
-    added = 0
-    for path in sorted(source.rglob("*")):
-        if path.is_dir() or path.name.endswith((".lock", ".partial")) or path.parent.name == "locks":
-            continue
-        there = target / path.relative_to(source)
-        if there.exists() or there.is_symlink():
-            continue
-        there.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, there, follow_symlinks=False)
-        added += 1
-    return added
-
-
 def precompile_pass(request: Request) -> int:
     """The second pass's own process (``--precompile-pass``): compile the target with caching precompile,
     save the Mega-Cache (which writes Dynamo's entries into the cache directory), and say what it did in
@@ -400,9 +305,9 @@ def precompile_pass(request: Request) -> int:
     record: dict[str, Any] = {"failure": None, "dropped_guards": 0}
     if not warmstart.enable_caching_precompile():
         record["failure"] = "this torch has no Dynamo caching precompile"
-        write_pass_record(request.out, record)
+        precompileparts.write_pass_record(request.out, record)
         return compilestep.EXIT_OK
-    dropped = DroppedGuards(request.out / LOG_FILE)
+    dropped = precompileparts.DroppedGuards(request.out / LOG_FILE)
     logging.getLogger("torch._dynamo.guards").addFilter(dropped)
     before = compilestep.cache_summary(compilestep.counters_snapshot())
     try:
@@ -418,58 +323,8 @@ def precompile_pass(request: Request) -> int:
         logging.getLogger("torch._dynamo.guards").removeFilter(dropped)
     after = compilestep.cache_summary(compilestep.counters_snapshot())
     record.update(cache={k: after[k] - before.get(k, 0) for k in after}, dropped_guards=dropped.count)
-    write_pass_record(request.out, record)
+    precompileparts.write_pass_record(request.out, record)
     return compilestep.EXIT_OK
-
-
-def write_pass_record(out: Path, record: Mapping[str, Any]) -> None:
-    _write_atomic(out / PASS_FILE, (json.dumps(dict(record), sort_keys=True) + "\n").encode())
-
-
-def merge_megacache(out: Path, megacache: dict[str, Any], added: bytes | None) -> dict[str, Any]:
-    """OUT/megacache.bin with the second pass's artifacts added (the precompiled ones among them); the
-    first pass's alone when there are none, or when this torch's format cannot be merged (the cache
-    directory carries everything either way)."""
-    if not added:
-        return megacache
-    data = (out / MEGACACHE_FILE).read_bytes()
-    merged = load_precheck().merged_artifacts(data, added)
-    if merged is None:
-        return megacache
-    _write_atomic(out / MEGACACHE_FILE, merged)
-    from torch.compiler._cache import CacheArtifactManager
-
-    kinds = CacheArtifactManager.deserialize(merged) or {}
-    artifacts = {str(kind): len(items) for kind, items in kinds.items()}
-    return {"bytes": len(merged), "sha256": hashlib.sha256(merged).hexdigest(), "artifacts": artifacts}
-
-
-def precompile_summary(precompile: Mapping[str, Any], out: Path) -> list[str]:
-    """The lines a person reads about the precompiled part (pure): one per entry of the target,
-    verified or left out and why, and the dropped guards as one count."""
-    check = precompile.get("check") or {}
-    names = check.get("entry_names") or ["the target"]
-    problems = [str(p) for p in check.get("problems") or []]
-    lines = []
-    for index, name in enumerate(names):
-        if check.get("verified"):
-            lines.append(f"precompile: entry {index} ({name}): verified, shipped")
-            continue
-        own = [p.split(": ", 1)[1] for p in problems if p.startswith(f"entry {index}: ")]
-        lines.append(f"precompile: entry {index} ({name}): left out: {own[0] if own else check.get('reason')}")
-    timed = check.get("first_call_seconds") or {}
-    if timed.get("plain") and timed.get("precompiled"):
-        with_part, without = (", ".join(f"{x:.2f}" for x in timed[role]) for role in ("precompiled", "plain"))
-        lines.append(f"precompile: first call {with_part} s with the part, {without} s without")
-    plain = check.get("plain") or {}
-    if plain and not plain.get("verified"):
-        lines.append(f"precompile: a pod without warm_start() would not start warm: {plain.get('reason')}")
-    dropped = (precompile.get("pass") or {}).get("dropped_guards", 0)
-    if dropped:
-        lines.append(
-            f"precompile: caching precompile dropped {dropped} guard(s) it cannot save (each in {out / LOG_FILE})"
-        )
-    return lines
 
 
 def write_bytecode(request: Request) -> dict[str, Any]:
@@ -492,7 +347,7 @@ def prove_precompiled(request: Request, job_id: str, compile_seconds: float) -> 
     What the check decided, with the plain pod's own result beside it."""
     precheck = load_precheck()
     assert request.target is not None
-    _release_compiled()
+    precompileparts.release_compiled()
     argv = [sys.executable, str(Path(__file__).absolute()), "--target", request.target,
             "--namespace", request.namespace, "--name", request.name, *request.options.harness_args()]  # fmt: skip
     timeout = max(600.0, 4 * compile_seconds)
@@ -527,39 +382,8 @@ def prove_precompiled(request: Request, job_id: str, compile_seconds: float) -> 
         manifest["precompile_check"] = {"verified": False, "reason": reason}
         warmstart.write_manifest(request.cache_path, manifest)
     else:
-        _record_check(request.cache_path, {"verified": True, "reason": None})
+        precompileparts.record_check(request.cache_path, {"verified": True, "reason": None})
     return {"check": check, "dynamo_entries": load_warmstart().dynamo_entries(request.cache_path)}
-
-
-def _record_check(cache_path: Path, check: Mapping[str, Any]) -> None:
-    warmstart = load_warmstart()
-    manifest = warmstart.read_manifest(cache_path) or warmstart.build_manifest(cache_path)
-    manifest["precompile_check"] = dict(check)
-    warmstart.write_manifest(cache_path, manifest)
-
-
-def _release_compiled() -> None:
-    """Free what the compile holds (models, device memory) before the check loads them again."""
-    import gc
-
-    import torch
-
-    torch._dynamo.reset()
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def megacache_after_check(out: Path, megacache: dict[str, Any], precompile: Mapping[str, Any]) -> dict[str, Any]:
-    """The Mega-Cache less its precompiled entries when the check left them out (else unchanged)."""
-    if precompile["check"]["verified"] or not megacache["artifacts"].get("precompile"):
-        return megacache
-    data = (out / MEGACACHE_FILE).read_bytes()
-    kept = load_precheck().without_precompiled_artifacts(data)
-    kept = b"" if kept is None else kept
-    _write_atomic(out / MEGACACHE_FILE, kept)
-    artifacts = {k: v for k, v in megacache["artifacts"].items() if k != "precompile"} if kept else {}
-    return {"bytes": len(kept), "sha256": hashlib.sha256(kept).hexdigest(), "artifacts": artifacts}
 
 
 def check_precompiled(request: Request, role: str) -> int:
@@ -723,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stages.done()
     precompile = result.get("precompile")
     if precompile is not None:
-        for line in precompile_summary(precompile, result_out(args)):
+        for line in precompileparts.precompile_summary(precompile, result_out(args)):
             print(f"harness: {line}", file=sys.stderr)
     summary = {
         "result": "compiled",

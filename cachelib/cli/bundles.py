@@ -148,7 +148,7 @@ def prepare_out(out: Path, force: bool) -> None:
         return
     if not force:
         raise CommandError(f"--out {out}: exists and is not an empty directory (--force replaces it)", 2)
-    from cachelib.harness import LOG_FILE, PASS_SCRATCH  # what the harness writes (and its hidden partial files)
+    from cachelib.precompileparts import LOG_FILE, PASS_SCRATCH  # what the harness writes (and its partial files)
 
     ours = {RESULT_FILE, MEGACACHE_FILE, CACHEDIR, LOG_FILE, *PASS_SCRATCH}
     foreign = [n for n in names if n not in ours and not (n.startswith(".") and n.endswith(".partial"))]

@@ -43,7 +43,7 @@ COPY_HARNESS = (
     "os.path.join(os.path.dirname(sys.argv[1]), m + '.py')) "
     "for m in ('harness', 'compilekey', 'compilestep', 'podcontract', 'targets', 'warmstart', 'precompileguard', "
     "'precheck', 'bytecode', 'triton_modules', 'factors', 'masking', 'vllmwarm', 'vllmargs', 'vllm_options', "
-    "'stagelog')]"
+    "'stagelog', 'precompileparts')]"
 )
 VLLM_WARMUP_FILE = f"{HARNESS_DIR}/vllmwarm.py"
 SCRATCH_ENV = (("TMPDIR", SCRATCH_DIR), ("TRITON_HOME", SCRATCH_DIR))

@@ -12,7 +12,16 @@ from typing import Any
 
 import pytest
 
-from cachelib import compilekey, compilestep, harness, keyformat, podcontract, triton_modules
+from cachelib import (
+    compilekey,
+    compilestep,
+    harness,
+    keyformat,
+    podcontract,
+    precompileparts,
+    stagelog,
+    triton_modules,
+)
 from cachelib.compilekey import CompileOptions, UsageError
 from cachelib.compilestep import HarnessError
 from tests.cachelib.conftest import WARM_NAME, WARM_NAMESPACE, Warmed
@@ -252,7 +261,10 @@ def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None
 
 CONTRACT = {"cachelib.podcontract", "podcontract"}
 KEYS = {"cachelib.compilekey", "compilekey"}
-COMPANIONS = {"cachelib.harness": KEYS | CONTRACT | {"cachelib.compilestep", "compilestep"},
+STEP = {"cachelib.compilestep", "compilestep"}
+COMPANIONS = {"cachelib.harness": KEYS | CONTRACT | STEP | {"cachelib.precompileparts", "precompileparts",
+                                                            "cachelib.stagelog", "stagelog"},
+              "cachelib.precompileparts": CONTRACT | STEP, "cachelib.stagelog": set(),
               "cachelib.compilekey": set(), "cachelib.compilestep": KEYS, "cachelib.targets": set(),
               "cachelib.warmstart": CONTRACT | {"cachelib.precompileguard", "precompileguard"},
               "cachelib.precompileguard": set(), "cachelib.podcontract": set(), "cachelib.triton_modules": set()}
@@ -260,11 +272,12 @@ COMPANIONS = {"cachelib.harness": KEYS | CONTRACT | {"cachelib.compilestep", "co
 
 @pytest.mark.parametrize(
     "module", [harness, compilekey, compilestep, podcontract, triton_modules, pytest.importorskip("cachelib.targets"),
-               pytest.importorskip("cachelib.warmstart"), pytest.importorskip("cachelib.precompileguard")]
+               pytest.importorskip("cachelib.warmstart"), pytest.importorskip("cachelib.precompileguard"),
+               precompileparts, stagelog]
 )
 def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> None:
-    """harness.py, compilekey.py, compilestep.py, podcontract.py, targets.py, warmstart.py and precompileguard.py are
-    copied into users' images:
+    """harness.py, compilekey.py, compilestep.py, podcontract.py, targets.py, warmstart.py, precompileguard.py,
+    precompileparts.py and stagelog.py are copied into users' images:
     nothing else of ours, nothing else at all (they import each other from beside themselves, or from cachelib)."""
     import ast
 
@@ -283,19 +296,13 @@ def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> Non
 
 @pytest.mark.slow
 def test_built_in_targets_load_from_beside_the_harness_without_cachelib(tmp_path: Path) -> None:
-    """In a user's image only harness.py, compilekey.py, compilestep.py, podcontract.py, targets.py, warmstart.py and
-    precompileguard.py exist, side by side: short names and --precompile still work."""
-    import shutil
+    """In a user's image only the modules the warm-up Job copies (``warmup_job.COPY_HARNESS``, run for real) exist,
+    side by side: short names and --precompile still work."""
+    from compilecache_operator import warmup_job
 
-    from cachelib import precompileguard, targets, warmstart
+    from cachelib import warmstart
 
-    shutil.copy(harness.__file__, tmp_path / "harness.py")
-    shutil.copy(compilekey.__file__, tmp_path / "compilekey.py")
-    shutil.copy(compilestep.__file__, tmp_path / "compilestep.py")
-    shutil.copy(podcontract.__file__, tmp_path / "podcontract.py")
-    shutil.copy(targets.__file__, tmp_path / "targets.py")
-    shutil.copy(warmstart.__file__, tmp_path / "warmstart.py")
-    shutil.copy(precompileguard.__file__, tmp_path / "precompileguard.py")
+    subprocess.run([sys.executable, "-c", warmup_job.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
     code = (
         "import sys; sys.modules['cachelib'] = None; import harness, compilestep; "
         "entries = compilestep.normalise_entries('tiny_mlp', compilestep.load_target('tiny_mlp')()); "
@@ -312,7 +319,7 @@ def test_the_precompile_summary_is_one_line_per_entry_and_one_count() -> None:
     verified = {"check": {"verified": True, "entry_names": ["Llama", "Head"],
                           "first_call_seconds": {"precompiled": [0.41], "plain": [2.1]}},
                 "pass": {"dropped_guards": 118}}  # fmt: skip
-    assert harness.precompile_summary(verified, out) == [
+    assert precompileparts.precompile_summary(verified, out) == [
         "precompile: entry 0 (Llama): verified, shipped",
         "precompile: entry 1 (Head): verified, shipped",
         "precompile: first call 0.41 s with the part, 2.10 s without",
@@ -321,7 +328,7 @@ def test_the_precompile_summary_is_one_line_per_entry_and_one_count() -> None:
     left_out = {"check": {"verified": False, "reason": "Dynamo compiled 1 frame(s) afresh", "entry_names": ["A", "B"],
                           "problems": ["entry 1: out.logits: differ"],
                           "plain": {"verified": False, "reason": "missed 1 AOTAutograd lookup(s)"}}}  # fmt: skip
-    assert harness.precompile_summary(left_out, out) == [
+    assert precompileparts.precompile_summary(left_out, out) == [
         "precompile: entry 0 (A): left out: Dynamo compiled 1 frame(s) afresh",
         "precompile: entry 1 (B): left out: out.logits: differ",
         "precompile: a pod without warm_start() would not start warm: missed 1 AOTAutograd lookup(s)",
@@ -336,7 +343,7 @@ def test_dropped_guard_warnings_are_counted_and_kept_out_of_the_output(tmp_path:
     handler = logging.Handler()
     handler.emit = lambda record: caught.append(record.getMessage())  # type: ignore[method-assign]
     log.addHandler(handler)
-    dropped = harness.DroppedGuards(tmp_path / harness.LOG_FILE)
+    dropped = precompileparts.DroppedGuards(tmp_path / precompileparts.LOG_FILE)
     log.addFilter(dropped)
     try:
         for index in range(3):

@@ -100,8 +100,8 @@ def test_harness_copy_brings_the_builtin_targets_along(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", warmup_job.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "bytecode.py", "compilekey.py", "compilestep.py", "factors.py", "harness.py", "masking.py", "podcontract.py",
-        "precheck.py", "precompileguard.py", "stagelog.py", "targets.py", "triton_modules.py", "vllm_options.py",
-        "vllmargs.py", "vllmwarm.py", "warmstart.py",
+        "precheck.py", "precompileguard.py", "precompileparts.py", "stagelog.py", "targets.py", "triton_modules.py",
+        "vllm_options.py", "vllmargs.py", "vllmwarm.py", "warmstart.py",
     ]  # fmt: skip
     alone = subprocess.run([sys.executable, "-E", "-s", str(tmp_path / "harness.py"), "--help"], capture_output=True,
                            text=True, cwd=tmp_path, check=False)  # fmt: skip
