@@ -202,3 +202,14 @@ def kube_namespace(namespace_factory: Callable[[str | None], str], pod_security_
 def baseline_namespace(namespace_factory: Callable[[str | None], str]) -> str:
     """A fresh namespace enforcing only the "baseline" Pod Security Standard, deleted afterwards."""
     return namespace_factory("baseline")
+
+
+# The fixtures the e2e modules share, found by pytest here (at the end: their modules read this one's constants).
+from tests.chart.e2e_fixtures import helm_env, install, release_namespace  # noqa: E402
+from tests.e2e.chart_releases import pod_release  # noqa: E402
+from tests.e2e.operator_on_node import start_operator  # noqa: E402
+from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin  # noqa: E402
+from tests.operator.e2e_support import crd, operator  # noqa: E402
+
+__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "kubectl_bin", "operator", "pod_release",
+           "release_namespace", "start_operator"]  # fmt: skip

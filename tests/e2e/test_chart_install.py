@@ -18,24 +18,12 @@ import pytest
 import yaml
 
 from tests.chart.chart import CHART_DIR, EXAMPLES_DIR
-from tests.chart.e2e_fixtures import (
-    CC_API,
-    CRDS_API,
-    MWC_API,
-    helm_bin,
-    helm_binaries,
-    helm_env,
-    install,
-    kubectl_bin,
-    release_namespace,
-)
+from tests.chart.e2e_fixtures import CC_API, CRDS_API, MWC_API
 from tests.e2e.chart_releases import allowed
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.crd import CRD_NAME, install_crd
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
-
-__all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "kubectl_bin", "release_namespace"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 

@@ -24,35 +24,16 @@ from pathlib import Path
 import pytest
 from compilecache_operator.certs import self_signed
 
-from tests.chart.e2e_fixtures import (
-    VWC_API,
-    Release,
-    helm_bin,
-    helm_binaries,
-    helm_env,
-    install,
-    kubectl_bin,
-    release_namespace,
-)
+from tests.chart.e2e_fixtures import VWC_API, Release
 from tests.e2e.chart_releases import ChartOperator, point_webhook_at
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import GATEWAY, RealNode
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    condition,
-    jobs_of,
-    pod_terminated,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer, start_redis
 from testsupport.wait import wait_for
-
-__all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "kubectl_bin", "release_namespace"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm, pytest.mark.slow]
 
@@ -97,12 +78,12 @@ def test_operator_flow_under_the_charts_rbac(
     operator.start(kube_client)
     try:
         store_url = f"redis://{password_redis.host}:{password_redis.port}/0?prefix=t{uuid.uuid4().hex[:12]}"
-        kube_client.post(cache_path(ns), compile_cache("mlp", {
+        kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
             "image": WORKLOAD_IMAGE,
             "model": {"target": "tiny_mlp"},
             "storage": {"url": store_url, "secretRef": {"name": "store"}},
         }))
-        cache = wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
+        cache = e2e.wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
         (bundle,) = cache["status"]["bundles"]
 
         app = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", "pass"]}
@@ -113,7 +94,8 @@ def test_operator_flow_under_the_charts_rbac(
         assert [c["name"] for c in created["spec"]["initContainers"]] == ["compilecache-preload"]
         assert ["--key", bundle["key"]] == created["spec"]["initContainers"][0]["command"][4:6]
 
-        finished = wait_for(lambda: pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT, "the app pod to finish")
+        finished = wait_for(lambda: e2e.pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT,
+                            "the app pod to finish")
         assert finished["status"]["phase"] == "Succeeded", finished["status"]
         wait_for(lambda: operator.sample("compilecache_preloads_total", namespace=ns, cache="mlp", result="hit") == 1,
                  30, "the hit in /metrics")
@@ -148,16 +130,16 @@ def test_a_storage_secret_the_charts_rbac_does_not_reach_is_bound_by_the_command
 
     kubeconfig = kube_cluster.write_kubeconfig(
         release.service_account, ("system:serviceaccounts", f"system:serviceaccounts:{release.namespace}"))
-    operator = OperatorProcess(kubeconfig, ns, tmp_path / "operator", "--webhook-config", "off", *identity)
+    operator = e2e.OperatorProcess(kubeconfig, ns, tmp_path / "operator", "--webhook-config", "off", *identity)
     operator.spawn()
     try:
         wait_for(operator.ready, 60, "the operator ready")
         store_url = f"redis://{password_redis.host}:{password_redis.port}/0?prefix=t{uuid.uuid4().hex[:12]}"
-        kube_client.post(cache_path(ns), compile_cache("mlp", {
+        kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
             "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"},
             "storage": {"url": store_url, "secretRef": {"name": "store"}}}))
-        forbidden = wait_condition(kube_client, ns, "mlp", "Ready", "False", 60, reason="SecretForbidden")
-        message = str(condition(forbidden, "Ready")["message"])
+        forbidden = e2e.wait_condition(kube_client, ns, "mlp", "Ready", "False", 60, reason="SecretForbidden")
+        message = str(e2e.condition(forbidden, "Ready")["message"])
         assert message.startswith(f"spec.storage.secretRef.name: the operator may not read Secret 'store' in "
                                   f"namespace '{ns}'"), message
         command = shlex.split(message.split("allow it with: ", 1)[1])
@@ -165,10 +147,10 @@ def test_a_storage_secret_the_charts_rbac_does_not_reach_is_bound_by_the_command
         subprocess.run([str(kubectl_bin), *command[1:]], env=helm_env, check=True, capture_output=True, timeout=60)
 
         def reason() -> str:
-            return str(condition(kube_client.get(cache_path(ns, "mlp")), "Ready").get("reason", ""))
+            return str(e2e.condition(kube_client.get(e2e.cache_path(ns, "mlp")), "Ready").get("reason", ""))
 
         wait_for(lambda: reason() not in ("", "SecretForbidden"), 60, "the Secret read once the binding exists")
-        wait_for(lambda: jobs_of(kube_client, ns, "mlp"), 60, "a warm-up Job")
+        wait_for(lambda: e2e.jobs_of(kube_client, ns, "mlp"), 60, "a warm-up Job")
         assert REDIS_PASSWORD not in operator.log_tail(limit=10_000_000)
     finally:
         operator.stop()

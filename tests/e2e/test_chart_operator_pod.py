@@ -19,25 +19,15 @@ from typing import Any
 
 import pytest
 
-from tests.chart.e2e_fixtures import Release, helm_bin, helm_binaries, helm_env, install, release_namespace
-from tests.e2e.chart_releases import operator_pods, pod_release
+from tests.chart.e2e_fixtures import Release
+from tests.e2e.chart_releases import operator_pods
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import PROJECT_TAGS, RealNode
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    COMPILE_TINY_MLP,
-    cache_path,
-    compile_cache,
-    jobs_of,
-    pod_terminated,
-    terminated_message,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "pod_release", "release_namespace"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm, pytest.mark.slow]
 
@@ -97,7 +87,7 @@ def test_the_chart_operator_pod_warms_injects_preloads_and_serves_metrics(
     was admitted), and a CompileCache created at once is admitted by the webhook."""
     ns = kube_namespace
     release = pod_release(1, "--set", "startupCheck.enabled=true", "--wait", "--wait-for-jobs", "--timeout", "300s")
-    kube_client.post(cache_path(ns), compile_cache("mlp", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()}}))
     hooks = release.helm("get", "hooks", release.name).stdout
     assert "startupcheck" in hooks and "post-install" in hooks, hooks
@@ -113,25 +103,25 @@ def test_the_chart_operator_pod_warms_injects_preloads_and_serves_metrics(
     addresses = {a for s in slices for e in s.get("endpoints") or [] for a in e["addresses"]}
     assert addresses == {operator["status"]["podIP"]}, slices
 
-    cache = wait_condition(kube_client, ns, "mlp", "Ready", "True", TIMEOUT)
+    cache = e2e.wait_condition(kube_client, ns, "mlp", "Ready", "True", TIMEOUT)
     (bundle,) = cache["status"]["bundles"]
-    (job,) = jobs_of(kube_client, ns, "mlp")
+    (job,) = e2e.jobs_of(kube_client, ns, "mlp")
     warmups = kube_client.get(f"/api/v1/namespaces/{ns}/pods",
                               labelSelector=f"controller-uid={job['metadata']['uid']}")["items"]
     assert warmups and all(p["spec"]["nodeName"] == real_node.name for p in warmups)
     assert job["status"].get("succeeded") == 1, job["status"]
 
-    app = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", COMPILE_TINY_MLP]}
+    app = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", e2e.COMPILE_TINY_MLP]}
     created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "labels": {CACHE_LABEL: "mlp"}},
         "spec": restricted({"restartPolicy": "Never", "containers": [app]})})
     assert [c["name"] for c in created["spec"].get("initContainers") or []] == [PRELOAD], created["metadata"]
     assert created["spec"]["initContainers"][0]["image"] == PROJECT_TAGS["preloader"]
-    done = wait_for(lambda: pod_terminated(kube_client, ns, "app"), TIMEOUT, "the app pod to finish")
+    done = wait_for(lambda: e2e.pod_terminated(kube_client, ns, "app"), TIMEOUT, "the app pod to finish")
     assert done["status"]["phase"] == "Succeeded", done["status"]
-    preload = terminated_message(done, PRELOAD, init=True)
+    preload = e2e.terminated_message(done, PRELOAD, init=True)
     assert preload["result"] == "hit" and bundle["key"] in str(preload), preload
-    report = terminated_message(done, "app")
+    report = e2e.terminated_message(done, "app")
     assert report["cache"]["fxgraph_hit"] >= 1 and report["cache"]["fxgraph_miss"] == 0, report
 
     # the pod's own /metrics, on its pod address (where the chart's ServiceMonitor has Prometheus scrape it)
@@ -152,10 +142,10 @@ def test_two_operator_pods_hand_over_the_lease_and_the_deployment_replaces_the_l
     assert leader in pods, (leader, pods)
 
     # a GPU type no node has: the warm-up Job's pod waits unscheduled, and the leader still reconciles the cache
-    kube_client.post(cache_path(ns), compile_cache("mlp", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "gpuTypes": ["NVIDIA-A100-SXM4-40GB"],
         "storage": {"url": "redis://127.0.0.1:1/0"}}))
-    wait_for(lambda: kube_client.get(cache_path(ns, "mlp")).get("status", {}).get("observedGeneration") == 1, 60,
+    wait_for(lambda: kube_client.get(e2e.cache_path(ns, "mlp")).get("status", {}).get("observedGeneration") == 1, 60,
              "the leader to reconcile the new cache")
 
     kube_client.delete(f"/api/v1/namespaces/{release.namespace}/pods/{leader}")
@@ -169,9 +159,10 @@ def test_two_operator_pods_hand_over_the_lease_and_the_deployment_replaces_the_l
     now = {p["metadata"]["name"] for p in wait_ready_pods(kube_client, release, 2)}
     assert survivor in now and leader not in now and successor in now, (successor, now)  # the replacement is up
 
-    kube_client.request("PATCH", cache_path(ns, "mlp"), body={"spec": {"retention": {"keepGenerations": 3}}},
+    kube_client.request("PATCH", e2e.cache_path(ns, "mlp"), body={"spec": {"retention": {"keepGenerations": 3}}},
                         content_type="application/merge-patch+json")
-    generation = kube_client.get(cache_path(ns, "mlp"))["metadata"]["generation"]
+    generation = kube_client.get(e2e.cache_path(ns, "mlp"))["metadata"]["generation"]
     assert generation == 2
-    wait_for(lambda: kube_client.get(cache_path(ns, "mlp")).get("status", {}).get("observedGeneration") == generation,
+    path = e2e.cache_path(ns, "mlp")
+    wait_for(lambda: kube_client.get(path).get("status", {}).get("observedGeneration") == generation,
              60, "the new leader to reconcile the change")

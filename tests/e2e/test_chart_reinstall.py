@@ -13,19 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.chart.chart import CHART_DIR, REPO_ROOT
-from tests.chart.e2e_fixtures import (
-    CRDS_API,
-    Release,
-    helm_bin,
-    helm_binaries,
-    helm_env,
-    kubectl_bin,
-    release_namespace,
-)
+from tests.chart.e2e_fixtures import CRDS_API, Release
 from testsupport.kube.crd import CRD_NAME
 from testsupport.kube.rest import KubeClient
-
-__all__ = ["helm_bin", "helm_binaries", "helm_env", "kubectl_bin", "release_namespace"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 

@@ -12,11 +12,8 @@ import pytest
 
 from tests.chart.chart import scenario_files
 from tests.e2e.chart_releases import assert_the_server_accepts
-from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeClient
-
-__all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 

@@ -9,23 +9,12 @@ from typing import Any
 
 import pytest
 
-from tests.chart.e2e_fixtures import (
-    CC_API,
-    Release,
-    helm_bin,
-    helm_binaries,
-    helm_env,
-    install,
-    kubectl_bin,
-    release_namespace,
-)
+from tests.chart.e2e_fixtures import CC_API, Release
 from tests.e2e.chart_releases import allowed
 from tests.infra.podspec import restricted
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
-
-__all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "kubectl_bin", "release_namespace"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 

@@ -12,22 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.chart.e2e_fixtures import (
-    CC_API,
-    helm_bin,
-    helm_binaries,
-    helm_env,
-    install,
-    kubectl_bin,
-    release_namespace,
-)
+from tests.chart.e2e_fixtures import CC_API
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.podspec import restricted
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
-
-__all__ = ["helm_bin", "helm_binaries", "helm_env", "install", "kubectl_bin", "release_namespace"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 

@@ -20,13 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.operator.e2e_support import OperatorProcess, compile_cache, crd, run_operator
+from tests.operator import e2e_support as e2e
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.crd import CRD_NAME, CRD_PATH, install_crd
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
-
-__all__ = ["crd"]
 
 pytestmark = [pytest.mark.e2e]
 
@@ -39,7 +37,7 @@ REGISTER = (
 )
 
 
-class ConvertingOperator(OperatorProcess):
+class ConvertingOperator(e2e.OperatorProcess):
     """The operator with the test's version in its conversion table (as a release adding it would have)."""
 
     def argv(self) -> list[str]:
@@ -73,7 +71,7 @@ def put_crd(client: KubeClient, body: dict[str, Any]) -> None:
 @pytest.fixture
 def converting_operator(kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str, crd: None,
                         tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ConvertingOperator]:
-    yield from run_operator(ConvertingOperator(kube_cluster.kubeconfig, kube_namespace, tmp_path / "operator"),
+    yield from e2e.run_operator(ConvertingOperator(kube_cluster.kubeconfig, kube_namespace, tmp_path / "operator"),
                             kube_client, request)
 
 
@@ -100,14 +98,14 @@ def test_a_stored_v1alpha1_object_is_read_as_a_second_version_and_back(
             return True
 
         wait_for(served, 60, f"the CRD to serve {NEW}")
-        kube_client.post(old_api, compile_cache("stored-old", {"image": "registry.example/app:1",
+        kube_client.post(old_api, e2e.compile_cache("stored-old", {"image": "registry.example/app:1",
                                                                "model": {"target": "tiny_mlp"}}))
         as_new = kube_client.get(f"{new_api}/stored-old")
         assert as_new["apiVersion"] == f"compilecache.io/{NEW}"
         assert as_new["spec"]["containerImage"] == "registry.example/app:1" and "image" not in as_new["spec"]
         assert [i["metadata"]["name"] for i in kube_client.get(new_api)["items"]] == ["stored-old"]
 
-        created = {**compile_cache("made-new", {"containerImage": "registry.example/app:2",
+        created = {**e2e.compile_cache("made-new", {"containerImage": "registry.example/app:2",
                                                 "model": {"target": "tiny_mlp"}}),
                    "apiVersion": f"compilecache.io/{NEW}"}
         kube_client.post(new_api, created)

@@ -22,7 +22,6 @@ from compilecache_operator.spec_parse import parse_spec
 from hypothesis import HealthCheck, given, settings
 
 from tests.chart.crd_files import fields
-from tests.infra.helm import helm_binaries, kubectl_bin  # noqa: F401  (fixtures)
 from tests.operator.example_files import QUICK_START_STORE
 from tests.operator.specgen import Case, dotted, last_bad_specs
 from testsupport.kube.cluster import LocalCluster
@@ -230,7 +229,7 @@ def test_an_update_is_judged_by_the_same_rules(
 
 
 def test_kubectl_explain_describes_every_field(
-    crd: dict[str, Any], kube_cluster: LocalCluster, kubectl_bin: Path  # noqa: F811  (the fixture)
+    crd: dict[str, Any], kube_cluster: LocalCluster, kubectl_bin: Path
 ) -> None:
     """`kubectl explain compilecache.<field>` against the real API server shows each field's
     description (served from the CRD through OpenAPI v3)."""

@@ -19,15 +19,12 @@ from compilecache_operator.certs import self_signed
 from tests.chart.chart import CHART_DIR, helm, parse_manifests, scenario_files
 from tests.chart.e2e_fixtures import CC_API, CRDS_API, MWC_API, VWC_API
 from tests.e2e.chart_releases import ChartOperator, assert_the_server_accepts, point_webhook_at
-from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
 from testsupport.builds import BuildFailed, wait_for_build
 from testsupport.kube.cluster import BinariesMissing, LocalCluster, find_binaries, versions
 from testsupport.kube.crd import CRD_NAME
 from testsupport.kube.namespaces import create_namespace
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
-
-__all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 

@@ -17,21 +17,10 @@ import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    operator,
-    pod_terminated,
-    terminated_message,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -57,29 +46,29 @@ def app_pod(name: str, cache: str, env: dict[str, str]) -> dict[str, Any]:
 
 
 def test_the_status_names_the_cause_most_pods_started_cold_for(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace
-    kube_client.post(cache_path(ns), compile_cache("why", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("why", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()},
     }))  # fmt: skip
-    wait_condition(kube_client, ns, "why", "Ready", "True", TIMEOUT)
+    e2e.wait_condition(kube_client, ns, "why", "Ready", "True", TIMEOUT)
 
     pods = {"warm": {}, "cold-1": {"TORCHINDUCTOR_NAN_ASSERTS": "1"}, "cold-2": {"TORCHINDUCTOR_NAN_ASSERTS": "1"}}
     for name, env in pods.items():
         kube_client.post(f"/api/v1/namespaces/{ns}/pods", app_pod(name, "why", env))
     for name in pods:
-        pod = wait_for(lambda n=name: pod_terminated(kube_client, ns, n), TIMEOUT, f"pod {name} to finish")
+        pod = wait_for(lambda n=name: e2e.pod_terminated(kube_client, ns, n), TIMEOUT, f"pod {name} to finish")
         assert pod["status"]["phase"] == "Succeeded", pod["status"]
-        assert terminated_message(pod, "compilecache-preload", init=True)["result"] == "hit"
-        verdict = terminated_message(pod, "app")["compilecache_why"]
+        assert e2e.terminated_message(pod, "compilecache-preload", init=True)["result"] == "hit"
+        verdict = e2e.terminated_message(pod, "app")["compilecache_why"]
         if name == "warm":
             assert (verdict["result"], verdict["cause"]) == ("hit", "none"), verdict
         else:
             assert (verdict["result"], verdict["cause"]) == ("miss", "env") and SAYS in verdict["reason"], verdict
 
     def tallied() -> dict[str, Any] | None:
-        cache = kube_client.get(cache_path(ns, "why"))
+        cache = kube_client.get(e2e.cache_path(ns, "why"))
         cold = (cache.get("status") or {}).get("coldStarts") or {}
         return cache if cold.get("pods") == len(pods) else None
 
@@ -89,7 +78,7 @@ def test_the_status_names_the_cause_most_pods_started_cold_for(
     assert SAYS in cold["causes"][0]["example"]
     condition = next(c for c in cache["status"]["conditions"] if c["type"] == "ColdStarts")
     assert (condition["status"], condition["reason"]) == ("True", "MostPodsCold") and SAYS in condition["message"]
-    assert wait_condition(kube_client, ns, "why", "Ready", "True", 30)  # the reconcile kept both
+    assert e2e.wait_condition(kube_client, ns, "why", "Ready", "True", 30)  # the reconcile kept both
     events = kube_client.get(f"/api/v1/namespaces/{ns}/events")["items"]
     said = [e["message"] for e in events if e.get("reason") == "MostPodsCold"]
     assert len(said) == 1 and "2 of 3 pods" in said[0] and SAYS in said[0], json.dumps(said)

@@ -15,21 +15,10 @@ from cachelib.keyformat import cache_prefix
 from cachelib.stores import open_store
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    condition,
-    crd,
-    jobs_of,
-    operator,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer, free_port
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -48,105 +37,105 @@ def store_keys(url: str, namespace: str, name: str) -> list[str]:
 
 
 def test_invalid_spec_ends_ready_false_with_the_field_paths(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str
 ) -> None:
     ns = kube_namespace
     # what the schema can express, the API server itself refuses
     with pytest.raises(KubeAPIError) as refused:
-        kube_client.post(cache_path(ns), compile_cache("both", {
+        kube_client.post(e2e.cache_path(ns), e2e.compile_cache("both", {
             "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp", "command": "x"},
             "storage": {"url": "redis://127.0.0.1:6379/0"}}))
     assert refused.value.status == 422 and "spec.model" in str(refused.value)
 
     # what it cannot, the operator reports with the field path
-    kube_client.post(cache_path(ns), compile_cache("bad", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("bad", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"},
         "gpuTypes": ["NVIDIA-L4", "nvidia-l4"],
         "storage": {"url": "redis://127.0.0.1:notaport/0"},
     }))
-    cache = wait_condition(kube_client, ns, "bad", "Ready", "False", 60, reason="InvalidSpec")
-    message = condition(cache, "Ready")["message"]
+    cache = e2e.wait_condition(kube_client, ns, "bad", "Ready", "False", 60, reason="InvalidSpec")
+    message = e2e.condition(cache, "Ready")["message"]
     assert "spec.storage.url" in message and "port" in message
     assert "spec.gpuTypes[1]" in message
-    assert condition(cache, "Degraded")["status"] == "True"
+    assert e2e.condition(cache, "Degraded")["status"] == "True"
     assert cache["status"]["observedGeneration"] == 1
     # no Job, and the operator neither crashes nor loops: a few resyncs later nothing changed
     time.sleep(8)
-    assert jobs_of(kube_client, ns, "bad") == []
+    assert e2e.jobs_of(kube_client, ns, "bad") == []
     assert operator.process is not None and operator.process.poll() is None
-    again = kube_client.get(cache_path(ns, "bad"))
-    assert condition(again, "Ready")["lastTransitionTime"] == condition(cache, "Ready")["lastTransitionTime"]
+    again = kube_client.get(e2e.cache_path(ns, "bad"))
+    assert e2e.condition(again, "Ready")["lastTransitionTime"] == e2e.condition(cache, "Ready")["lastTransitionTime"]
 
     # fixing the spec re-plans from the new generation
-    kube_client.merge_patch(cache_path(ns, "bad"), {"spec": {"gpuTypes": None, "model": {"target": None, **QUICK},
+    kube_client.merge_patch(e2e.cache_path(ns, "bad"), {"spec": {"gpuTypes": None, "model": {"target": None, **QUICK},
                                                              "storage": {"url": "redis://127.0.0.1:1/0"}}})
-    wait_for(lambda: jobs_of(kube_client, ns, "bad"), 60, "a warm-up Job after the fix")
-    (job,) = jobs_of(kube_client, ns, "bad")
+    wait_for(lambda: e2e.jobs_of(kube_client, ns, "bad"), 60, "a warm-up Job after the fix")
+    (job,) = e2e.jobs_of(kube_client, ns, "bad")
     assert job["metadata"]["name"].endswith("-g2")
 
 
 def test_failed_warm_up_surfaces_its_reason_without_retrying_forever(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace
-    kube_client.post(cache_path(ns), compile_cache("broken", spec(
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("broken", spec(
         redis_server.store_url(), model={"target": "no_such_module:build"})))
-    cache = wait_condition(kube_client, ns, "broken", "Ready", "False", TIMEOUT, reason="WarmupFailed")
-    degraded = condition(cache, "Degraded")
+    cache = e2e.wait_condition(kube_client, ns, "broken", "Ready", "False", TIMEOUT, reason="WarmupFailed")
+    degraded = e2e.condition(cache, "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "CompileFailed", degraded
     assert "no_such_module" in degraded["message"] and "exited with code" in degraded["message"]
-    assert condition(cache, "Warming")["status"] == "False"
+    assert e2e.condition(cache, "Warming")["status"] == "False"
     wait_for(lambda: operator.sample("compilecache_warmup_jobs_total", result="failed") == 1, 30,
              "the failed Job in /metrics")
     time.sleep(8)  # several resyncs: the failed generation is not warmed again
-    assert len(jobs_of(kube_client, ns, "broken")) == 1
+    assert len(e2e.jobs_of(kube_client, ns, "broken")) == 1
     assert operator.sample("compilecache_warmup_jobs_total", result="failed") == 1
 
 
 def test_missing_secret_waits_then_warms_with_its_credentials(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str
 ) -> None:
     ns = kube_namespace
-    kube_client.post(cache_path(ns), compile_cache("locked", spec(
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("locked", spec(
         "redis://127.0.0.1:6379/0", storage={"url": "redis://127.0.0.1:6379/0", "secretRef": {"name": "creds"}})))
-    cache = wait_condition(kube_client, ns, "locked", "Ready", "False", 60, reason="SecretNotFound")
-    assert condition(cache, "Ready")["message"].startswith("spec.storage.secretRef.name: Secret 'creds' not found")
-    assert jobs_of(kube_client, ns, "locked") == []
+    cache = e2e.wait_condition(kube_client, ns, "locked", "Ready", "False", 60, reason="SecretNotFound")
+    assert e2e.condition(cache, "Ready")["message"].startswith("spec.storage.secretRef.name: Secret 'creds' not found")
+    assert e2e.jobs_of(kube_client, ns, "locked") == []
 
     kube_client.post(f"/api/v1/namespaces/{ns}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"}, "stringData": {"other": "x"}})
-    wait_condition(kube_client, ns, "locked", "Ready", "False", 60, reason="SecretKeyMissing")
+    e2e.wait_condition(kube_client, ns, "locked", "Ready", "False", 60, reason="SecretKeyMissing")
     kube_client.merge_patch(f"/api/v1/namespaces/{ns}/secrets/creds", {"stringData": {"password": "s3cret"}})
-    (job,) = wait_for(lambda: jobs_of(kube_client, ns, "locked"), 60, "the warm-up Job once the Secret is complete")
+    (job,) = wait_for(lambda: e2e.jobs_of(kube_client, ns, "locked"), 60, "the warm-up Job once the Secret is complete")
     publish = job["spec"]["template"]["spec"]["containers"][0]
     assert [e for e in publish["env"] if e["name"] != "TMPDIR"] == [  # TMPDIR: its read-only root's way out
         {"name": "COMPILECACHE_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}}]
 
 
 def test_unreachable_store_fails_the_publish_step(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str
 ) -> None:
     ns = kube_namespace
-    kube_client.post(cache_path(ns), compile_cache("nostore", spec(f"redis://127.0.0.1:{free_port()}/0")))
-    cache = wait_condition(kube_client, ns, "nostore", "Ready", "False", TIMEOUT, reason="WarmupFailed")
-    degraded = condition(cache, "Degraded")
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("nostore", spec(f"redis://127.0.0.1:{free_port()}/0")))
+    cache = e2e.wait_condition(kube_client, ns, "nostore", "Ready", "False", TIMEOUT, reason="WarmupFailed")
+    degraded = e2e.condition(cache, "Degraded")
     assert degraded["reason"] == "PublishFailed", degraded
     assert "publish" in degraded["message"] and "127.0.0.1" in degraded["message"]
 
 
 def test_restarted_operator_does_not_duplicate_the_warm_up_job(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace
     url = redis_server.store_url()
     slow = {"command": "python -c 'import time; time.sleep(12)'"}
-    kube_client.post(cache_path(ns), compile_cache("slow", spec(url, model=slow)))
-    (job,) = wait_for(lambda: jobs_of(kube_client, ns, "slow"), 60, "the warm-up Job")
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("slow", spec(url, model=slow)))
+    (job,) = wait_for(lambda: e2e.jobs_of(kube_client, ns, "slow"), 60, "the warm-up Job")
     operator.kill()  # mid-warm-up, no clean-up
     time.sleep(2)
     operator.start(kube_client)
-    cache = wait_condition(kube_client, ns, "slow", "Ready", "True", TIMEOUT)
-    jobs = jobs_of(kube_client, ns, "slow")
+    cache = e2e.wait_condition(kube_client, ns, "slow", "Ready", "True", TIMEOUT)
+    jobs = e2e.jobs_of(kube_client, ns, "slow")
     assert [j["metadata"]["uid"] for j in jobs] == [job["metadata"]["uid"]]
     (bundle,) = cache["status"]["bundles"]
     assert bundle["job"] == job["metadata"]["name"]
@@ -156,18 +145,18 @@ def test_restarted_operator_does_not_duplicate_the_warm_up_job(
 
 
 def test_deletion_honours_the_policy_even_mid_warm_up(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace
     url = redis_server.store_url()
-    kube_client.post(cache_path(ns), compile_cache("kept", spec(url)))
-    kube_client.post(cache_path(ns), compile_cache("done", spec(url, deletionPolicy="Delete")))
-    kube_client.post(cache_path(ns), compile_cache("busy", spec(
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("kept", spec(url)))
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("done", spec(url, deletionPolicy="Delete")))
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("busy", spec(
         url, deletionPolicy="Delete", model={"command": "python -c 'import time; time.sleep(30)'"})))
     for name in ("kept", "done"):
-        wait_condition(kube_client, ns, name, "Ready", "True", TIMEOUT)
-    assert not kube_client.get(cache_path(ns, "kept"))["metadata"].get("finalizers")
-    assert kube_client.get(cache_path(ns, "done"))["metadata"]["finalizers"] == ["compilecache.io/bundles"]
+        e2e.wait_condition(kube_client, ns, name, "Ready", "True", TIMEOUT)
+    assert not kube_client.get(e2e.cache_path(ns, "kept"))["metadata"].get("finalizers")
+    assert kube_client.get(e2e.cache_path(ns, "done"))["metadata"]["finalizers"] == ["compilecache.io/bundles"]
     assert len(store_keys(url, ns, "done")) == 1
 
     # a pod that already has the preload container gets nothing more from the webhook
@@ -189,18 +178,18 @@ def test_deletion_honours_the_policy_even_mid_warm_up(
 
     wait_for(lambda: pod_running("busy"), 60, "the busy warm-up pod to run")
     for name in ("kept", "done", "busy"):
-        kube_client.delete(cache_path(ns, name))
+        kube_client.delete(e2e.cache_path(ns, name))
 
     def gone(name: str) -> bool:
         try:
-            kube_client.get(cache_path(ns, name))
+            kube_client.get(e2e.cache_path(ns, name))
         except KubeAPIError as error:
             return error.status == 404
         return False
 
     for name in ("kept", "done", "busy"):
         wait_for(lambda name=name: gone(name), 90, f"CompileCache {name} to be deleted")
-    wait_for(lambda: not any(jobs_of(kube_client, ns, n) for n in ("done", "busy")), 60, "owned Jobs to go")
+    wait_for(lambda: not any(e2e.jobs_of(kube_client, ns, n) for n in ("done", "busy")), 60, "owned Jobs to go")
     time.sleep(3)  # a publish racing the delete would land now
     assert store_keys(url, ns, "done") == [] and store_keys(url, ns, "busy") == []
     assert len(store_keys(url, ns, "kept")) == 1, "deletionPolicy Keep leaves the bundles"

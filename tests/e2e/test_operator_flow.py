@@ -17,24 +17,10 @@ from cachelib import compilestep
 from cachelib.stores import open_store
 from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    COMPILE_TINY_MLP,
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    condition,
-    crd,
-    jobs_of,
-    operator,
-    pod_terminated,
-    terminated_message,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -53,22 +39,23 @@ def labelled_pod(name: str, cache: str, command: list[str], **spec: Any) -> dict
 
 
 def test_warm_up_publish_inject_preload_hit_and_count(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace
     store_url = redis_server.store_url()
-    kube_client.post(cache_path(ns), compile_cache("mlp", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
         "image": WORKLOAD_IMAGE,
         "model": {"target": "tiny_mlp"},
         "storage": {"url": store_url},
     }))
 
     # CompileCache -> one warm-up Job -> bundle in Redis -> Ready=True with the bundle in status
-    cache = wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
+    cache = e2e.wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
     status = cache["status"]
     assert status["observedGeneration"] == 1 and status["bundleCount"] == 1
-    assert condition(cache, "Ready")["reason"] == "BundlesAvailable"
-    assert condition(cache, "Warming")["status"] == "False" and condition(cache, "Degraded")["status"] == "False"
+    assert e2e.condition(cache, "Ready")["reason"] == "BundlesAvailable"
+    assert e2e.condition(cache, "Warming")["status"] == "False"
+    assert e2e.condition(cache, "Degraded")["status"] == "False"
     (bundle,) = status["bundles"]
     assert bundle["key"].startswith(f"cc1/{ns}/mlp/") and "/cpu/cpu/torch-" in bundle["key"]
     installed = compilestep.detect_versions()  # the warm-up ran with this very installation
@@ -79,7 +66,7 @@ def test_warm_up_publish_inject_preload_hit_and_count(
     with open_store(store_url) as store:
         stored = store.head(bundle["key"])
     assert stored is not None and stored.size == bundle["bytes"]
-    (job,) = jobs_of(kube_client, ns, "mlp")
+    (job,) = e2e.jobs_of(kube_client, ns, "mlp")
     assert job["metadata"]["name"] == f"cc-mlp-{bundle['variant']}-g1"
     assert job["metadata"]["ownerReferences"][0]["uid"] == cache["metadata"]["uid"]
     wait_for(lambda: operator.sample("compilecache_warmup_jobs_total", result="succeeded") == 1, 30,
@@ -89,7 +76,7 @@ def test_warm_up_publish_inject_preload_hit_and_count(
 
     # a labelled pod: the real API server calls the webhook, which puts the preload container first
     created = kube_client.post(f"/api/v1/namespaces/{ns}/pods",
-                               labelled_pod("app", "mlp", ["python", "-c", COMPILE_TINY_MLP]))
+                               labelled_pod("app", "mlp", ["python", "-c", e2e.COMPILE_TINY_MLP]))
     init = created["spec"]["initContainers"]
     assert [c["name"] for c in init] == ["compilecache-preload"]
     assert init[0]["command"][:4] == ["compilecache", "preload", "--store", store_url]
@@ -100,11 +87,11 @@ def test_warm_up_publish_inject_preload_hit_and_count(
     assert created["metadata"]["annotations"]["compilecache.io/injected"] == "mlp"
 
     # the kubelet runs the preload, then the app: its first compile hits the FX graph cache
-    pod = wait_for(lambda: pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT, "the app pod to finish")
+    pod = wait_for(lambda: e2e.pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT, "the app pod to finish")
     assert pod["status"]["phase"] == "Succeeded", pod["status"]
-    preload = terminated_message(pod, "compilecache-preload", init=True)
+    preload = e2e.terminated_message(pod, "compilecache-preload", init=True)
     assert preload["result"] == "hit" and preload["bytes"] > 0, preload
-    report = terminated_message(pod, "app")
+    report = e2e.terminated_message(pod, "app")
     assert report["cache"]["fxgraph_hit"] >= 1 and report["cache"]["fxgraph_miss"] == 0, report
     assert report["job_id"] == bundle["jobId"]
 
@@ -122,8 +109,8 @@ def test_warm_up_publish_inject_preload_hit_and_count(
     assert annotations["compilecache.io/skipped-detail"] == f"no CompileCache 'nope' in namespace '{ns}'"
 
     for name in ("pinned", "stray"):
-        wait_for(lambda name=name: pod_terminated(kube_client, ns, name), 120, f"pod {name} to finish")
-    miss = terminated_message(kube_client.get(f"/api/v1/namespaces/{ns}/pods/pinned"), "compilecache-preload",
+        wait_for(lambda name=name: e2e.pod_terminated(kube_client, ns, name), 120, f"pod {name} to finish")
+    miss = e2e.terminated_message(kube_client.get(f"/api/v1/namespaces/{ns}/pods/pinned"), "compilecache-preload",
                               init=True)
     assert miss["result"] == "miss", miss
 
@@ -147,7 +134,7 @@ def test_warm_up_publish_inject_preload_hit_and_count(
 
 
 def test_gpu_discovery_plans_the_node_gpu_type(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     """``gpuDiscovery.auto`` finds the node's GPU product; the warm-up pod selects it and asks for one GPU.
 
@@ -155,17 +142,17 @@ def test_gpu_discovery_plans_the_node_gpu_type(
     cpu while status records the planned product.
     """
     ns = kube_namespace
-    kube_client.post(cache_path(ns), compile_cache("auto", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("auto", {
         "image": WORKLOAD_IMAGE,
         "model": {"command": "python -c pass"},
         "gpuDiscovery": {"auto": True},
         "storage": {"url": redis_server.store_url()},
     }))
-    cache = wait_condition(kube_client, ns, "auto", "Ready", "True", 240)
+    cache = e2e.wait_condition(kube_client, ns, "auto", "Ready", "True", 240)
     assert cache["status"]["plannedGPUs"] == GPU_PRODUCT
     (bundle,) = cache["status"]["bundles"]
     assert bundle["gpu"] == GPU_PRODUCT
-    (job,) = jobs_of(kube_client, ns, "auto")
+    (job,) = e2e.jobs_of(kube_client, ns, "auto")
     pod_spec = job["spec"]["template"]["spec"]
     assert pod_spec["nodeSelector"] == {GPU_LABEL: GPU_PRODUCT}
     assert pod_spec["initContainers"][1]["resources"]["limits"]["nvidia.com/gpu"] == "1"

@@ -32,12 +32,10 @@ from compilecache_operator import certs
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.podspec import restricted
 from tests.infra.relay import TcpRelay
-from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, crd
+from tests.operator import e2e_support as e2e
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
-
-__all__ = ["crd"]
 
 pytestmark = [pytest.mark.e2e]
 
@@ -49,7 +47,7 @@ RATE = float(os.environ.get("COMPILECACHE_HA_POD_RATE", "25"))
 """Labelled pod creates per second during the replacement (the issue's sweeps ran 20 to 50)."""
 
 
-class Replica(OperatorProcess):
+class Replica(e2e.OperatorProcess):
     """One replica: the shared certificate, the webhook configuration left to the test, a Lease."""
 
     def __init__(self, cluster: LocalCluster, namespace: str, workdir: Path, cert_dir: Path) -> None:
@@ -192,7 +190,7 @@ def test_a_rolling_replacement_under_a_stream_of_pods_skips_none(
     ns = kube_namespace
     balancer, started = replicas
     cert_dir = tmp_path / "tls"
-    kube_client.post(cache_path(ns), compile_cache("mlp", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": "redis://127.0.0.1:1/0"},
     }))
 
@@ -234,10 +232,11 @@ def test_a_rolling_replacement_under_a_stream_of_pods_skips_none(
     # The Lease is with a live replica, which goes on reconciling: a spec change is observed.
     wait_for(lambda: lease_holder(kube_client, ns) and all(r.process is not None for r in (third, fourth)), 30,
              "a live leader")
-    kube_client.request("PATCH", cache_path(ns, "mlp"), body={"spec": {"retention": {"keepGenerations": 3}}},
+    kube_client.request("PATCH", e2e.cache_path(ns, "mlp"), body={"spec": {"retention": {"keepGenerations": 3}}},
                         content_type="application/merge-patch+json")
-    generation = kube_client.get(cache_path(ns, "mlp"))["metadata"]["generation"]
-    wait_for(lambda: kube_client.get(cache_path(ns, "mlp")).get("status", {}).get("observedGeneration") == generation,
+    generation = kube_client.get(e2e.cache_path(ns, "mlp"))["metadata"]["generation"]
+    path = e2e.cache_path(ns, "mlp")
+    wait_for(lambda: kube_client.get(path).get("status", {}).get("observedGeneration") == generation,
              60, "the new leader to reconcile the change")
 
 

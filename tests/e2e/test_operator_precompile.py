@@ -13,21 +13,10 @@ import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    operator,
-    pod_terminated,
-    terminated_message,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -62,24 +51,24 @@ def app_pod(name: str, cache: str, command: list[str]) -> dict[str, Any]:
 
 
 def test_precompile_auto_warm_starts_the_app_without_tracing(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace
-    kube_client.post(cache_path(ns), compile_cache("pre", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("pre", {
         "image": WORKLOAD_IMAGE,
         "model": {"target": "tiny_mlp", "precompile": "Auto"},
         "storage": {"url": redis_server.store_url()},
     }))  # fmt: skip
-    wait_condition(kube_client, ns, "pre", "Ready", "True", WARM_UP_TIMEOUT)
+    e2e.wait_condition(kube_client, ns, "pre", "Ready", "True", WARM_UP_TIMEOUT)
 
     created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", app_pod("app", "pre", ["python", "-c", WARM_START_APP]))
     env = {e["name"]: e.get("value") for e in created["spec"]["containers"][0]["env"]}
     assert "TORCH_CACHING_PRECOMPILE" not in env and env["TORCHINDUCTOR_CACHE_DIR"]
 
-    pod = wait_for(lambda: pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT, "the app pod to finish")
+    pod = wait_for(lambda: e2e.pod_terminated(kube_client, ns, "app"), WARM_UP_TIMEOUT, "the app pod to finish")
     assert pod["status"]["phase"] == "Succeeded", pod["status"]
-    assert terminated_message(pod, "compilecache-preload", init=True)["result"] == "hit"
-    report = terminated_message(pod, "app")
+    assert e2e.terminated_message(pod, "compilecache-preload", init=True)["result"] == "hit"
+    report = e2e.terminated_message(pod, "app")
     assert report["same"], report
     assert report["prepared"]["declined"] == [], report["prepared"]
     assert {"torch_key", "caching_precompile"} <= set(report["prepared"]["applied"]), report["prepared"]

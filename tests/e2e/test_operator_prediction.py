@@ -19,26 +19,14 @@ from typing import Any
 
 import pytest
 
-from tests.chart.e2e_fixtures import helm_binaries, kubectl_bin
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    operator,
-    pod_terminated,
-    terminated_message,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "helm_binaries", "kubectl_bin", "operator"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -73,14 +61,14 @@ def kubectl_create(kubectl: Path, cluster: LocalCluster, namespace: str, pod: di
 
 
 def test_the_prediction_is_said_at_admission_and_agrees_with_the_verdicts(
-    operator: OperatorProcess, kube_client: KubeClient, kube_cluster: LocalCluster, kube_namespace: str,
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_cluster: LocalCluster, kube_namespace: str,
     redis_server: RedisServer, real_node: RealNode, kubectl_bin: Path, tmp_path: Path,
 ) -> None:  # fmt: skip
     ns = kube_namespace
-    kube_client.post(cache_path(ns), compile_cache("predict", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("predict", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()},
     }))  # fmt: skip
-    wait_condition(kube_client, ns, "predict", "Ready", "True", TIMEOUT)
+    e2e.wait_condition(kube_client, ns, "predict", "Ready", "True", TIMEOUT)
     real_node.ctr("images", "tag", "--force", WORKLOAD_IMAGE, OTHER_TAG)
 
     pods = {"warm": app_pod("warm", {}), "nan": app_pod("nan", {"TORCHINDUCTOR_NAN_ASSERTS": "1"}),
@@ -100,10 +88,10 @@ def test_the_prediction_is_said_at_admission_and_agrees_with_the_verdicts(
     assert operator.sample("compilecache_admission_predictions_total", prediction="warm", cause="none") == 1
 
     for name in ("warm", "nan"):
-        pod = wait_for(lambda n=name: pod_terminated(kube_client, ns, n), TIMEOUT, f"pod {name} to finish")
-        verdict = terminated_message(pod, "app")["compilecache_why"]
+        pod = wait_for(lambda n=name: e2e.pod_terminated(kube_client, ns, n), TIMEOUT, f"pod {name} to finish")
+        verdict = e2e.terminated_message(pod, "app")["compilecache_why"]
         assert verdict["result"] == ("hit" if expected[name] == "warm" else "miss"), verdict
-    tagged = wait_for(lambda: pod_terminated(kube_client, ns, "tag"), TIMEOUT, "pod tag to finish")
+    tagged = wait_for(lambda: e2e.pod_terminated(kube_client, ns, "tag"), TIMEOUT, "pod tag to finish")
     assert "compilecache-preload" not in json.dumps(tagged["spec"]), "another tag gets nothing preloaded"
     wait_for(lambda: operator.sample("compilecache_prediction_outcomes_total", predicted="cold", actual="cold") >= 1
              and operator.sample("compilecache_prediction_outcomes_total", predicted="warm", actual="warm") == 1,
@@ -111,7 +99,7 @@ def test_the_prediction_is_said_at_admission_and_agrees_with_the_verdicts(
     assert operator.sample("compilecache_prediction_outcomes_total", predicted="warm", actual="cold") == 0
 
     # Deny: the differing pod is refused with the same text, the matching one still admitted.
-    kube_client.merge_patch(cache_path(ns, "predict"), {"spec": {"preload": {"onPredictedCold": "Deny"}}})
+    kube_client.merge_patch(e2e.cache_path(ns, "predict"), {"spec": {"preload": {"onPredictedCold": "Deny"}}})
 
     def refused() -> subprocess.CompletedProcess[str] | None:
         proc = kubectl_create(kubectl_bin, kube_cluster, ns, app_pod("nan-denied", {"TORCHINDUCTOR_NAN_ASSERTS": "1"}),

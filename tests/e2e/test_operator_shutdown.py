@@ -19,12 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.operator.e2e_support import OperatorProcess, crd
+from tests.operator.e2e_support import OperatorProcess
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
-
-__all__ = ["crd"]
 
 pytestmark = [pytest.mark.e2e]
 

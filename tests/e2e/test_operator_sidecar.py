@@ -18,20 +18,10 @@ import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    operator,
-    pod_terminated,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -70,22 +60,22 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_sidecar_mode_runs_the_preload_beside_the_app_and_the_app_waits_for_the_hit(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace
     store = {"url": redis_server.store_url()}
-    kube_client.post(cache_path(ns), compile_cache("side", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("side", {
         "image": WORKLOAD_IMAGE, "model": {"command": "python -c pass"}, "storage": store,
         "preload": {"mode": "Sidecar"}}))
     # Sidecar with strict: the API server itself refuses it (a CEL rule), naming the field
     with pytest.raises(KubeAPIError) as refused:
-        kube_client.post(cache_path(ns), compile_cache("strict", {
+        kube_client.post(e2e.cache_path(ns), e2e.compile_cache("strict", {
             "image": WORKLOAD_IMAGE, "model": {"command": "python -c pass"}, "storage": store,
             "preload": {"mode": "Sidecar", "strict": True}}))
     assert refused.value.status == 422
     refusal = str(refused.value)
     assert "spec.preload.strict: Invalid value: spec.preload.strict must be false with spec.preload.mode" in refusal
-    wait_condition(kube_client, ns, "side", "Ready", "True", TIMEOUT)
+    e2e.wait_condition(kube_client, ns, "side", "Ready", "True", TIMEOUT)
 
     # one app container sees the cache at the default place, one at its own TORCHINDUCTOR_CACHE_DIR
     own = app_container("own", env=[{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/data/inductor"}])
@@ -104,7 +94,7 @@ def test_sidecar_mode_runs_the_preload_beside_the_app_and_the_app_waits_for_the_
     assert env_of(own_dir)["COMPILECACHE_PRELOAD_DONE"] == "/data/inductor/.compilecache-preload.json"
 
     for name in ("app", "second"):
-        done = wait_for(lambda name=name: pod_terminated(kube_client, ns, name), TIMEOUT, f"pod {name} to finish")
+        done = wait_for(lambda name=name: e2e.pod_terminated(kube_client, ns, name), TIMEOUT, f"pod {name} to finish")
         assert done["status"]["phase"] == "Succeeded", done["status"]
         preloaded = message(done, "compilecache-preload", init=True)
         assert preloaded["result"] == "hit", preloaded

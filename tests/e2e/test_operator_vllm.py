@@ -32,25 +32,14 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.helm import helm_binaries, kubectl_bin
 from tests.infra.node import WORKLOAD_ROOT
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    operator,
-    terminated_message,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from tests.vllm.conftest import write_tiny_model
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "helm_binaries", "kubectl_bin", "operator"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.full_lane]  # three vLLM starts on 2 cores: the full lane
 
@@ -112,12 +101,12 @@ def watcher_verdict(client: KubeClient, namespace: str, name: str) -> dict[str, 
 
 
 def test_a_vllm_server_starts_warm_and_a_differing_one_is_told_before_it_starts(
-    operator: OperatorProcess, kube_client: KubeClient, kube_cluster: LocalCluster, kube_namespace: str,
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_cluster: LocalCluster, kube_namespace: str,
     redis_server: RedisServer, kubectl_bin: Path, tmp_path: Path,
 ) -> None:  # fmt: skip
     ns = kube_namespace
     kube_client.post(f"/api/v1/namespaces/{ns}/configmaps", model_config_map(write_tiny_model(tmp_path / "tiny")))
-    kube_client.post(cache_path(ns), compile_cache("tiny-vllm", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("tiny-vllm", {
         "image": WORKLOAD_IMAGE,
         "model": {"vllm": {"model": MODEL, "args": ARGS, "command": COMMAND,  # VLLM_* variables: part of the start
                            "env": [{"name": k, "value": v} for k, v in ENV.items() if k.startswith("VLLM_")]}},
@@ -126,7 +115,7 @@ def test_a_vllm_server_starts_warm_and_a_differing_one_is_told_before_it_starts(
                    "volumes": [MODEL_VOLUME], "volumeMounts": [MODEL_MOUNT],
                    "resources": {"limits": {"cpu": "2", "memory": "8Gi"}}},
     }))  # fmt: skip
-    cache = wait_condition(kube_client, ns, "tiny-vllm", "Ready", "True", WARMUP_TIMEOUT)
+    cache = e2e.wait_condition(kube_client, ns, "tiny-vllm", "Ready", "True", WARMUP_TIMEOUT)
     (bundle,) = cache["status"]["bundles"]
     assert bundle["vllm"]["version"] == "0.32.0" and len(bundle["vllm"]["hash"]) == 64, bundle
 
@@ -143,14 +132,14 @@ def test_a_vllm_server_starts_warm_and_a_differing_one_is_told_before_it_starts(
 
     for name in said:
         pod = kube_client.get(f"/api/v1/namespaces/{ns}/pods/{name}")
-        assert terminated_message(pod, "compilecache-preload", init=True)["result"] == "hit"
+        assert e2e.terminated_message(pod, "compilecache-preload", init=True)["result"] == "hit"
         app = next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")
         env = {e["name"]: e.get("value") for e in app["env"]}
         assert env["VLLM_CACHE_ROOT"] == "/var/cache/compilecache/inductor/vllm"
         assert pod["metadata"]["annotations"]["compilecache.io/predicted"] == ("warm" if name == "warm" else "cold")
 
     def tallied() -> dict[str, Any] | None:
-        cold = kube_client.get(cache_path(ns, "tiny-vllm")).get("status", {}).get("coldStarts") or {}
+        cold = kube_client.get(e2e.cache_path(ns, "tiny-vllm")).get("status", {}).get("coldStarts") or {}
         return cold if cold.get("pods") == 2 else None
 
     cold = wait_for(tallied, 120, "status.coldStarts to count both pods")

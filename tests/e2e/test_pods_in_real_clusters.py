@@ -16,26 +16,14 @@ from typing import Any
 
 import pytest
 
-from tests.chart.e2e_fixtures import helm_bin, helm_binaries, helm_env, kubectl_bin
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    COMPILE_TINY_MLP,
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    operator,
-    pod_terminated,
-    terminated_message,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
 
-__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "kubectl_bin", "operator"]  # redis_server: the e2e
 # conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -45,7 +33,7 @@ WARM_UP_TIMEOUT = 420
 
 
 def app_pod(name: str, cache: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
-    container = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", COMPILE_TINY_MLP],
+    container = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", e2e.COMPILE_TINY_MLP],
                  "terminationMessagePolicy": "FallbackToLogsOnError"}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: cache}},
             "spec": {"restartPolicy": "Never", "containers": [container], **pod_spec}}
@@ -60,15 +48,15 @@ def restricted_app_pod(name: str, uid: int = 1000, fs_group: int | None = None, 
 
 
 def finished(client: KubeClient, namespace: str, name: str) -> dict[str, Any]:
-    pod = wait_for(lambda: pod_terminated(client, namespace, name), WARM_UP_TIMEOUT, f"pod {name} to finish")
+    pod = wait_for(lambda: e2e.pod_terminated(client, namespace, name), WARM_UP_TIMEOUT, f"pod {name} to finish")
     return dict(pod)
 
 
 def warm_cache(client: KubeClient, namespace: str, redis: RedisServer, name: str = "mlp") -> dict[str, Any]:
-    client.post(cache_path(namespace), compile_cache(name, {
+    client.post(e2e.cache_path(namespace), e2e.compile_cache(name, {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis.store_url()}}))
     try:
-        return wait_condition(client, namespace, name, "Ready", "True", WARM_UP_TIMEOUT)
+        return e2e.wait_condition(client, namespace, name, "Ready", "True", WARM_UP_TIMEOUT)
     except TimeoutError as error:
         # A warm-up pod the API server refuses (Pod Security) shows only as the Job controller's events.
         events = client.get(f"/api/v1/namespaces/{namespace}/events")["items"]
@@ -78,15 +66,15 @@ def warm_cache(client: KubeClient, namespace: str, redis: RedisServer, name: str
 
 def assert_warm(pod: dict[str, Any], uid: int) -> None:
     assert pod["status"]["phase"] == "Succeeded", pod["status"]
-    preload = terminated_message(pod, "compilecache-preload", init=True)
+    preload = e2e.terminated_message(pod, "compilecache-preload", init=True)
     assert preload["result"] == "hit", preload
-    report = terminated_message(pod, "app")
+    report = e2e.terminated_message(pod, "app")
     assert report["uid"] == uid, report
     assert report["cache"]["fxgraph_hit"] >= 1 and report["cache"]["fxgraph_miss"] == 0, report
 
 
 def test_restricted_namespace_admits_injected_pods_of_any_uid_and_they_start_warm(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace  # enforces "restricted": the warm-up Job's pod had to pass it too
     warm_cache(kube_client, ns, redis_server)
@@ -112,7 +100,7 @@ def test_restricted_namespace_admits_injected_pods_of_any_uid_and_they_start_war
 
 @pytest.mark.parametrize("pod_security_level", ["baseline"])
 def test_non_root_app_writes_the_preloaded_cache(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     """In a "baseline" namespace the API server lets any preload container through; what is left is the
     permission question: an app container running as uid 1000 (its own securityContext, as an image's USER
@@ -126,7 +114,7 @@ def test_non_root_app_writes_the_preloaded_cache(
 
 
 def test_the_hit_rate_counts_only_the_pod_that_reads_the_cache_preloaded_for_its_image(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     """A matching pod is a hit and compiles warm; a pod of another image gets no bundle warmed for
     something else (a miss, image-mismatch, left unpatched) and compiles cold; a pod whose cache directory
@@ -159,7 +147,7 @@ def test_the_hit_rate_counts_only_the_pod_that_reads_the_cache_preloaded_for_its
     for name in ("other-image", "unwired"):
         done = finished(kube_client, ns, name)
         assert done["status"]["phase"] == "Succeeded", done["status"]
-        report = terminated_message(done, "app")
+        report = e2e.terminated_message(done, "app")
         assert report["cache"]["fxgraph_hit"] == 0 and report["cache"]["fxgraph_miss"] >= 1, (name, report)
 
     def counted() -> bool:
@@ -176,7 +164,7 @@ def test_the_hit_rate_counts_only_the_pod_that_reads_the_cache_preloaded_for_its
 
 @pytest.mark.parametrize("pod_security_level", ["privileged"])
 def test_node_cache_is_fetched_once_per_node_and_shared_by_apps_of_other_uids(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
     real_node: RealNode,
 ) -> None:
     """``preload.nodeCache``: the kubelet makes the hostPath root 0755 (hostPath needs the "privileged"
@@ -184,10 +172,10 @@ def test_node_cache_is_fetched_once_per_node_and_shared_by_apps_of_other_uids(
     bundle complete and fetches nothing; both apps, of different uids, compile warm."""
     ns = kube_namespace
     node_cache = real_node.workdir / "hostpath" / "compilecache-nodes"  # on the host: the node's work dir
-    kube_client.post(cache_path(ns), compile_cache("mlp", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()},
         "preload": {"nodeCache": {"hostPath": str(node_cache)}}}))
-    wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
+    e2e.wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
     results = []
     for name, uid in (("first", 1000), ("second", 1001)):
         created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", restricted_app_pod(name, uid=uid))
@@ -195,7 +183,7 @@ def test_node_cache_is_fetched_once_per_node_and_shared_by_apps_of_other_uids(
         assert volume["hostPath"]["path"] == f"{node_cache}/{ns}/mlp", volume
         done = finished(kube_client, ns, name)
         assert_warm(done, uid)
-        results.append(terminated_message(done, "compilecache-preload", init=True))
+        results.append(e2e.terminated_message(done, "compilecache-preload", init=True))
     first, second = results
     assert first["source"] == "store" and first["bytes"] > 0, first
     assert second["source"] == "node-cache" and second["bytes"] == 0, second
@@ -204,7 +192,7 @@ def test_node_cache_is_fetched_once_per_node_and_shared_by_apps_of_other_uids(
 
 
 def test_a_node_cache_never_keeps_a_pod_from_starting_in_a_restricted_or_baseline_namespace(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
     real_node: RealNode, kubectl_bin: Path, helm_env: dict[str, str],
 ) -> None:
     """A cache with ``preload.nodeCache``, its pods in a namespace enforcing "restricted", then (the same namespace
@@ -213,10 +201,10 @@ def test_a_node_cache_never_keeps_a_pod_from_starting_in_a_restricted_or_baselin
     and in an annotation, and each pod starts and warms from its own emptyDir; each is counted."""
     ns = kube_namespace
     node_cache = real_node.workdir / "hostpath" / "compilecache-fallback"
-    kube_client.post(cache_path(ns), compile_cache("mlp", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()},
         "preload": {"nodeCache": {"hostPath": str(node_cache)}}}))
-    wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
+    e2e.wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
     pods = f"/api/v1/namespaces/{ns}/pods"
 
     def fallback_of(body: dict[str, Any]) -> str:
@@ -240,7 +228,7 @@ def test_a_node_cache_never_keeps_a_pod_from_starting_in_a_restricted_or_baselin
         assert created["spec"]["initContainers"][0]["securityContext"]["runAsNonRoot"] is True
         done = finished(kube_client, ns, name)
         assert_warm(done, uid)
-        assert terminated_message(done, "compilecache-preload", init=True)["source"] == "store"
+        assert e2e.terminated_message(done, "compilecache-preload", init=True)["source"] == "store"
     assert not node_cache.exists() or not any(node_cache.iterdir()), "nothing went to the node"
 
     def counted() -> bool:

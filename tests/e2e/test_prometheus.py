@@ -26,33 +26,21 @@ import pytest
 
 from tests.chart.chart import CHART_DIR, one, template
 from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
-from tests.infra.helm import helm_bin, helm_binaries
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
 from tests.infra.prometheus import PodDiscovery, PrometheusServer, operator_job, pod_monitor_job, rule_groups
-from tests.operator.e2e_support import (
-    COMPILE_TINY_MLP,
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    operator,
-    pod_terminated,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "helm_bin", "helm_binaries", "operator"]  # redis_server: the e2e conftest's
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CACHE_LABEL = "compilecache.io/cache"
 TIMEOUT = 420
 METRICS_PORT = 9400
-SERVE_RUNTIME_METRICS = COMPILE_TINY_MLP + f"""
+SERVE_RUNTIME_METRICS = e2e.COMPILE_TINY_MLP + f"""
 import time
 from cachelib import runtime
 runtime.start_http_server({METRICS_PORT})
@@ -68,7 +56,7 @@ RULE_VALUES = (
 
 @pytest.fixture
 def prometheus(
-    operator: OperatorProcess, kube_cluster: LocalCluster, kube_namespace: str, helm_bin: Path, tmp_path: Path,
+    operator: e2e.OperatorProcess, kube_cluster: LocalCluster, kube_namespace: str, helm_bin: Path, tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Iterator[PrometheusServer]:
     rendered = template(helm_bin, set_values=RULE_VALUES, namespace=kube_namespace)
@@ -109,13 +97,13 @@ def firing(prometheus: PrometheusServer, name: str, **labels: str) -> bool:
 
 
 def test_prometheus_computes_the_hit_rate_fires_the_alerts_and_feeds_every_dashboard_panel(
-    operator: OperatorProcess, prometheus: PrometheusServer, kube_client: KubeClient, kube_namespace: str,
+    operator: e2e.OperatorProcess, prometheus: PrometheusServer, kube_client: KubeClient, kube_namespace: str,
     redis_server: RedisServer, real_node: RealNode,
 ) -> None:
     ns = kube_namespace
-    kube_client.post(cache_path(ns), compile_cache("mlp", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()}}))
-    wait_condition(kube_client, ns, "mlp", "Ready", "True", TIMEOUT)
+    e2e.wait_condition(kube_client, ns, "mlp", "Ready", "True", TIMEOUT)
     pods = f"/api/v1/namespaces/{ns}/pods"
 
     # the cache's series exist at 0 before anything happened to them (and Prometheus scrapes the operator)
@@ -125,7 +113,7 @@ def test_prometheus_computes_the_hit_rate_fires_the_alerts_and_feeds_every_dashb
     assert set(values(prometheus, f'compilecache_preloads_total{{{mlp}}}')) == {0.0}
     broken = {"image": WORKLOAD_IMAGE, "model": {"target": "no_such_module:build"},
               "storage": {"url": redis_server.store_url()}, "warmup": {"backoffLimit": 0}}
-    kube_client.post(cache_path(ns), compile_cache("broken", broken))
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("broken", broken))
 
     # one warm pod (serving its runtime metrics until Prometheus has them) and one pinned pod that misses
     kube_client.post(pods, app_pod("warm", "mlp", SERVE_RUNTIME_METRICS))
@@ -134,7 +122,7 @@ def test_prometheus_computes_the_hit_rate_fires_the_alerts_and_feeds_every_dashb
     wait_for(lambda: values(prometheus, 'count_over_time(compilecache_runtime_cache_events_total{pod="warm", '
                                         'torch_cache="fxgraph", result="hit"}[10m]) >= 2'), TIMEOUT,
              "Prometheus to scrape the warm pod twice")
-    wait_for(lambda: pod_terminated(kube_client, ns, "pinned"), TIMEOUT, "the pinned pod to finish")
+    wait_for(lambda: e2e.pod_terminated(kube_client, ns, "pinned"), TIMEOUT, "the pinned pod to finish")
     wait_for(lambda: values(prometheus, f'sum(compilecache_preloads_total{{{mlp}}})') == [2.0], 60,
              "the operator's counts in Prometheus")
     kube_client.delete(f"{pods}/warm")

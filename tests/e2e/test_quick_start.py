@@ -37,7 +37,6 @@ from compilecache_operator.certs import self_signed
 
 from tests.chart.e2e_fixtures import CRDS_API, MWC_API, VWC_API
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
 from tests.infra.node import RealNode
 from tests.operator.e2e_support import OperatorProcess
 from testsupport.kube.cluster import LocalCluster
@@ -45,8 +44,6 @@ from testsupport.kube.namespaces import delete_namespace
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["helm_bin", "helm_binaries", "kubectl_bin"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm, pytest.mark.slow]
 

@@ -15,22 +15,10 @@ import pytest
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    jobs_of,
-    operator,
-    pod_terminated,
-    terminated_message,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "operator"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -77,7 +65,7 @@ def app_pod(name: str, cache: str, resources: dict[str, Any] | None) -> dict[str
 
 
 def test_a_limits_quota_and_a_require_limits_policy_admit_warm_up_and_preload(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
     real_node: RealNode,
 ) -> None:
     ns = kube_namespace
@@ -101,11 +89,11 @@ def test_a_limits_quota_and_a_require_limits_policy_admit_warm_up_and_preload(
         said = wait_for(refused, 60, "the policy to refuse a pod without limits")  # bindings apply within seconds
         assert "limits" in said, said
 
-        kube_client.post(cache_path(ns), compile_cache("tenant", {
+        kube_client.post(e2e.cache_path(ns), e2e.compile_cache("tenant", {
             "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()}}))
-        cache = wait_condition(kube_client, ns, "tenant", "Ready", "True", TIMEOUT)
+        cache = e2e.wait_condition(kube_client, ns, "tenant", "Ready", "True", TIMEOUT)
         (bundle,) = cache["status"]["bundles"]
-        (job,) = jobs_of(kube_client, ns, "tenant")
+        (job,) = e2e.jobs_of(kube_client, ns, "tenant")
         assert job["status"].get("succeeded") == 1, job["status"]
         quota = kube_client.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpu-tenant")
         assert set(QUOTA) <= set(quota["status"]["used"]), quota["status"]
@@ -113,10 +101,10 @@ def test_a_limits_quota_and_a_require_limits_policy_admit_warm_up_and_preload(
         created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", app_pod("warm", "tenant", APP_LIMITS))
         preload = [c for c in created["spec"].get("initContainers") or [] if c["name"] == "compilecache-preload"]
         assert preload and {"cpu", "memory"} <= set(preload[0]["resources"]["limits"]), created["spec"]
-        done = wait_for(lambda: pod_terminated(kube_client, ns, "warm"), TIMEOUT, "the opted-in pod to finish")
+        done = wait_for(lambda: e2e.pod_terminated(kube_client, ns, "warm"), TIMEOUT, "the opted-in pod to finish")
         assert done["spec"]["nodeName"] == real_node.name
         assert done["status"]["phase"] == "Succeeded", done["status"]
-        result = terminated_message(done, "compilecache-preload", init=True)
+        result = e2e.terminated_message(done, "compilecache-preload", init=True)
         assert result["result"] == "hit" and bundle["key"] in result.get("hits", []), result
     finally:
         for kind, body in (("validatingadmissionpolicybindings", binding), ("validatingadmissionpolicies", policy)):

@@ -19,22 +19,11 @@ from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.e2e.operator_on_node import kubectl
 from tests.infra.node import RealNode
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    operator,
-    pod_terminated,
-    terminated_message,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -112,10 +101,10 @@ def test_the_kubelet_confines_a_restricted_pod_and_serves_its_logs(
             "spec": restricted({"restartPolicy": "Never", "containers": [app],
                                 "volumes": [{"name": "cache", "emptyDir": {}}]}, uid=1000, gid=3000, fs_group=2000)}
     kube_client.post(f"/api/v1/namespaces/{ns}/pods", body)
-    done = wait_for(lambda: pod_terminated(kube_client, ns, "confined"), TIMEOUT, "the confined pod to finish")
+    done = wait_for(lambda: e2e.pod_terminated(kube_client, ns, "confined"), TIMEOUT, "the confined pod to finish")
     assert done["spec"]["nodeName"] == real_node.name
     assert done["status"]["phase"] == "Succeeded", done["status"]
-    report = terminated_message(done, "app")
+    report = e2e.terminated_message(done, "app")
     assert report == {"uid": 1000, "gid": 3000, "groups": [2000, 3000], "root": "Read-only file system",
                       "seccomp": "2", "no_new_privs": "1", "cap_eff": "0000000000000000",
                       "file_owner": [1000, 2000]}, report
@@ -123,12 +112,13 @@ def test_the_kubelet_confines_a_restricted_pod_and_serves_its_logs(
 
 
 def test_large_bundle_preloads_under_its_memory_limit_within_the_size_limit_and_logs_its_progress(
-    operator: OperatorProcess, kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str,
+    operator: e2e.OperatorProcess, kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str,
     redis_server: RedisServer, real_node: RealNode,
 ) -> None:
     ns = kube_namespace
-    kube_client.post(cache_path(ns), compile_cache("big", big_cache(redis_server.store_url(), sizeLimit=SIZE_LIMIT)))
-    cache = wait_condition(kube_client, ns, "big", "Ready", "True", TIMEOUT)
+    big = big_cache(redis_server.store_url(), sizeLimit=SIZE_LIMIT)
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("big", big))
+    cache = e2e.wait_condition(kube_client, ns, "big", "Ready", "True", TIMEOUT)
     (bundle,) = cache["status"]["bundles"]
     assert bundle["bytes"] > BUNDLE_MIB << 20, bundle  # larger than the preload's memory limit
 
@@ -148,7 +138,7 @@ def test_large_bundle_preloads_under_its_memory_limit_within_the_size_limit_and_
     pod = wait_for(running, TIMEOUT, "the app to run after its preload")
     terminated = preload_state(pod)["state"]["terminated"]
     assert terminated["reason"] == "Completed" and terminated["exitCode"] == 0, terminated  # not OOMKilled
-    result = terminated_message(pod, PRELOAD, init=True)
+    result = e2e.terminated_message(pod, PRELOAD, init=True)
     assert result["result"] == "hit" and result["bytes"] > BUNDLE_MIB << 20, result
 
     def measured(after: str = "") -> str | None:
@@ -171,14 +161,15 @@ def test_large_bundle_preloads_under_its_memory_limit_within_the_size_limit_and_
 
 @pytest.mark.parametrize("pod_security_level", ["privileged"])
 def test_a_pod_deleted_in_mid_preload_leaves_nothing_half_written_in_the_node_cache(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer,
     real_node: RealNode,
 ) -> None:
     ns = kube_namespace
     node_cache = real_node.workdir / "hostpath" / "node-caches"
-    kube_client.post(cache_path(ns), compile_cache("big", big_cache(  # a deadline for a loaded 2-core machine: this
-        redis_server.store_url(), nodeCache={"hostPath": str(node_cache)}, deadlineSeconds=300)))  # is no speed test
-    cache = wait_condition(kube_client, ns, "big", "Ready", "True", TIMEOUT)
+    big = big_cache(  # a deadline for a loaded 2-core machine: this is no speed test
+        redis_server.store_url(), nodeCache={"hostPath": str(node_cache)}, deadlineSeconds=300)
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("big", big))
+    cache = e2e.wait_condition(kube_client, ns, "big", "Ready", "True", TIMEOUT)
     (bundle,) = cache["status"]["bundles"]
     target = node_cache / ns / "big"
 
@@ -201,9 +192,9 @@ def test_a_pod_deleted_in_mid_preload_leaves_nothing_half_written_in_the_node_ca
 
     # the next pod on the node completes the bundle (or finds it complete) and its app starts warm
     kube_client.post(f"/api/v1/namespaces/{ns}/pods", app_pod("second", "big", ["python", "-c", "pass"]))
-    done = wait_for(lambda: pod_terminated(kube_client, ns, "second"), TIMEOUT, "the second pod to finish")
+    done = wait_for(lambda: e2e.pod_terminated(kube_client, ns, "second"), TIMEOUT, "the second pod to finish")
     assert done["status"]["phase"] == "Succeeded", done["status"]
-    result = terminated_message(done, PRELOAD, init=True)
+    result = e2e.terminated_message(done, PRELOAD, init=True)
     assert result["result"] == "hit", result
     assert_whole(target)
     big = target / "inductor" / "fxgraph" / "zz" / "big.bin"

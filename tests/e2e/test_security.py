@@ -26,29 +26,15 @@ from cachelib.bundlereader import BundleReader
 from cachelib.signing import Signer, check_stored, signature_key, write_signature
 from cachelib.stores import open_store
 from tests.cachelib.helpers import make_outdir
-from tests.chart.e2e_fixtures import CC_API, Release, helm_bin, helm_binaries, helm_env, install, release_namespace
-from tests.e2e.chart_releases import pod_release
+from tests.chart.e2e_fixtures import CC_API, Release
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.e2e.operator_on_node import start_operator
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    condition,
-    crd,
-    jobs_of,
-    pod_terminated,
-    terminated_message,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
 
 # redis_server: the e2e conftest's, reachable from pods
-__all__ = ["crd", "helm_bin", "helm_binaries", "helm_env", "install", "pod_release", "release_namespace",
-           "start_operator"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -77,9 +63,9 @@ def labelled_pod(name: str, cache: str) -> dict[str, Any]:
 def run_pod(client: KubeClient, namespace: str, name: str, cache: str = "mlp") -> tuple[dict[str, Any], dict[str, Any]]:
     """Create an opted-in pod, wait for it; (the pod as admitted, its preload's result)."""
     created = client.post(f"/api/v1/namespaces/{namespace}/pods", labelled_pod(name, cache))
-    finished = wait_for(lambda: pod_terminated(client, namespace, name), POD_TIMEOUT, f"pod {name} to finish")
+    finished = wait_for(lambda: e2e.pod_terminated(client, namespace, name), POD_TIMEOUT, f"pod {name} to finish")
     assert finished["status"]["phase"] == "Succeeded", finished["status"]
-    return created, terminated_message(finished, "compilecache-preload", init=True)
+    return created, e2e.terminated_message(finished, "compilecache-preload", init=True)
 
 
 def wait_injecting(client: KubeClient, namespace: str, trusted: list[Signer]) -> None:
@@ -114,16 +100,16 @@ def forged_bundle(tmp_path: Path, key: str) -> bytes:
 
 
 def test_only_bundles_the_operator_signed_are_preloaded_and_rotation_keeps_old_ones(
-    start_operator: Callable[..., OperatorProcess], kube_client: KubeClient, kube_namespace: str,
+    start_operator: Callable[..., e2e.OperatorProcess], kube_client: KubeClient, kube_namespace: str,
     redis_server: RedisServer, tmp_path: Path,
 ) -> None:
     ns = kube_namespace
     first, second = Signer.generate(), Signer.generate()
     operator = start_operator("--signing-key-file", key_file(tmp_path, first, "first.key"))
     store_url = redis_server.store_url()
-    kube_client.post(cache_path(ns), compile_cache("mlp", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": store_url}}))
-    cache = wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
+    cache = e2e.wait_condition(kube_client, ns, "mlp", "Ready", "True", WARM_UP_TIMEOUT)
     (bundle,) = cache["status"]["bundles"]
     key = bundle["key"]
     with open_store(store_url) as store:
@@ -176,17 +162,17 @@ def test_only_bundles_the_operator_signed_are_preloaded_and_rotation_keeps_old_o
 
 
 def test_a_secret_pointed_outside_the_allow_list_reaches_no_job_and_no_pod(
-    start_operator: Callable[..., OperatorProcess], kube_client: KubeClient, kube_namespace: str,
+    start_operator: Callable[..., e2e.OperatorProcess], kube_client: KubeClient, kube_namespace: str,
 ) -> None:
     ns = kube_namespace
     start_operator("--allowed-store-hosts", "redis.compilecache.svc", "--allowed-store-secrets", "store")
     kube_client.post(f"/api/v1/namespaces/{ns}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store"}, "stringData": {"password": "s3cret"}})
-    kube_client.post(cache_path(ns), compile_cache("exfil", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("exfil", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"},
         "storage": {"url": "redis://collector.attacker.example:6379/0", "secretRef": {"name": "store"}}}))
-    cache = wait_condition(kube_client, ns, "exfil", "Ready", "False", 60, reason="InvalidSpec")
-    message = condition(cache, "Ready")["message"]
+    cache = e2e.wait_condition(kube_client, ns, "exfil", "Ready", "False", 60, reason="InvalidSpec")
+    message = e2e.condition(cache, "Ready")["message"]
     assert "spec.storage.url: store collector.attacker.example:6379 is not on the operator's allow-list" in message
 
     def warning() -> dict[str, Any] | None:
@@ -197,7 +183,7 @@ def test_a_secret_pointed_outside_the_allow_list_reaches_no_job_and_no_pod(
 
     assert "collector.attacker.example" in wait_for(warning, 30, "the InvalidSpec Warning event")["message"]
     time.sleep(6)  # a few resyncs: still no Job
-    assert jobs_of(kube_client, ns, "exfil") == []
+    assert e2e.jobs_of(kube_client, ns, "exfil") == []
     created = kube_client.post(f"/api/v1/namespaces/{ns}/pods", labelled_pod("app", "exfil"))
     assert "initContainers" not in created["spec"]
     assert created["metadata"]["annotations"]["compilecache.io/skipped"] == "not-ready"
@@ -215,7 +201,7 @@ def test_the_charts_admission_check_refuses_the_same_on_the_api_server(
             "--set", f"confinement.warmupServiceAccounts={{{ns}/warmup}}")  # fmt: skip
 
     def create(name: str, storage: dict[str, Any], **extra: Any) -> None:
-        kube_client.post(cache_path(ns), compile_cache(name, {
+        kube_client.post(e2e.cache_path(ns), e2e.compile_cache(name, {
             "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": storage, **extra}))
 
     def refused(name: str, storage: dict[str, Any], **extra: Any) -> str:
@@ -236,7 +222,7 @@ def test_the_charts_admission_check_refuses_the_same_on_the_api_server(
 
     wait_for(in_force, 420, "the admission check to be in force")
     for leftover in kube_client.get(f"{CC_API}/namespaces/{ns}/compilecaches")["items"]:
-        kube_client.delete(cache_path(ns, leftover["metadata"]["name"]))
+        kube_client.delete(e2e.cache_path(ns, leftover["metadata"]["name"]))
 
     create("default-store", {"url": "redis://redis.compilecache.svc/0?prefix=a", "secretRef": {"name": "store"}})
     create("domain", {"url": "rediss://redis.team.cache.svc:6380/1"})
@@ -255,7 +241,7 @@ def test_the_charts_admission_check_refuses_the_same_on_the_api_server(
     assert "spec.warmup.serviceAccountName: ServiceAccount 'deployer' is not allowed for warm-ups" in account
     # an update that moves an admitted cache outside the lists is refused too
     with pytest.raises(KubeAPIError) as moved:
-        kube_client.merge_patch(cache_path(ns, "domain"), {"spec": {"storage": {"url": "redis://10.0.0.1:6379/0"}}})
+        kube_client.merge_patch(e2e.cache_path(ns, "domain"), {"spec": {"storage": {"url": "redis://10.0.0.1:6379/0"}}})
     assert "not on the operator's allow-list" in str(moved.value)
     names = {c["metadata"]["name"] for c in kube_client.get(f"{CC_API}/namespaces/{ns}/compilecaches")["items"]}
     assert names == {"default-store", "domain", "bucket", "account"}

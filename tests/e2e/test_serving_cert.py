@@ -21,13 +21,12 @@ from cryptography.hazmat.primitives import serialization
 
 from cachelib.signing import Signer
 from tests.infra.podspec import restricted
-from tests.operator.e2e_support import OperatorProcess, crd
+from tests.operator.e2e_support import OperatorProcess
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
 
 pytestmark = [pytest.mark.e2e]
-__all__ = ["crd"]
 
 MWC_API = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 VWC_API = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"

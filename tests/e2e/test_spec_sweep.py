@@ -36,7 +36,6 @@ from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.wait import wait_for
 
 crd, operator = e2e.crd, e2e.operator  # fixtures
-__all__ = ["crd", "operator"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -27,16 +27,13 @@ from tests.cachelib.helpers import make_key, make_outdir
 from tests.chart.chart import one, template
 from tests.chart.e2e_fixtures import CRDS_API, VWC_API
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.infra.helm import helm_bin, helm_binaries, kubectl_bin
 from tests.infra.node import RealNode
-from tests.operator.e2e_support import OperatorProcess, cache_path, compile_cache, crd, operator
+from tests.operator import e2e_support as e2e
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.crd import install_crd
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "helm_bin", "helm_binaries", "kubectl_bin", "operator"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -66,17 +63,17 @@ def bundles(store: str) -> int:
 
 
 def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
-    operator: OperatorProcess, kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str,
+    operator: e2e.OperatorProcess, kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace: str,
     redis_server: RedisServer, real_node: RealNode, kubectl_bin: Path, helm_bin: Path, tmp_path: Path,
 ) -> None:
     ns = kube_namespace
     store = redis_server.store_url()
-    kube_client.post(cache_path(ns), compile_cache("doomed", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("doomed", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": store},
         "deletionPolicy": "Delete"}))
     # the operator takes the cache on (its finalizer); a bundle of the cache's key is in the store (published
     # here, as its warm-up would: the test is about the deletion, not the warm-up)
-    wait_for(lambda: OURS in (kube_client.get(cache_path(ns, "doomed"))["metadata"].get("finalizers") or []), 60,
+    wait_for(lambda: OURS in (kube_client.get(e2e.cache_path(ns, "doomed"))["metadata"].get("finalizers") or []), 60,
              "the operator's finalizer on the cache")
     with open_store(store) as opened:
         publish(make_outdir(tmp_path / "out", make_key(namespace=ns, name="doomed")), opened)
@@ -87,15 +84,15 @@ def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
     check["metadata"]["name"] = f"{ns}-left-behind"
     operator.stop()  # the uninstall removes the operator ...
     # a cache the operator never wrote a status for (no status.storage), holding its finalizer all the same
-    unseen = compile_cache("unseen", {"image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"},
+    unseen = e2e.compile_cache("unseen", {"image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"},
                                       "storage": {"url": store}, "deletionPolicy": "Delete"})
     unseen["metadata"]["finalizers"] = [OURS]
-    kube_client.post(cache_path(ns), unseen)
+    kube_client.post(e2e.cache_path(ns), unseen)
     kube_client.post(VWC_API, check)
     try:
         def refused_unchecked() -> bool:
             try:
-                kube_client.merge_patch(cache_path(ns, "doomed"), {"spec": {"image": f"{WORKLOAD_IMAGE}-changed"}})
+                kube_client.merge_patch(e2e.cache_path(ns, "doomed"), {"spec": {"image": f"{WORKLOAD_IMAGE}-changed"}})
             except KubeAPIError as error:
                 return "validate.compilecaches.compilecache.io" in error.body
             return False
@@ -109,7 +106,7 @@ def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
         assert stuck["metadata"].get("deletionTimestamp"), stuck["metadata"]
         conditions = {c["type"]: c for c in stuck["status"]["conditions"]}
         assert conditions["Terminating"]["status"] == "True", conditions
-        cache = kube_client.get(cache_path(ns, "doomed"))
+        cache = kube_client.get(e2e.cache_path(ns, "doomed"))
         assert cache["metadata"]["deletionTimestamp"] and cache["metadata"]["finalizers"] == [OURS]
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBECONFIG")}

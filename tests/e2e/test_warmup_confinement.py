@@ -26,22 +26,12 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.e2e.operator_on_node import kubectl, start_operator
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    condition,
-    crd,
-    jobs_of,
-    wait_condition,
-)
+from tests.e2e.operator_on_node import kubectl
+from tests.operator import e2e_support as e2e
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "start_operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -80,7 +70,7 @@ def flags(redis: RedisServer) -> tuple[str, ...]:
 
 
 def test_every_secret_path_is_refused_unless_allowed_and_the_value_shows_nowhere(
-    start_operator: Callable[..., OperatorProcess], kube_client: KubeClient, kube_namespace: str,
+    start_operator: Callable[..., e2e.OperatorProcess], kube_client: KubeClient, kube_namespace: str,
     kube_cluster: LocalCluster, redis_server: RedisServer,
 ) -> None:
     ns = kube_namespace
@@ -93,24 +83,24 @@ def test_every_secret_path_is_refused_unless_allowed_and_the_value_shows_nowhere
     # 1. no admission check: each spec is stored, and refused when reconciled, before any Job
     unchecked = start_operator(*flags(redis_server))
     for name, warmup, _ in PATHS:
-        kube_client.post(cache_path(ns, ""), compile_cache(f"stored-{name}", spec_of(store_url, warmup)))
-    kube_client.post(cache_path(ns, ""), compile_cache("allowed", spec_of(store_url, {"env": [HUB]})))
+        kube_client.post(e2e.cache_path(ns, ""), e2e.compile_cache(f"stored-{name}", spec_of(store_url, warmup)))
+    kube_client.post(e2e.cache_path(ns, ""), e2e.compile_cache("allowed", spec_of(store_url, {"env": [HUB]})))
     for name, _, named in PATHS:
-        cache = wait_condition(kube_client, ns, f"stored-{name}", "Ready", "False", 60, reason="InvalidSpec")
-        assert named in condition(cache, "Ready")["message"], condition(cache, "Ready")
+        cache = e2e.wait_condition(kube_client, ns, f"stored-{name}", "Ready", "False", 60, reason="InvalidSpec")
+        assert named in e2e.condition(cache, "Ready")["message"], e2e.condition(cache, "Ready")
         wait_for(lambda n=name: [e for e in events(kube_client, ns) if e["involvedObject"]["name"] == f"stored-{n}"
                                  and e["type"] == "Warning" and e["reason"] == "InvalidSpec"],
                  30, f"the InvalidSpec event of stored-{name}")
 
     # the allowed Secret reaches the compile command; no API token is mounted there
-    wait_condition(kube_client, ns, "allowed", "Ready", "True", WARM_UP_TIMEOUT)
-    (job,) = jobs_of(kube_client, ns, "allowed")
+    e2e.wait_condition(kube_client, ns, "allowed", "Ready", "True", WARM_UP_TIMEOUT)
+    (job,) = e2e.jobs_of(kube_client, ns, "allowed")
     assert job["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     log = kubectl(kube_cluster, "logs", "-n", ns, f"job/{job['metadata']['name']}", "-c", "compile")
     assert f"hub token sha256 {hashlib.sha256(hub_token.encode()).hexdigest()}" in log, log
     time.sleep(4)  # more resyncs (every 3 s): still no Job for a refused cache
     for name, _, _ in PATHS:
-        assert jobs_of(kube_client, ns, f"stored-{name}") == [], name
+        assert e2e.jobs_of(kube_client, ns, f"stored-{name}") == [], name
 
     # 2. the operator's validating webhook: the API server refuses each at create, naming the field
     checked = start_operator(*flags(redis_server), "--check-caches-at-admission")
@@ -118,7 +108,7 @@ def test_every_secret_path_is_refused_unless_allowed_and_the_value_shows_nowhere
 
     def in_force() -> bool:
         try:
-            kube_client.post(cache_path(ns, ""), compile_cache(f"probe-{next(probes)}",
+            kube_client.post(e2e.cache_path(ns, ""), e2e.compile_cache(f"probe-{next(probes)}",
                                                                spec_of(store_url, PATHS[0][1])))
         except KubeAPIError as refused:
             return "not allowed for warm-ups to read" in str(refused)
@@ -127,22 +117,23 @@ def test_every_secret_path_is_refused_unless_allowed_and_the_value_shows_nowhere
     wait_for(in_force, 60, "the admission check to be in force")
     for name, warmup, named in PATHS:
         with pytest.raises(KubeAPIError) as caught:
-            kube_client.post(cache_path(ns, ""), compile_cache(f"admitted-{name}", spec_of(store_url, warmup)))
+            kube_client.post(e2e.cache_path(ns, ""), e2e.compile_cache(f"admitted-{name}", spec_of(store_url, warmup)))
         assert caught.value.status in (403, 422) and named in str(caught.value), str(caught.value)
     # what the CRD does not offer: envFrom is dropped by the schema, a projected volume is refused by it
-    offered = kube_client.request("POST", cache_path(ns, ""), body=compile_cache("env-from", spec_of(store_url, {
-        "env": [HUB], "envFrom": [{"secretRef": {"name": "team-db"}}]})), query={"dryRun": "All"})
+    env_from = e2e.compile_cache("env-from", spec_of(store_url, {
+        "env": [HUB], "envFrom": [{"secretRef": {"name": "team-db"}}]}))
+    offered = kube_client.request("POST", e2e.cache_path(ns, ""), body=env_from, query={"dryRun": "All"})
     assert "envFrom" not in offered["spec"]["warmup"] and offered["spec"]["warmup"]["env"] == [HUB]
     for source in ({"secret": {"name": "team-db"}}, {"serviceAccountToken": {"path": "token"}}):
         with pytest.raises(KubeAPIError) as projected:
-            kube_client.post(cache_path(ns, ""), compile_cache("projected", spec_of(store_url, {
+            kube_client.post(e2e.cache_path(ns, ""), e2e.compile_cache("projected", spec_of(store_url, {
                 "volumes": [{"name": "p", "projected": {"sources": [source]}}]})))
         assert projected.value.status == 422 and "spec.warmup.volumes[0]" in str(projected.value)
 
     # 3. the refused Secret's value: in no pod log, status, event or operator log
     shown = [kubectl(kube_cluster, "logs", "-n", ns, pod["metadata"]["name"], "--all-containers")
              for pod in kube_client.get(f"/api/v1/namespaces/{ns}/pods")["items"]]
-    shown += [json.dumps(c.get("status")) for c in kube_client.get(cache_path(ns, ""))["items"]]
+    shown += [json.dumps(c.get("status")) for c in kube_client.get(e2e.cache_path(ns, ""))["items"]]
     shown += [json.dumps(e) for e in events(kube_client, ns)]
     shown += [p.log_path.read_text(errors="replace") for p in (unchecked, checked)]
     assert shown and not [text[:200] for text in shown if db_password in text]

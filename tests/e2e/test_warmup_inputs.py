@@ -9,21 +9,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    condition,
-    crd,
-    jobs_of,
-    operator,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "operator"]  # redis_server: the e2e conftest's, reachable from pods
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -56,20 +45,20 @@ def create_private_warm_up(client: KubeClient, ns: str, store_url: str, token: s
         "storage": {"url": store_url},
         "warmup": {"backoffLimit": 0, "env": ENV, "volumes": VOLUMES, "volumeMounts": MOUNTS},
     }
-    return dict(client.post(cache_path(ns), compile_cache("private", spec)))
+    return dict(client.post(e2e.cache_path(ns), e2e.compile_cache("private", spec)))
 
 
 def test_a_warm_up_reads_a_secret_through_value_from_and_a_file_from_a_volume(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     ns = kube_namespace
     stored = create_private_warm_up(kube_client, ns, redis_server.store_url(), "hf_s3cret")
     assert stored["spec"]["warmup"]["env"] == ENV  # not pruned by the schema
     assert stored["spec"]["warmup"]["volumes"] == VOLUMES
 
-    cache = wait_condition(kube_client, ns, "private", "Ready", "True", TIMEOUT)
-    assert condition(cache, "Degraded")["status"] == "False"
-    (job,) = jobs_of(kube_client, ns, "private")
+    cache = e2e.wait_condition(kube_client, ns, "private", "Ready", "True", TIMEOUT)
+    assert e2e.condition(cache, "Degraded")["status"] == "False"
+    (job,) = e2e.jobs_of(kube_client, ns, "private")
     compile_ = job["spec"]["template"]["spec"]["initContainers"][1]
     assert compile_["env"][-2:] == ENV
     assert {"name": "ca", "mountPath": "/etc/model-ca", "readOnly": True} in compile_["volumeMounts"]
@@ -87,13 +76,13 @@ def test_a_warm_up_reads_a_secret_through_value_from_and_a_file_from_a_volume(
 
 
 def test_a_warm_up_without_the_secret_value_fails_the_check(
-    operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
 ) -> None:
     """The same warm-up with the wrong token: the command's check is real, the warm-up fails."""
     ns = kube_namespace
     create_private_warm_up(kube_client, ns, redis_server.store_url(), "wrong")
-    cache = wait_condition(kube_client, ns, "private", "Ready", "False", TIMEOUT, reason="WarmupFailed")
-    assert "exited with code" in condition(cache, "Degraded")["message"]
+    cache = e2e.wait_condition(kube_client, ns, "private", "Ready", "False", TIMEOUT, reason="WarmupFailed")
+    assert "exited with code" in e2e.condition(cache, "Degraded")["message"]
     wait_for(
         lambda: (
             operator.sample("compilecache_cache_ready", namespace=ns, cache="private") == 0

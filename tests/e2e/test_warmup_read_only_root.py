@@ -15,20 +15,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
-from tests.operator.e2e_support import (
-    OperatorProcess,
-    cache_path,
-    compile_cache,
-    crd,
-    jobs_of,
-    operator,
-    wait_condition,
-)
+from tests.operator import e2e_support as e2e
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
-
-__all__ = ["crd", "operator"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -64,7 +54,7 @@ def read_only_root_required(kube_client: KubeClient, kube_namespace: str) -> Ite
 
 
 def test_a_warmup_passes_a_read_only_root_policy_and_publishes(
-    read_only_root_required: str, operator: OperatorProcess, kube_client: KubeClient, kube_namespace: str,
+    read_only_root_required: str, operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str,
     redis_server: RedisServer,
 ) -> None:
     ns = kube_namespace
@@ -82,15 +72,15 @@ def test_a_warmup_passes_a_read_only_root_policy_and_publishes(
         return False
 
     wait_for(refused, 30, "the policy to refuse a pod with a writable root")
-    kube_client.post(cache_path(ns), compile_cache("mlp", {
+    kube_client.post(e2e.cache_path(ns), e2e.compile_cache("mlp", {
         "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": redis_server.store_url()}}))
     try:
-        cache = wait_condition(kube_client, ns, "mlp", "Ready", "True", 420)
+        cache = e2e.wait_condition(kube_client, ns, "mlp", "Ready", "True", 420)
     except TimeoutError as error:
         events = kube_client.get(f"/api/v1/namespaces/{ns}/events")["items"]
         raise AssertionError(f"{error}; Warning events: "
                              f"{[e['message'] for e in events if e.get('type') == 'Warning']}") from error
-    (job,) = jobs_of(kube_client, ns, "mlp")
+    (job,) = e2e.jobs_of(kube_client, ns, "mlp")
     compile_container = job["spec"]["template"]["spec"]["initContainers"][1]
     assert compile_container["securityContext"]["readOnlyRootFilesystem"] is True
     assert {"name": "compilecache-tmp", "mountPath": "/tmp"} in compile_container["volumeMounts"]

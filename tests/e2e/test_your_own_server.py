@@ -33,16 +33,13 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import E2E_DIR, python_bin_dir
-from tests.infra.helm import helm_binaries, kubectl_bin
 from tests.infra.images import podman, podman_env
 from tests.infra.node import RealNode, ensure_workload_image
-from tests.operator.e2e_support import OperatorProcess, crd
+from tests.operator.e2e_support import OperatorProcess
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.namespaces import delete_namespace
 from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
-
-__all__ = ["crd", "helm_binaries", "kubectl_bin"]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm, pytest.mark.slow]
 
