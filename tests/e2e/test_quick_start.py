@@ -40,6 +40,7 @@ from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import RealNode
 from tests.operator.e2e_support import OperatorProcess
 from testsupport.kube.cluster import LocalCluster
+from testsupport.kube.crd import install_crd
 from testsupport.kube.namespaces import delete_namespace
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import RedisServer
@@ -139,11 +140,14 @@ def adopt_crd(client: KubeClient, release: str, namespace: str) -> None:
 
 @pytest.fixture
 def cleanup(kube_client: KubeClient) -> Iterator[list[str]]:
-    """Namespaces the quick start creates, deleted afterwards."""
+    """Namespaces the quick start creates, deleted afterwards; and the CRD put back as the other e2e tests
+    install it, without the release's annotations :func:`adopt_crd` wrote (a later ``helm install
+    --take-ownership`` would find those fields owned by this test's client and refuse to apply)."""
     namespaces: list[str] = []
     yield namespaces
     for name in namespaces:
         delete_namespace(kube_client, name)
+    install_crd(kube_client)
 
 
 def test_the_readme_quick_start_works_as_written(
