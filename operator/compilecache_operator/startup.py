@@ -59,11 +59,11 @@ from compilecache_operator.webhook import Views, asked_cache, review_pod
 logger = logging.getLogger(__name__)
 MAX_COUNTED = 100_000
 GRANTS_SECONDS = 5.0
+"""How often the grant ConfigMaps of the operator's namespace are read."""
 UNLISTED_READ_SECONDS = 2.0
 """The longest a pod's admission waits to read its CompileCache while the caches are not all listed (the
 webhook's own timeout is longer: the pod is admitted unchanged, as for an unknown cache, past it)."""
 ReadUnlisted = Callable[[tuple[str, str]], Awaitable[None]]
-"""How often the grant ConfigMaps of the operator's namespace are read."""
 
 
 async def detect_native_sidecars(api: KubeAPI, switch: str) -> SidecarSupport:
@@ -372,7 +372,7 @@ def admission_answers(state: State, views: Views, unlisted: ReadUnlisted | None 
     async def pods(review: Mapping[str, Any]) -> dict[str, Any]:
         with state.metrics.timed(WEBHOOK_HANDLER):
             key = asked_cache(review)
-            if unlisted is not None and key is not None and key not in views:
+            if unlisted is not None and key is not None:  # returns at once once listed, or when held
                 await unlisted(key)
             return review_pod(state, views, review)
 
