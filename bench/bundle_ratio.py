@@ -28,8 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cachelib import harness
 from cachelib.bundle import BundleHeader
+from cachelib.in_image import harness
 from cachelib.publish import pack
 
 DEFAULT_TARGETS = ("tiny_mlp", "transformer_block", "small_convnet")

@@ -4,7 +4,7 @@
                              [--extra transformers] [--out results.json]
 
 1. one process imports the modules and writes the byte-code tree the warm-up would ship
-   (:func:`cachelib.bytecode.write_tree` into a temporary cache directory): its files and bytes;
+   (:func:`cachelib.in_image.bytecode.write_tree` into a temporary cache directory): its files and bytes;
 2. ``--repeat`` rounds, each with one fresh process without the tree and one with
    ``PYTHONPYCACHEPREFIX`` on it (both ``PYTHONDONTWRITEBYTECODE=1``, as the pods of such images
    run): seconds of ``import torch`` and of the rest, measured inside the process, and the wall
@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cachelib import bytecode  # noqa: E402
+from cachelib.in_image import bytecode  # noqa: E402
 
 PROBE = """
 import json, sys, time
@@ -45,7 +45,7 @@ t2 = time.perf_counter()
 out = {"import_torch": t1 - t0, "import_rest": t2 - t1}
 if len(sys.argv) > 2:
     sys.path.insert(0, sys.argv[2])
-    from cachelib import bytecode
+    from cachelib.in_image import bytecode
     sources = bytecode.imported_sources()
     has, have, total = bytecode.image_has_bytecode(sources)
     tree = bytecode.write_tree(sources, __import__("pathlib").Path(sys.argv[3]))

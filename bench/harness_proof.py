@@ -47,7 +47,7 @@ def prove(target: str, work: Path, store: str, python: str) -> dict[str, Any]:
     warm, check, preloaded = work / target / "warm", work / target / "check", work / target / "preloaded"
     for path in (warm, check, preloaded):
         shutil.rmtree(path, ignore_errors=True)
-    harness = [python, str(REPO / "cachelib" / "harness.py"), "--target", target]
+    harness = [python, str(REPO / "cachelib" / "in_image" / "harness.py"), "--target", target]
     harness += ["--namespace", "bench", "--name", name]
     steps: dict[str, Any] = {"warm-up": run([*harness, "--out", str(warm)])}
     key = (steps["warm-up"]["output"] or {}).get("key")

@@ -331,7 +331,7 @@ def _builtin(name: str) -> Callable[[torch.device, bool], tuple[nn.Module, tuple
     """A built-in warm-up target of cachelib (one size: ``tiny`` changes nothing), on ``device``."""
 
     def build(device: torch.device, tiny: bool) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-        from cachelib import targets
+        from cachelib.in_image import targets
 
         model, inputs = getattr(targets, name)()[0]
         return model.to(device).eval(), tuple(x.to(device) for x in inputs)

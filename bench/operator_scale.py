@@ -61,10 +61,10 @@ import urllib3
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from compilecache_operator.cache_status import without_empty_strings  # noqa: E402
-from compilecache_operator.plan import BundleRecord, plan_variants  # noqa: E402
-from compilecache_operator.spec import Defaults  # noqa: E402
-from compilecache_operator.spec_parse import parse_spec  # noqa: E402
+from compilecache_operator.decisions.cache_status import without_empty_strings  # noqa: E402
+from compilecache_operator.decisions.plan import BundleRecord, plan_variants  # noqa: E402
+from compilecache_operator.model.spec import Defaults  # noqa: E402
+from compilecache_operator.model.spec_parse import parse_spec  # noqa: E402
 
 from testsupport.kube.cluster import LocalCluster  # noqa: E402
 from testsupport.kube.crd import CC_API, install_crd  # noqa: E402
@@ -204,7 +204,7 @@ class Operator:
         self.started = 0.0
 
     def start(self) -> None:
-        from compilecache_operator import certs
+        from compilecache_operator.edge import certs
 
         if not self.cert_dir.exists():
             self.cert_dir.mkdir(parents=True)

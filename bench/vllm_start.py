@@ -4,7 +4,7 @@ For each mode, one run of each row, one after another on one machine (the ratio 
 
   cold       vLLM's server, an empty ``VLLM_CACHE_ROOT`` and ``TORCHINDUCTOR_CACHE_DIR`` (a new node)
   warm       the same start on a directory ``compilecache preload`` filled from the bundle that
-             cachelib/vllmwarm.py (the warm-up Job's harness) made and ``compilecache publish`` stored;
+             cachelib/in_image/vllmwarm.py (the warm-up Job's harness) made and ``compilecache publish`` stored;
              ``compilecache vllm-watch`` beside it says what vLLM did (its verdict is in the table)
 
 Modes: ``aot`` (vLLM's default: its AOT compile and artifact) and ``inductor`` (``VLLM_USE_AOT_COMPILE=0``:
@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cachelib import preload, publish  # noqa: E402
-from cachelib.podcontract import CACHE_DIR_ENV, VLLM_CACHE_ROOT_ENV, VLLM_ROOT_SUBDIR  # noqa: E402
-from cachelib.vllmwarm import Server, free_port  # noqa: E402
+from cachelib.in_image.podcontract import CACHE_DIR_ENV, VLLM_CACHE_ROOT_ENV, VLLM_ROOT_SUBDIR  # noqa: E402
+from cachelib.in_image.vllmwarm import Server, free_port  # noqa: E402
 
 LAUNCH = ["-m", "vllm.entrypoints.openai.api_server"]
 DEFAULT_ARGS = ["--max-model-len", "256", "--max-num-seqs", "4"]
@@ -107,7 +107,8 @@ def run_mode(python: str, model: str, args: list[str], mode: str, scratch: Path)
     cold = start(python, model, args, scratch / "cold" / "inductor", env, watch=False)
     out = scratch / "out"
     invocation = {"command": [python, *LAUNCH], "model": model, "args": args}
-    subprocess.run([python, str(REPO / "cachelib" / "vllmwarm.py"), "--out", str(out), "--namespace", "bench",
+    warm_up = REPO / "cachelib" / "in_image" / "vllmwarm.py"
+    subprocess.run([python, str(warm_up), "--out", str(out), "--namespace", "bench",
                     "--name", "vllm", "--invocation", json.dumps(invocation)], env=env, check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
     store = f"file://{scratch / 'store'}"

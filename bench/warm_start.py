@@ -162,10 +162,10 @@ def child_main(argv: Sequence[str]) -> int:
 
 def _triton_modules_built(since: float) -> list[str]:
     """The compiled C modules (Triton's driver utilities and launchers: ``*.so``) written since
-    ``since`` below HOME or the Inductor cache dir, less those the bundle shipped (cachelib.triton_modules
+    ``since`` below HOME or the Inductor cache dir, less those the bundle shipped (cachelib.in_image.triton_modules
     installs them): what this process had to build with a C compiler."""
     cache_dir = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/nonexistent"))
-    part = cache_dir / "compilecache-triton-modules"  # cachelib.triton_modules.PART_DIR: installed, not built
+    part = cache_dir / "compilecache-triton-modules"  # cachelib.in_image.triton_modules.PART_DIR: installed, not built
     shipped = {p.relative_to(part).as_posix() for p in part.rglob("*.so")} if part.is_dir() else set()
     found = []
     for root in (Path.home(), cache_dir):
@@ -681,7 +681,7 @@ class Bench:
 def bytecode_env(cache_dir: Path) -> dict[str, str]:
     """``PYTHONPYCACHEPREFIX`` on the preloaded bundle's byte-code part, as the webhook sets it for an
     init-container preload; nothing when the bundle has none (an image with byte code of its own)."""
-    tree = cache_dir / "compilecache-pycache"  # cachelib.bytecode.PYCACHE_DIR, without importing it here
+    tree = cache_dir / "compilecache-pycache"  # cachelib.in_image.bytecode.PYCACHE_DIR, without importing it here
     return {"PYTHONPYCACHEPREFIX": str(tree)} if tree.is_dir() else {}
 
 

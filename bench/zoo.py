@@ -29,7 +29,7 @@ and Inductor (``import_s``, paid by every compiled process whatever its cache), 
 loads its entry there) and the first call (synchronised). "To first output" runs from the
 process's spawn to the first call's result. After the timed calls the pod runs the model eagerly
 from the same random state and compares outputs (and gradients, for a training step) within the
-warm-up check's tolerances (cachelib.precheck); a model whose eager output depends on the random
+warm-up check's tolerances (cachelib.in_image.precheck); a model whose eager output depends on the random
 state (dropout) is compared by structure only, as the check does.
 
 Rounds: an unmeasured eager process first (the machine's first process reads the CUDA libraries
@@ -65,7 +65,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `python bench/zoo.py` imports bench.* like `python -m` would
 
 from bench.zoo_gpu import DEVICE_ENV, DYNAMIC, NAMES, TRAINING  # noqa: E402  (no torch at import)
-from cachelib.bytecode import PYCACHE_DIR  # noqa: E402
+from cachelib.in_image.bytecode import PYCACHE_DIR  # noqa: E402
 
 CLI = ("-m", "cachelib.cli")
 POD_ROWS = ("eager", "auto", "auto-env", "off", "auto-1t", "auto-env-1t", "off-1t")
@@ -113,7 +113,7 @@ def child_main(argv: Sequence[str]) -> int:
 
 def _child_run(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     from bench import zoo_gpu
-    from cachelib import compilekey, compilestep
+    from cachelib.in_image import compilekey, compilestep
 
     out: dict[str, Any] = {"device": zoo_gpu.device(), "dtype": str(zoo_gpu.dtype(args.model))}
     training = args.model in TRAINING
@@ -133,7 +133,7 @@ def _child_run(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     import torch._inductor.compile_fx
 
     out["import_s"] = time.perf_counter() - t
-    from cachelib import precheck, precompileguard
+    from cachelib.in_image import precheck, precompileguard
 
     t = time.perf_counter()
     if args.warm_start:
@@ -328,7 +328,7 @@ class Bench:
         shutil.rmtree(base, ignore_errors=True)
         base.mkdir(parents=True)
         out = base / "harness-out"
-        cmd = [self.python, str(REPO / "cachelib" / "harness.py"), "--target", f"bench.zoo_gpu:{model}"]
+        cmd = [self.python, str(REPO / "cachelib" / "in_image" / "harness.py"), "--target", f"bench.zoo_gpu:{model}"]
         cmd += ["--out", str(out), "--namespace", "zoo", "--name", f"{model.replace('_', '-')}-{precompile}"]
         cmd += ["--precompile", precompile]
         cmd += ["--backward"] if model in TRAINING else []

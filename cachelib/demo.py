@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from cachelib.podcontract import CACHE_DIR_ENV, JOB_ID_ENV, TERMINATION_LOG_ENV
+from cachelib.in_image.podcontract import CACHE_DIR_ENV, JOB_ID_ENV, TERMINATION_LOG_ENV
 from cachelib.units import human_bytes
 
 NAMESPACE, NAME = "default", "demo"
@@ -41,7 +41,7 @@ def workload(target: str, cache_dir: Path, options: dict[str, Any], job_id: str)
     """Compile ``target`` against ``cache_dir`` as a pod would; timings, counters and metrics text."""
     os.environ[CACHE_DIR_ENV] = str(cache_dir)
     os.environ[JOB_ID_ENV] = job_id
-    from cachelib import compilestep, harness
+    from cachelib.in_image import compilestep, harness
 
     opts = compile_options(options)
     harness.apply_options(opts, job_id)
@@ -56,8 +56,8 @@ def workload(target: str, cache_dir: Path, options: dict[str, Any], job_id: str)
 
 
 def compile_options(options: dict[str, Any]) -> Any:
-    """The warm-up's recorded options (result.json) as :class:`cachelib.compilekey.CompileOptions`."""
-    from cachelib.compilekey import CompileOptions
+    """The warm-up's recorded options (result.json) as :class:`cachelib.in_image.compilekey.CompileOptions`."""
+    from cachelib.in_image.compilekey import CompileOptions
 
     return CompileOptions(**{**options, "inductor_config": tuple((options.get("inductor_config") or {}).items())})
 
@@ -65,7 +65,7 @@ def compile_options(options: dict[str, Any]) -> Any:
 def eager(target: str, options: dict[str, Any]) -> dict[str, Any]:
     """The floor: the target's first calls without compiling, in a fresh process (called as the harness
     calls them: the same grad mode)."""
-    from cachelib import compilestep
+    from cachelib.in_image import compilestep
 
     opts = compile_options(options)
     function = compilestep.load_target(target)
@@ -140,7 +140,7 @@ def _last_json(stdout: str, what: str) -> dict[str, Any]:
 
 
 def warm_up(work: Path, target: str) -> dict[str, Any]:
-    from cachelib import harness
+    from cachelib.in_image import harness
 
     out = work / "warmup"
     argv = [

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cachelib.podcontract import DONE_FILE_ENV
-from cachelib.podcontract import DONE_FILE_NAME as DONE_FILE_NAME
+from cachelib.in_image.podcontract import DONE_FILE_ENV
+from cachelib.in_image.podcontract import DONE_FILE_NAME as DONE_FILE_NAME
 
 DEFAULT_TIMEOUT = 600.0
 POLL_SECONDS = 0.01

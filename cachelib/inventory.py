@@ -62,7 +62,7 @@ def describe(store: Store, entry: Entry) -> dict[str, Any]:
         return {"target": None, "compile_options": None, "error": f"{type(exc).__name__}: {exc}"}
     command = result.get("command")
     engine = result.get("engine") if isinstance(result.get("engine"), dict) else None
-    if engine is not None:  # a vLLM warm-up (cachelib.vllmwarm): the model string, and vLLM as the mode
+    if engine is not None:  # a vLLM warm-up (cachelib.in_image.vllmwarm): the model string, and vLLM as the mode
         return {"target": f"{engine.get('name')}: {engine.get('model')}",
                 "compile_options": {"mode": f"{engine.get('name')} {engine.get('version')}"}}  # fmt: skip
     target = result.get("target") or (f"command: {command}" if command else None)
@@ -70,11 +70,11 @@ def describe(store: Store, entry: Entry) -> dict[str, Any]:
 
 
 def target_label(description: dict[str, Any]) -> str:
-    """The target column of ``ls -o wide``: ``tiny_mlp`` for ``cachelib.targets:tiny_mlp``."""
+    """The target column of ``ls -o wide``: ``tiny_mlp`` for ``cachelib.in_image.targets:tiny_mlp``."""
     target = description.get("target")
     if not target:
         return "?" if description.get("error") else "-"
-    return str(target).removeprefix("cachelib.targets:")
+    return str(target).removeprefix("cachelib.in_image.targets:")
 
 
 def options_label(description: dict[str, Any]) -> str:

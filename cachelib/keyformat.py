@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from cachelib.compilekey import (
+from cachelib.in_image.compilekey import (
     CAPABILITY_PATTERN,
     KEY_FORMAT,
     NONE,

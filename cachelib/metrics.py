@@ -43,7 +43,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cachelib import factors, precompileguard, verdict, warmstart
+from cachelib import verdict
+from cachelib.in_image import factors, precompileguard, warmstart
 
 CACHE_EVENTS: dict[tuple[str, str], tuple[str, str]] = {
     ("inductor", "fxgraph_cache_hit"): ("fxgraph", "hit"),

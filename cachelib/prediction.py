@@ -9,7 +9,7 @@ What a pod manifest shows is compared with what the CompileCache's bundles recor
 - ``gpu``: the pod is pinned to a GPU type (``compilecache.io/gpu``, its node selector, or a required node
   affinity with one value) that has no bundle;
 - ``env``: a variable that enters torch's keys (``TORCH*``, ``TRITON_*``, ``CUDA_*``, ... as
-  :mod:`cachelib.factors` records them) whose value differs from the warm-up's, as its Job set it;
+  :mod:`cachelib.in_image.factors` records them) whose value differs from the warm-up's, as its Job set it;
 - ``job_id``: ``TORCH_COMPILE_JOB_ID`` set in the pod to another id than the warm-up's;
 - ``precompile``: ``TORCH_CACHING_PRECOMPILE`` turned on in the pod where the bundle has no precompiled part;
 - ``engine_argument`` (and ``env`` for hashed ``VLLM_*`` variables): a vLLM pod's start against the warm-up's
@@ -29,12 +29,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachelib import vllmargs
-from cachelib.factors import ENV_PER_RUN, ENV_PREFIXES
+from cachelib.in_image import vllmargs
+from cachelib.in_image.factors import ENV_PER_RUN, ENV_PREFIXES
+from cachelib.in_image.masking import is_secret_name
+from cachelib.in_image.podcontract import JOB_ID_ENV, PRECOMPILE_ENV
+from cachelib.in_image.vllm_options import HASHED_ENV
 from cachelib.keyformat import CacheKey, InvalidKey, gpu_slug
-from cachelib.masking import is_secret_name
-from cachelib.podcontract import JOB_ID_ENV, PRECOMPILE_ENV
-from cachelib.vllm_options import HASHED_ENV
 
 WARM, COLD, UNKNOWN = "warm", "cold", "unknown"
 OUTCOMES = (WARM, COLD, UNKNOWN)
@@ -63,7 +63,8 @@ ON = frozenset({"1", "true", "True", "TRUE", "yes", "on"})
 
 # -- what a bundle recorded ----------------------------------------------------------------------------------------
 def key_factor_env(name: str) -> bool:
-    """Whether variable ``name`` enters torch's cache keys as :mod:`cachelib.factors` records them (not the per-run
+    """Whether variable ``name`` enters torch's cache keys as :mod:`cachelib.in_image.factors` records them
+    (not the per-run
     ones, the remote-cache switches the webhook sets as the warm-up had them, nor :data:`NOT_KEYED`)."""
     return (name.startswith(ENV_PREFIXES) and name not in ENV_PER_RUN and name not in NOT_KEYED
             and not name.endswith("_REMOTE_CACHE"))  # fmt: skip

@@ -36,8 +36,8 @@ from typing import IO, Any
 from cachelib.bundle import CACHEDIR_PART, MEGACACHE_PART, BundleError
 from cachelib.bundlereader import BundleReader
 from cachelib.deadline import within_deadline
+from cachelib.in_image.podcontract import CACHE_DIR_ENV, GPU_ENV
 from cachelib.keyformat import CacheKey, InvalidKey, cache_prefix, gpu_slug, parse_cache_ref, select_keys
-from cachelib.podcontract import CACHE_DIR_ENV, GPU_ENV
 from cachelib.progress import Watch, unwatched
 from cachelib.signing import PublicKey, check_stored
 from cachelib.stores import NotFound, Store, StoreError, StoreUnavailable, open_store

@@ -29,8 +29,8 @@ from cachelib.bundle import (
     write_bundle_file,
 )
 from cachelib.bundlereader import bundle_digest_file, read_header_file, verify_bundle_file
+from cachelib.in_image.podcontract import CACHEDIR, MEGACACHE_FILE, RESULT_FILE
 from cachelib.keyformat import CacheKey, InvalidKey
-from cachelib.podcontract import CACHEDIR, MEGACACHE_FILE, RESULT_FILE
 from cachelib.progress import Watch, unwatched
 from cachelib.stores import Store, open_store
 
@@ -59,9 +59,9 @@ class PublishResult:
     precompile: dict[str, Any] | None = None
     """The warm-up's check of the precompiled part (:func:`precompile_verdict`), when it made one."""
     bytecode: dict[str, Any] | None = None
-    """The bundle's byte-code part (:mod:`cachelib.bytecode`): files, bytes, or why none."""
+    """The bundle's byte-code part (:mod:`cachelib.in_image.bytecode`): files, bytes, or why none."""
     engine: dict[str, Any] | None = None
-    """The engine a vLLM warm-up ran (:mod:`cachelib.vllmwarm`): its name, version and hash directories."""
+    """The engine a vLLM warm-up ran (:mod:`cachelib.in_image.vllmwarm`): its name, version and hash directories."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -20,8 +20,9 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client import start_http_server as _start_http_server
 
-from cachelib import triton_modules, verdict, warmstart
+from cachelib import verdict
 from cachelib.handoff import wait_for_preload
+from cachelib.in_image import triton_modules, warmstart
 from cachelib.metrics import TorchCompileCacheCollector
 
 log = logging.getLogger(__name__)
@@ -40,13 +41,13 @@ def warm_start(cache_dir: str | None = None, *, wait: bool = True) -> warmstart.
     their sources) and Dynamo's caching precompile (no re-tracing); on any mismatch, nothing of it,
     and the reasons are in the answer's ``declined``. Torch's loader of precompiled entries is
     guarded: an entry that fails to load is a counted fallback (an ordinary compile, the FX-graph
-    cache still hits), never an exception. See :mod:`cachelib.warmstart`.
+    cache still hits), never an exception. See :mod:`cachelib.in_image.warmstart`.
 
     Dynamo looks its precompiled entry up when ``torch.compile`` is called, so a preload running
     beside the workload (Sidecar mode) must be done by then: with ``wait`` (the default) this
     first waits for it (:func:`cachelib.handoff.wait_for_preload`, at once where none runs).
 
-    Triton's compiled C modules that the bundle carries (:mod:`cachelib.triton_modules`) are put where
+    Triton's compiled C modules that the bundle carries (:mod:`cachelib.in_image.triton_modules`) are put where
     this process's Triton looks for them, so that it neither runs nor needs a C compiler.
 
     From here on, every graph compiled is compared with the warm-up's record of the same graph

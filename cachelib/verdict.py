@@ -1,4 +1,4 @@
-"""Why a graph started cold: the pod's graphs against the warm-up's recorded factors (:mod:`cachelib.factors`).
+"""Why a graph started cold: the pod's graphs against the warm-up's recorded factors (:mod:`cachelib.in_image.factors`).
 
 The pod (``cachelib.runtime.warm_start()`` starts :func:`start_watching`) compares each graph it
 compiled with the warm-up's record of the same frame (:func:`compare`): a hit has no cause; a
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
-from cachelib.factors import (
+from cachelib.in_image.factors import (
     FACTORS_NAME,
     FORMAT,
     FactorsError,

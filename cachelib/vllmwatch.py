@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachelib import podcontract
 from cachelib.handoff import read_done
+from cachelib.in_image import podcontract
+from cachelib.in_image.vllmargs import Invocation, differences
+from cachelib.in_image.vllmwarm import AOT_DIR, MANIFEST_NAME, ROOT_SUBDIR
 from cachelib.verdict import WHY_KEY, WHY_NAME
-from cachelib.vllmargs import Invocation, differences
-from cachelib.vllmwarm import AOT_DIR, MANIFEST_NAME, ROOT_SUBDIR
 
 HIT, MISS = "hit", "miss"
 KERNEL_SUFFIXES = (".so", ".cubin", ".hsaco", ".ptx", ".spv")

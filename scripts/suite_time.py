@@ -41,7 +41,8 @@ FIXTURE_CAUSES: Mapping[str, str] = {
 }
 """Fixtures that start something once (per session or module), by name."""
 
-COMPILERS = ("python harness.py", "python -m cachelib.harness", "python compilestep.py", "python -m cachelib.cli",
+COMPILERS = ("python harness.py", "python -m cachelib.in_image.harness", "python compilestep.py",
+             "python -m cachelib.cli",
              "python pod.py")
 """Programs that compile models (the harness, the CLI's warm-up and demo, the zoo's pod processes)."""
 

@@ -19,10 +19,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from compilecache_operator import warmup_job
+from compilecache_operator.decisions import warmup_job
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHELIB = ROOT / "cachelib"
+IN_IMAGE = CACHELIB / "in_image"
+IN_IMAGE_PACKAGE = "cachelib.in_image"
 OPERATOR = ROOT / "operator" / "compilecache_operator"
 IN_IMAGE_THIRD_PARTY = frozenset({"torch", "triton"})
 NOT_IN_CACHELIB = frozenset({"kubernetes", "kubernetes_asyncio", "kopf", "compilecache_operator", "pykube"})
@@ -58,8 +60,8 @@ def imported(source: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 found.add("." + (node.module or ""))
-            elif node.module == "cachelib":
-                found |= {f"cachelib.{alias.name}" for alias in node.names}
+            elif node.module and node.module.split(".")[0] in ("cachelib", "compilecache_operator"):
+                found |= {f"{node.module}.{alias.name}" for alias in node.names}
             elif node.module:
                 found.add(node.module)
     return found
@@ -74,7 +76,7 @@ def outside_the_image(names: Iterable[str], companions: Iterable[str]) -> list[s
         top = name.split(".")[0]
         if top in sys.stdlib_module_names or top in IN_IMAGE_THIRD_PARTY or top == "__future__":
             continue
-        if name in allowed or (top == "cachelib" and name.split(".")[1] in allowed):
+        if name in allowed or (name.startswith(IN_IMAGE_PACKAGE + ".") and name.split(".")[2] in allowed):
             continue
         wrong.append(name)
     return sorted(wrong)
@@ -86,8 +88,13 @@ def forbidden(names: Iterable[str], tops: frozenset[str]) -> list[str]:
 
 @pytest.mark.parametrize("module", in_image_modules())
 def test_what_runs_in_the_users_image_imports_the_standard_library_and_torch_only(module: str) -> None:
-    names = imported((CACHELIB / f"{module}.py").read_text())
-    assert not outside_the_image(names, in_image_modules()), f"cachelib/{module}.py imports {names}"
+    names = imported((IN_IMAGE / f"{module}.py").read_text())
+    assert not outside_the_image(names, in_image_modules()), f"cachelib/in_image/{module}.py imports {names}"
+
+
+def test_the_in_image_package_is_what_the_warm_up_copies() -> None:
+    """The folder's rule is the copy's: every module the Job copies is in it, and nothing else is."""
+    assert {p.stem for p in IN_IMAGE.glob("*.py")} - {"__init__"} == set(in_image_modules())
 
 
 @pytest.mark.parametrize("path", sorted(CACHELIB.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
@@ -114,13 +121,21 @@ def rooms(text: str | None = None) -> dict[str, str]:
 
 
 def operator_imports(source: str) -> set[str]:
-    """The operator's own modules ``source`` imports, by their bare name."""
-    names = imported(source)
-    own = {n.split(".")[1] for n in names if n.startswith("compilecache_operator.")}
-    tree = ast.parse(source)
-    own |= {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
-            == "compilecache_operator" for a in node.names}  # fmt: skip
+    """The operator's own modules ``source`` imports, by their bare name (a room's package imported whole, by the
+    room's name)."""
+    own = set()
+    for name in imported(source):
+        parts = name.split(".")
+        if parts[0] != "compilecache_operator" or len(parts) < 2:
+            continue
+        own.add(parts[2] if parts[1] in MAY_IMPORT and len(parts) > 2 else parts[1])
     return own
+
+
+def folders() -> dict[str, str]:
+    """Module → room, from where each module lies: a room's folder, or the package itself for the top."""
+    return {p.stem: p.parent.name if p.parent != OPERATOR else "top"
+            for p in OPERATOR.rglob("*.py") if p.stem != "__init__"}  # fmt: skip
 
 
 def across_the_rule(room: str, source: str, where: dict[str, str]) -> list[str]:
@@ -134,27 +149,42 @@ def across_the_rule(room: str, source: str, where: dict[str, str]) -> list[str]:
 
 
 def test_every_operator_module_is_in_one_room_of_the_map() -> None:
-    modules = {p.stem for p in OPERATOR.glob("*.py") if p.stem != "__init__"}
+    modules = folders()
     where = rooms()
-    assert modules - set(where) == set(), "modules missing from docs/operator.md's map"
-    assert set(where) - modules == set(), "the map names modules that do not exist"
+    assert set(modules) - set(where) == set(), "modules missing from docs/operator.md's map"
+    assert set(where) - set(modules) == set(), "the map names modules that do not exist"
+    assert {m: r for m, r in modules.items() if where[m] != r} == {}, "modules in a folder other than the map's room"
+    assert {p.name for p in OPERATOR.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(MAY_IMPORT) - {"top"}
+
+
+def test_each_room_states_its_rule() -> None:
+    """Each room's ``__init__`` docstring says what the room is and what it may import."""
+    for room in sorted(set(MAY_IMPORT) - {"top"}):
+        doc = ast.get_docstring(ast.parse((OPERATOR / room / "__init__.py").read_text())) or ""
+        assert "import" in doc.lower(), f"compilecache_operator/{room}/__init__.py states no rule"
+    assert "standard library and torch" in (ast.get_docstring(ast.parse((IN_IMAGE / "__init__.py").read_text())) or "")
 
 
 @pytest.mark.parametrize("module", sorted(rooms()))
 def test_a_module_imports_only_the_rooms_its_room_may(module: str) -> None:
     where = rooms()
-    assert across_the_rule(where[module], (OPERATOR / f"{module}.py").read_text(), where) == []
+    path = OPERATOR / ("" if where[module] == "top" else where[module]) / f"{module}.py"
+    assert across_the_rule(where[module], path.read_text(), where) == []
 
 
 def test_a_planted_import_across_the_rooms_is_found() -> None:
     where = rooms()
     assert across_the_rule("admission", "from compilecache_operator import reconcile\n", where) == [
         "reconcile (controller)"]
-    assert across_the_rule("decisions", "import asyncio\nfrom compilecache_operator.kube import KubeAPI\n",
+    assert across_the_rule("decisions", "import asyncio\nfrom compilecache_operator.edge.kube import KubeAPI\n",
                            where) == ["kube (edge)", "asyncio"]  # fmt: skip
-    assert across_the_rule("model", "from compilecache_operator.plan import Variant\n", where) == [
+    assert across_the_rule("model", "from compilecache_operator.decisions.plan import Variant\n", where) == [
         "plan (decisions)"]
-    assert across_the_rule("top", "from compilecache_operator import reconcile, webhook\n", where) == []
+    assert across_the_rule("admission", "from compilecache_operator.controller import state\n", where) == [
+        "state (controller)"]
+    assert across_the_rule("edge", "from compilecache_operator import admission\n", where) == ["admission (no room)"]
+    top = "from compilecache_operator.controller import reconcile\nfrom compilecache_operator.admission import webhook\n"
+    assert across_the_rule("top", top, where) == []
     twice = "| model | pure | `spec` |\n| edge | I/O | `spec` |\n"
     with pytest.raises(AssertionError, match="two rooms"):
         rooms(twice)
@@ -162,7 +192,7 @@ def test_a_planted_import_across_the_rooms_is_found() -> None:
 
 @pytest.mark.parametrize("planted, rule", [
     ("def f():\n    import kopf\n", "cachelib"),
-    ("from compilecache_operator.spec import Spec\n", "cachelib"),
+    ("from compilecache_operator.model.spec import Spec\n", "cachelib"),
     ("import torch._dynamo\n", "operator"),
     ("from transformers import AutoModel\n", "operator"),
     ("import yaml\n", "image"),
@@ -179,7 +209,7 @@ def test_a_planted_wrong_import_is_found(planted: str, rule: str) -> None:
 
 
 def test_the_allowed_imports_are_not_found() -> None:
-    names = imported("import os, json\nimport torch\nfrom cachelib import compilekey\nimport warmstart\n")
+    names = imported("import os, json\nimport torch\nfrom cachelib.in_image import compilekey\nimport warmstart\n")
     assert outside_the_image(names, in_image_modules()) == []
     assert forbidden(imported("import kopf\nimport aiohttp\n"), NOT_IN_OPERATOR) == []
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from cachelib.cli.arguments import CommandError, Terminated
 from cachelib.cli.output import interrupted_line, log, setup_logging
 from cachelib.cli.parser import build_parser
-from cachelib.masking import mask_text
+from cachelib.in_image.masking import mask_text
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from cachelib.cli.arguments import CommandError, Terminated, sigterm_raises, store_url, trusted_keys_of
 from cachelib.cli.output import leaving, log, masked, print_json
-from cachelib.compilekey import options_from_args
-from cachelib.masking import mask_command, mask_text
-from cachelib.podcontract import CACHEDIR, MEGACACHE_FILE, RESULT_FILE
+from cachelib.in_image.compilekey import options_from_args
+from cachelib.in_image.masking import mask_command, mask_text
+from cachelib.in_image.podcontract import CACHEDIR, MEGACACHE_FILE, RESULT_FILE
 from cachelib.progress import stderr_bar
 
 if TYPE_CHECKING:
+    from cachelib.in_image.stagelog import Stages
     from cachelib.signing import PublicKey, Signature
-    from cachelib.stagelog import Stages
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -42,7 +42,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from cachelib.podcontract import write_termination_message
+    from cachelib.in_image.podcontract import write_termination_message
     from cachelib.publish import publish
 
     try:
@@ -59,7 +59,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
     """The harness command line for ``compilecache warmup``'s options."""
-    from cachelib import harness
+    from cachelib.in_image import harness
 
     argv = [sys.executable, harness.__file__]
     argv += ["--target", args.target] if args.target else ["--command", args.command]
@@ -71,8 +71,8 @@ def harness_argv(args: argparse.Namespace, out: Path) -> list[str]:
 def cmd_warmup(args: argparse.Namespace) -> int:
     """Every argument and the store checked, then the harness, then the publish. What it leaves on the
     way is said when it fails or is interrupted: the compiled output is never thrown away unpublished."""
+    from cachelib.in_image.stagelog import Stages
     from cachelib.publish import publish
-    from cachelib.stagelog import Stages
 
     url = store_url(args)  # every argument is checked before anything compiles
     stages = Stages("compilecache warmup")
@@ -148,7 +148,10 @@ def prepare_out(out: Path, force: bool) -> None:
         return
     if not force:
         raise CommandError(f"--out {out}: exists and is not an empty directory (--force replaces it)", 2)
-    from cachelib.precompileparts import LOG_FILE, PASS_SCRATCH  # what the harness writes (and its partial files)
+    from cachelib.in_image.precompileparts import (  # what the harness writes (and its partial files)
+        LOG_FILE,
+        PASS_SCRATCH,
+    )
 
     ours = {RESULT_FILE, MEGACACHE_FILE, CACHEDIR, LOG_FILE, *PASS_SCRATCH}
     foreign = [n for n in names if n not in ours and not (n.startswith(".") and n.endswith(".partial"))]
@@ -212,7 +215,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_why(args: argparse.Namespace) -> int:
-    from cachelib import factors, verdict
+    from cachelib import verdict
+    from cachelib.in_image import factors
 
     path = Path(args.path)
     if _vllm_manifest(path) is not None:
@@ -255,7 +259,7 @@ def _print_report(report: dict[str, Any], output: str, lines: Callable[[dict[str
 
 
 def _vllm_manifest_name() -> str:
-    from cachelib.vllmwarm import MANIFEST_NAME
+    from cachelib.in_image.vllmwarm import MANIFEST_NAME
 
     return MANIFEST_NAME
 
@@ -281,7 +285,8 @@ def _why_vllm(args: argparse.Namespace, path: Path) -> int:
     import os
     import shlex
 
-    from cachelib import vllmargs, vllmwatch
+    from cachelib import vllmwatch
+    from cachelib.in_image import vllmargs
     from cachelib.verdict import WHY_NAME
 
     manifest = _vllm_manifest(path) or {}

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from cachelib.masking import install_log_masking, mask_text
+from cachelib.in_image.masking import install_log_masking, mask_text
 
 log = logging.getLogger("compilecache")
 
@@ -19,7 +19,7 @@ def print_json(payload: Any) -> None:
 
 
 def masked(payload: Any) -> Any:
-    """``payload`` with credentials masked in every string (:func:`cachelib.masking.mask_text`)."""
+    """``payload`` with credentials masked in every string (:func:`cachelib.in_image.masking.mask_text`)."""
     if isinstance(payload, str):
         return mask_text(payload)
     if isinstance(payload, dict):

@@ -23,9 +23,9 @@ from cachelib.cli.bundles import check_store, cmd_inspect, cmd_pack, cmd_publish
 from cachelib.cli.listing import cmd_gc, cmd_ls
 from cachelib.cli.predicting import COLD_EXIT, cmd_predict
 from cachelib.cli.preloading import cmd_load, cmd_preload, cmd_vllm_watch
-from cachelib.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments
-from cachelib.masking import mask_text
-from cachelib.podcontract import DONE_FILE_NAME
+from cachelib.in_image.compilekey import BUILTIN_TARGETS, add_compile_arguments, add_model_arguments
+from cachelib.in_image.masking import mask_text
+from cachelib.in_image.podcontract import DONE_FILE_NAME
 from cachelib.preload import DEFAULT_DEADLINE, DEFAULT_MAX_BYTES, DEFAULT_MAX_RATIO, DEFAULT_SHARE
 from cachelib.stores.base import MAX_SEGMENT_LENGTH
 from cachelib.units import human_bytes
@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         "warmup",
         cmd_warmup,
         "compile a model with the harness, then pack and publish the bundle",
-        "Run the warm-up harness (cachelib/harness.py) with this Python in a subprocess: it compiles the\n"
+        "Run the warm-up harness (cachelib/in_image/harness.py) with this Python in a subprocess: it compiles the\n"
         "target into a fresh inductor cache directory. Then pack that directory into a bundle, verify\n"
         "it and publish it under its cache key. Prints the publish result as JSON.",
         "  compilecache warmup --target tiny_mlp --name demo --store file:///tmp/store\n"

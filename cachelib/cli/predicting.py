@@ -15,7 +15,7 @@ from typing import Any
 from cachelib import prediction
 from cachelib.cli.arguments import CommandError
 from cachelib.cli.output import print_json
-from cachelib.masking import mask_text
+from cachelib.in_image.masking import mask_text
 
 COLD_EXIT = 3
 """The exit status when a pod is predicted to start cold (0: none is; 1: an error; 2: bad arguments)."""

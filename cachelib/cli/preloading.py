@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from cachelib.cli.arguments import CommandError, store_url, trusted_keys_of, versions_of
 from cachelib.cli.output import leaving, log, print_json
-from cachelib.podcontract import DONE_FILE_NAME
+from cachelib.in_image.podcontract import DONE_FILE_NAME
 from cachelib.preload import Interrupted
 from cachelib.progress import stderr_bar
 
@@ -94,7 +94,7 @@ def _fetch(mode: str, args: argparse.Namespace) -> PreloadResult:
 
 def _fetch_and_report(mode: str, args: argparse.Namespace) -> PreloadResult:
     """Run ``preload`` or ``load``; print and record the one-line result."""
-    from cachelib.podcontract import write_termination_message
+    from cachelib.in_image.podcontract import write_termination_message
 
     result = _fetch(mode, args)
     payload = result.to_dict()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from cachelib.masking import mask_url
+from cachelib.in_image.masking import mask_url
 from cachelib.stores.base import (
     InvalidObjectKey,
     NotFound,

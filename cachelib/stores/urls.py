@@ -12,7 +12,7 @@ Accepted forms::
 
 Sizes take an optional binary suffix: ``64K``, ``4M``, ``1G`` (KiB, MiB, GiB); ``4MiB`` and a
 plain byte count work too. Every error names the URL, its credentials masked
-(:func:`cachelib.masking.mask_url`: user info, secret query values, fragment), and what is wrong.
+(:func:`cachelib.in_image.masking.mask_url`: user info, secret query values, fragment), and what is wrong.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
-from cachelib.masking import is_secret_name, mask_text
-from cachelib.masking import mask_url as mask_url
+from cachelib.in_image.masking import is_secret_name, mask_text
+from cachelib.in_image.masking import mask_url as mask_url
 from cachelib.stores.base import StoreURLError
 from cachelib.units import GiB, KiB, MiB, parse_size, size_text
 

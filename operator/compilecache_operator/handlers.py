@@ -1,16 +1,17 @@
 """The Kopf handlers: thin wrappers that call the controller, the webhook and the metrics.
 
 They are registered at import, in Kopf's default registry; each reads what it needs from its memo, the
-operator's :class:`~compilecache_operator.startup.Runtime` (through :func:`~compilecache_operator.startup.runtime_of`),
-which ``main`` builds and whose :meth:`~compilecache_operator.startup.Runtime.start` runs at Kopf's start-up:
+operator's :class:`~compilecache_operator.lifecycle.Runtime` (through
+:func:`~compilecache_operator.lifecycle.runtime_of`),
+which ``main`` builds and whose :meth:`~compilecache_operator.lifecycle.Runtime.start` runs at Kopf's start-up:
 
 - the start-up handler starts the operator's own watches of CompileCaches, warm-up Jobs and Nodes
-  (:mod:`compilecache_operator.watches`; not Kopf's indexes, whose cost grows faster than the square
+  (:mod:`compilecache_operator.controller.watches`; not Kopf's indexes, whose cost grows faster than the square
   of the number of objects) and returns once the namespaces are listed: from then on the webhook answers
   every pod as it will once every cache is known (a cache not listed yet is read when its pod asks), its
   server starts and the operator is Ready (``/readyz``); reconciles begin once every watch has listed.
   Their changes queue reconciles
-  (:mod:`compilecache_operator.scheduling`): a cache whose inputs changed since its last settled
+  (:mod:`compilecache_operator.controller.scheduling`): a cache whose inputs changed since its last settled
   reconcile, the owner of a warm-up Job that finished; with ``deletionPolicy: Delete`` the cache
   carries the finalizer ``compilecache.io/bundles``, and its deletion deletes its bundles first. Kopf
   itself writes nothing to the CompileCaches;
@@ -20,13 +21,13 @@ which ``main`` builds and whose :meth:`~compilecache_operator.startup.Runtime.st
   result once (a sidecar's when the pod ends, at the latest from the DELETED event); and, once a
   workload container has ended with the verdict of ``cachelib.runtime`` in its termination message,
   tally why it started cold into its cache's ``status.coldStarts``
-  (:mod:`compilecache_operator.coldstarts`), once per pod;
+  (:mod:`compilecache_operator.decisions.coldstarts`), once per pod;
 - with leader election, only the replica holding the Lease acts (reconciles, Jobs, pods, resync);
   every replica keeps its watches and serves the webhook;
 - the admission webhooks, registered by :func:`register_webhook` when the operator serves them and
-  answered directly by its server (:mod:`compilecache_operator.kopfadapter`): the pod-mutating one
-  (:mod:`compilecache_operator.webhook`) and, when asked for, the CompileCache validating one
-  (:mod:`compilecache_operator.validation`).
+  answered directly by its server (:mod:`compilecache_operator.edge.kopfadapter`): the pod-mutating one
+  (:mod:`compilecache_operator.admission.webhook`) and, when asked for, the CompileCache validating one
+  (:mod:`compilecache_operator.admission.validation`).
 """
 
 from __future__ import annotations
@@ -36,10 +37,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from compilecache_operator import coldstarts, kopfadapter, startup
-from compilecache_operator.conditions import find, merge_conditions, now_rfc3339
-from compilecache_operator.metrics import instrumented
-from compilecache_operator.names import (
+
+from cachelib.keyformat import gpu_slug
+from compilecache_operator import lifecycle
+from compilecache_operator.controller.state import Emit, State
+from compilecache_operator.decisions import coldstarts
+from compilecache_operator.decisions.job_reports import preload_outcome
+from compilecache_operator.edge import kopfadapter
+from compilecache_operator.edge.metrics import instrumented
+from compilecache_operator.lifecycle import CountedPods, runtime_of
+from compilecache_operator.model.conditions import find, merge_conditions, now_rfc3339
+from compilecache_operator.model.names import (
     CACHE_LABEL,
     CACHE_WEBHOOK_ID,
     COLD_COUNTED_ANNOTATION,
@@ -51,11 +59,6 @@ from compilecache_operator.names import (
     VERSION,
     WEBHOOK_ID,
 )
-from compilecache_operator.results import preload_outcome
-from compilecache_operator.startup import CountedPods, runtime_of
-from compilecache_operator.state import Emit, State
-
-from cachelib.keyformat import gpu_slug
 
 logger = logging.getLogger(__name__)
 CC = (GROUP, VERSION, PLURAL)
@@ -64,7 +67,7 @@ CC = (GROUP, VERSION, PLURAL)
 # -- start-up and shut-down ---------------------------------------------------------------------------
 @kopf.on.login(id="login")
 def login_handler(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    return startup.login(**kwargs)
+    return lifecycle.login(**kwargs)
 
 
 @kopf.on.startup(id="configure")

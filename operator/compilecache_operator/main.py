@@ -21,15 +21,24 @@ from pathlib import Path
 from typing import Any
 
 import kopf
-from compilecache_operator import certs, handlers, kopfadapter, servingcert, tlsreload
-from compilecache_operator.confinement import Confinement, store_destination
-from compilecache_operator.formats import DEFAULT_NODE_CACHE_ROOTS, node_path_problem
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import GROUP
-from compilecache_operator.podsecurity import LEVELS, PRIVILEGED
-from compilecache_operator.sidecars import SWITCH_VALUES
-from compilecache_operator.signing import SigningKeyError, load_signing
-from compilecache_operator.spec import (
+from prometheus_client import start_http_server
+
+from cachelib import __version__
+from cachelib.in_image.masking import install_log_masking, mask_text
+from cachelib.stores import StoreURLError
+from compilecache_operator import handlers
+from compilecache_operator.controller.state import Settings, State
+from compilecache_operator.decisions.warmup_job import JobSettings
+from compilecache_operator.edge import certs, kopfadapter, servingcert, tlsreload
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.edge.signing import SigningKeyError, load_signing
+from compilecache_operator.lifecycle import Admission, Election, Intervals, Probes, Runtime, SigningSecret
+from compilecache_operator.model.confinement import Confinement, store_destination
+from compilecache_operator.model.formats import DEFAULT_NODE_CACHE_ROOTS, node_path_problem
+from compilecache_operator.model.names import GROUP
+from compilecache_operator.model.podsecurity import LEVELS, PRIVILEGED
+from compilecache_operator.model.sidecars import SWITCH_VALUES
+from compilecache_operator.model.spec import (
     DEFAULT_GPU_LABEL_KEY,
     DEFAULT_HELPER_RESOURCES,
     DEFAULT_PRELOAD_RESOURCES,
@@ -38,17 +47,9 @@ from compilecache_operator.spec import (
     InvalidSpec,
     Resources,
 )
-from compilecache_operator.spec_parse import parse_ca_setting, parse_resources, read_store_url
-from compilecache_operator.startup import Admission, Election, Intervals, Probes, Runtime, SigningSecret
-from compilecache_operator.state import Settings, State
-from compilecache_operator.store_access import SecretReader
-from compilecache_operator.store_ca import STORE_CA_FILE
-from compilecache_operator.warmup_job import JobSettings
-from prometheus_client import start_http_server
-
-from cachelib import __version__
-from cachelib.masking import install_log_masking, mask_text
-from cachelib.stores import StoreURLError
+from compilecache_operator.model.spec_parse import parse_ca_setting, parse_resources, read_store_url
+from compilecache_operator.model.store_access import SecretReader
+from compilecache_operator.model.store_ca import STORE_CA_FILE
 
 WEBHOOK_MODES = ("managed", "external", "off")
 OWNED_LABELS = {"app.kubernetes.io/managed-by": "compilecache-operator"}

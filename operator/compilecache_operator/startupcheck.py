@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compilecache_operator.kubeconfig import in_cluster_server
-from compilecache_operator.names import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from compilecache_operator.edge.kubeconfig import in_cluster_server
+from compilecache_operator.model.names import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 WEBHOOK_NAME = f"validate.{PLURAL}.{GROUP}"

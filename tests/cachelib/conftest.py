@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cachelib import harness
+from cachelib.in_image import harness
 
 __all__ = ["open_dir", "warmed"]
 

@@ -1,4 +1,4 @@
-"""Byte code as a bundle part (cachelib.bytecode): what is compiled, where Python finds it, and
+"""Byte code as a bundle part (cachelib.in_image.bytecode): what is compiled, where Python finds it, and
 that a changed source is never run stale.
 
 Real interpreters throughout: a module tree written here, compiled into a
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cachelib import bytecode
+from cachelib.in_image import bytecode
 
 
 def write_package(root: Path, value: int = 1) -> Path:
@@ -41,7 +41,7 @@ def test_imported_sources_are_the_loaded_python_files(tmp_path: Path) -> None:
     source = write_package(tmp_path)
     root = str(Path(bytecode.__file__).parents[1])
     code = (
-        f"import sys; sys.path.insert(0, {root!r}); import json, zoopkg.mod; from cachelib import bytecode; "
+        f"import sys; sys.path.insert(0, {root!r}); import json, zoopkg.mod; from cachelib.in_image import bytecode; "
         "print(json.dumps([str(p) for p in bytecode.imported_sources()]))"
     )
     found = json.loads(fresh(tmp_path, None, code))
@@ -107,7 +107,7 @@ def test_an_image_whose_byte_code_lives_under_its_own_prefix_ships_none(tmp_path
     for source in sources:
         py_compile.compile(str(source), cfile=str(bytecode.bytecode_path(source, prefix)))
     code = (
-        "import json; from pathlib import Path; from cachelib import bytecode; "
+        "import json; from pathlib import Path; from cachelib.in_image import bytecode; "
         f"print(json.dumps(bytecode.image_has_bytecode([Path(p) for p in {[str(s) for s in sources]!r}])))"
     )
     root = Path(bytecode.__file__).resolve().parents[1]

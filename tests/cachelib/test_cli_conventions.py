@@ -32,7 +32,7 @@ def store(tmp_path: Path) -> str:
     url = f"file://{tmp_path / 'store'}"
     outdir = make_outdir(tmp_path / "out", KEY)
     result = json.loads((outdir / "result.json").read_text())
-    result.update(target="cachelib.targets:tiny_mlp", options={"mode": "max-autotune", "backward": True})
+    result.update(target="cachelib.in_image.targets:tiny_mlp", options={"mode": "max-autotune", "backward": True})
     (outdir / "result.json").write_text(json.dumps(result))
     with open_store(url) as opened:
         publish(outdir, opened)
@@ -156,7 +156,7 @@ def test_ls_json_carries_the_target(store: str) -> None:
         proc = run_cli("ls", "--store", store, *flags)
         (line,) = proc.stdout.splitlines()
         entry = json.loads(line)
-        assert entry["key"] == str(KEY) and entry["target"] == "cachelib.targets:tiny_mlp"
+        assert entry["key"] == str(KEY) and entry["target"] == "cachelib.in_image.targets:tiny_mlp"
         assert entry["compile_options"] == {"mode": "max-autotune", "backward": True}
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from cachelib.in_image.stagelog import Stages, heartbeat_seconds, progress_line
 from cachelib.publish import publish
-from cachelib.stagelog import Stages, heartbeat_seconds, progress_line
 from tests.cachelib.helpers import ROOT, last_json, make_key, make_outdir, run_cli
 from testsupport.servers import free_port
 from testsupport.wait import wait_for

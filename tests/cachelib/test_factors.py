@@ -25,7 +25,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachelib import factors, verdict
+from cachelib import verdict
+from cachelib.in_image import factors
 from tests.zoo.ends import interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +138,7 @@ def warm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     (base / "workload.py").write_text(WORKLOAD)
     out = base / "out"
     run = subprocess.run(
-        [python, "-m", "cachelib.harness", "--target", "whymodel:warmup", "--out", str(out),
+        [python, "-m", "cachelib.in_image.harness", "--target", "whymodel:warmup", "--out", str(out),
          "--namespace", "default", "--name", "why"],
         env=_env(base / "model"), cwd=base, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -175,7 +176,7 @@ def workload(warm: Warm, tmp_path: Path, change: Change | None) -> dict[str, Any
 def fleet(termination: str, pods: int = 3) -> dict[str, Any]:
     """What the operator makes of ``pods`` pods that ended with this termination message: the
     verdict it reads, and status.coldStarts with the ColdStarts condition."""
-    from compilecache_operator import coldstarts
+    from compilecache_operator.decisions import coldstarts
 
     verdict = coldstarts.parse_verdict(termination, "app")
     assert verdict is not None
@@ -355,7 +356,7 @@ def test_without_the_recorder_the_metric_counts_misses_as_unknown(monkeypatch: p
 
 def test_the_harness_copied_into_an_image_without_cachelib_records_the_factors(tmp_path: Path) -> None:
     """The warm-up Job's copy of the harness (and of this module beside it) records the same factors."""
-    from compilecache_operator import warmup_job
+    from compilecache_operator.decisions import warmup_job
 
     beside = tmp_path / "harness"
     beside.mkdir()

@@ -12,22 +12,14 @@ from typing import Any
 
 import pytest
 
-from cachelib import (
-    compilekey,
-    compilestep,
-    harness,
-    keyformat,
-    podcontract,
-    precompileparts,
-    stagelog,
-    triton_modules,
-)
-from cachelib.compilekey import CompileOptions, UsageError
-from cachelib.compilestep import HarnessError
+from cachelib import keyformat
+from cachelib.in_image import compilekey, compilestep, harness, podcontract, precompileparts, stagelog, triton_modules
+from cachelib.in_image.compilekey import CompileOptions, UsageError
+from cachelib.in_image.compilestep import HarnessError
 from tests.cachelib.conftest import WARM_NAME, WARM_NAMESPACE, Warmed
 
 PAYLOADS: list[Any] = [
-    {"target": "cachelib.targets:tiny_mlp"},
+    {"target": "cachelib.in_image.targets:tiny_mlp"},
     {"b": [1, 2, {"z": None, "a": True}], "a": 1.5},
     CompileOptions(mode="max-autotune", dynamic=True, inductor_config=(("x", 1),)).to_dict(),
     "plain",
@@ -97,8 +89,9 @@ def test_compile_options_details() -> None:
 
 
 def test_targets_and_model_digest() -> None:
-    assert compilekey.canonical_target("tiny_mlp") == "cachelib.targets:tiny_mlp"
-    assert compilekey.model_digest(target="tiny_mlp") == compilekey.model_digest(target="cachelib.targets:tiny_mlp")
+    assert compilekey.canonical_target("tiny_mlp") == "cachelib.in_image.targets:tiny_mlp"
+    assert compilekey.model_digest(target="tiny_mlp") == compilekey.model_digest(
+        target="cachelib.in_image.targets:tiny_mlp")
     assert compilekey.model_digest(target="a:b") != compilekey.model_digest(command="a:b")
     for bad in ("nocolon", "mod:", ":fn", "mod:not-an-identifier"):
         with pytest.raises(UsageError, match="module:function") as caught:
@@ -259,20 +252,21 @@ def test_real_warm_up_writes_a_complete_output_directory(warmed: Warmed) -> None
     assert any((warmed.out / "cachedir" / "aotautograd").iterdir())
 
 
-CONTRACT = {"cachelib.podcontract", "podcontract"}
-KEYS = {"cachelib.compilekey", "compilekey"}
-STEP = {"cachelib.compilestep", "compilestep"}
-COMPANIONS = {"cachelib.harness": KEYS | CONTRACT | STEP | {"cachelib.precompileparts", "precompileparts",
-                                                            "cachelib.stagelog", "stagelog"},
-              "cachelib.precompileparts": CONTRACT | STEP, "cachelib.stagelog": set(),
-              "cachelib.compilekey": set(), "cachelib.compilestep": KEYS, "cachelib.targets": set(),
-              "cachelib.warmstart": CONTRACT | {"cachelib.precompileguard", "precompileguard"},
-              "cachelib.precompileguard": set(), "cachelib.podcontract": set(), "cachelib.triton_modules": set()}
+PKG = "cachelib.in_image."
+CONTRACT = {PKG + "podcontract", "podcontract"}
+KEYS = {PKG + "compilekey", "compilekey"}
+STEP = {PKG + "compilestep", "compilestep"}
+COMPANIONS = {PKG + "harness": KEYS | CONTRACT | STEP | {PKG + "precompileparts", "precompileparts", PKG + "stagelog",
+                                                       "stagelog"},
+              PKG + "precompileparts": CONTRACT | STEP, PKG + "stagelog": set(),
+              PKG + "compilekey": set(), PKG + "compilestep": KEYS, PKG + "targets": set(),
+              PKG + "warmstart": CONTRACT | {PKG + "precompileguard", "precompileguard"},
+              PKG + "precompileguard": set(), PKG + "podcontract": set(), PKG + "triton_modules": set()}
 
 
 @pytest.mark.parametrize(
-    "module", [harness, compilekey, compilestep, podcontract, triton_modules, pytest.importorskip("cachelib.targets"),
-               pytest.importorskip("cachelib.warmstart"), pytest.importorskip("cachelib.precompileguard"),
+    "module", [harness, compilekey, compilestep, podcontract, triton_modules, pytest.importorskip(PKG + "targets"),
+               pytest.importorskip(PKG + "warmstart"), pytest.importorskip(PKG + "precompileguard"),
                precompileparts, stagelog]
 )
 def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> None:
@@ -287,8 +281,8 @@ def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> Non
         if isinstance(node, ast.Import):
             roots.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "cachelib":
-                roots.update(f"cachelib.{alias.name}" for alias in node.names)
+            if node.module in ("cachelib", PKG.rstrip(".")):
+                roots.update(f"{node.module}.{alias.name}" for alias in node.names)
             else:
                 roots.add(node.module.split(".")[0])
     assert roots - set(sys.stdlib_module_names) <= {"torch", "triton"} | COMPANIONS[module.__name__], roots
@@ -298,9 +292,9 @@ def test_self_contained_modules_import_only_stdlib_and_torch(module: Any) -> Non
 def test_built_in_targets_load_from_beside_the_harness_without_cachelib(tmp_path: Path) -> None:
     """In a user's image only the modules the warm-up Job copies (``warmup_job.COPY_HARNESS``, run for real) exist,
     side by side: short names and --precompile still work."""
-    from compilecache_operator import warmup_job
+    from compilecache_operator.decisions import warmup_job
 
-    from cachelib import warmstart
+    from cachelib.in_image import warmstart
 
     subprocess.run([sys.executable, "-c", warmup_job.COPY_HARNESS, str(tmp_path / "harness.py")], check=True)
     code = (

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from cachelib.masking import install_log_masking, mask_command, mask_text, mask_url
+from cachelib.in_image.masking import install_log_masking, mask_command, mask_text, mask_url
 from cachelib.stores import StoreURLError, parse_store_url
 
 # (URL, the secret in it, what it is shown as)

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachelib.podcontract import (
+from cachelib.in_image.podcontract import (
     SHRUNK_FIELD,
     TERMINATION_MESSAGE_LIMIT,
     termination_log_path,

@@ -1,5 +1,5 @@
-"""The warm-up's check of its precompiled part (cachelib.precheck) and the guarded loader of the
-workload (cachelib.precompileguard.guard_precompile_loader).
+"""The warm-up's check of its precompiled part (cachelib.in_image.precheck) and the guarded loader of the
+workload (cachelib.in_image.precompileguard.guard_precompile_loader).
 
 The pure parts (tolerances, output comparison, the verdict) are tested with real tensors. The
 guard is tested on the CPU with real ``torch.compile``: a warm-up with ``--precompile auto`` of a
@@ -23,7 +23,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachelib import harness, precheck, precompileguard, warmstart
+from cachelib.in_image import harness, precheck, precompileguard, warmstart
 from tests.cachelib.helpers import ROOT, last_json
 
 
@@ -225,7 +225,8 @@ def scale(t):
 POD = """
 import json, sys
 import torch
-from cachelib import precompileguard, runtime
+from cachelib import runtime
+from cachelib.in_image import precompileguard
 import zoomodel
 prepared = runtime.warm_start(wait=False).to_dict()
 [(model, args)] = zoomodel.build()

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator.podpatch import patched_pod
+from compilecache_operator.decisions.podpatch import patched_pod
 
-from cachelib import harness
+from cachelib.in_image import harness
 from tests.cachelib.helpers import ROOT, last_json, run_cli
 from tests.operator.samples import env_of, inject, pod, view
 from tests.zoo.ends import interpreter

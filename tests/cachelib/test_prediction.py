@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cachelib import prediction
-from cachelib.factors import ENV_PER_RUN
+from cachelib.in_image.factors import ENV_PER_RUN
 from cachelib.prediction import COLD, UNKNOWN, WARM, Cache, Warmed, predict, recorded_env
 
 IMAGE = "registry.example/workload:1"

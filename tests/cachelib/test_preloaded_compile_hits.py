@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cachelib import harness
 from cachelib.handoff import DONE_FILE_ENV, DONE_FILE_NAME
+from cachelib.in_image import harness
 from cachelib.unpack import RUNTIME_DIRS
 from tests.cachelib.conftest import WARM_NAME, WARM_NAMESPACE, WARM_TARGET, Warmed
 from tests.cachelib.helpers import ROOT, content, last_json, run_cli, tree
@@ -96,7 +96,7 @@ import torch  # the import a sidecar preload runs beside
 from cachelib.handoff import wait_for_preload
 waited = wait_for_preload(timeout=120)
 print(json.dumps({"waited": waited, "torch_imported_first": "torch" in sys.modules}), flush=True)
-from cachelib import harness
+from cachelib.in_image import harness
 sys.exit(harness.main(sys.argv[1:]))
 """
 

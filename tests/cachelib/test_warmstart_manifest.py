@@ -1,4 +1,4 @@
-"""The warm-start manifest and its levers (cachelib.warmstart, cachelib.runtime.warm_start).
+"""The warm-start manifest and its levers (cachelib.in_image.warmstart, cachelib.runtime.warm_start).
 
 Fast tests cover the pure parts and every way a manifest is refused; the slow ones run the
 real path on the CPU: a warm-up with ``--precompile auto``, publish, preload into an empty
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachelib import harness, precompileguard, warmstart
+from cachelib.in_image import harness, precompileguard, warmstart
 from tests.cachelib.helpers import ROOT, last_json, run_cli
 
 HERE_VERSIONS = {"torch": "2.13.0", "triton": "none", "python": "3.11.2", "platform": "linux-x86_64"}
@@ -145,7 +145,8 @@ TARGET = "transformer_block"
 WORKLOAD = """
 import json, sys
 import torch
-from cachelib import runtime, targets
+from cachelib import runtime
+from cachelib.in_image import targets
 prepared = runtime.warm_start().to_dict() if sys.argv[1] == "call" else None
 model, args = targets.{target}()[0]
 compiled = torch.compile(model)
@@ -259,7 +260,7 @@ def test_a_foreign_installation_falls_back_to_an_ordinary_compile(preloaded: Pat
 HAND_OVER = """
 import json, sys
 import triton, triton.runtime.cache, triton.runtime.autotuner
-from cachelib import warmstart
+from cachelib.in_image import warmstart
 value = sys.argv[1].replace("VERSION", triton.__version__)
 if sys.argv[2] == "computed":
     triton.runtime.cache.triton_key()
@@ -334,7 +335,8 @@ def test_the_levers_applied_are_exported(monkeypatch: pytest.MonkeyPatch) -> Non
 TRAINING = """
 import json
 import torch
-from cachelib import runtime, targets
+from cachelib import runtime
+from cachelib.in_image import targets
 prepared = runtime.warm_start().to_dict()
 model, args = targets.tiny_mlp()[0]
 compiled = torch.compile(model)

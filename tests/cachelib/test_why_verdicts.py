@@ -13,7 +13,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cachelib import factors, verdict
+from cachelib import verdict
+from cachelib.in_image import factors
 from tests.cachelib.helpers import ROOT
 
 
@@ -53,7 +54,7 @@ def test_sets_recorded_in_another_order_are_no_difference(items: frozenset[str],
 def test_a_set_of_strings_reads_the_same_under_every_hash_seed() -> None:
     """String hashing changes between processes (PYTHONHASHSEED): the text must not."""
     members = "{'torch._refs', 'torch.testing', 'torch.distributions', 'torch._prims'}"
-    code = f"from cachelib import factors; print(factors.value_text({members}))"
+    code = f"from cachelib.in_image import factors; print(factors.value_text({members}))"
     def text(seed: int) -> str:
         env = {**os.environ, "PYTHONHASHSEED": str(seed)}
         return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator import cache_status
-from compilecache_operator import conditions as cond
-from compilecache_operator.plan import BundleRecord, Variant
-from compilecache_operator.results import JobState
+from compilecache_operator.decisions import cache_status
+from compilecache_operator.decisions.job_reports import JobState
+from compilecache_operator.decisions.plan import BundleRecord, Variant
+from compilecache_operator.model import conditions as cond
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "resource.customizations.health.compilecache.io_CompileCache"

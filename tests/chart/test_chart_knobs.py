@@ -101,7 +101,7 @@ def test_per_namespace_metrics_keep_their_namespace_in_a_real_prometheus(helm_bi
     """The operator's real metrics (a CompileCache of team-a Ready, one of team-b not) scraped by a real
     Prometheus through the rendered ServiceMonitor: with honorLabels false as with true, each series keeps its
     CompileCache's namespace, series without one carry the operator's, and no `exported_namespace` is left."""
-    from compilecache_operator.metrics import Metrics
+    from compilecache_operator.edge.metrics import Metrics
 
     metrics = Metrics()
     metrics.observe_cache("team-a", "llama", {"conditions": [{"type": "Ready", "status": "True"}]})

@@ -147,7 +147,7 @@ def test_preloader_ships_the_harness_only_as_the_installed_package() -> None:
     text = DOCKERFILES["preloader"].read_text()
     assert "/opt/compilecache" not in text and "COMPILECACHE_HARNESS" not in text
     for module in ("harness", "compilekey", "podcontract", "targets", "warmstart"):
-        assert (REPO_ROOT / "cachelib" / f"{module}.py").is_file()
+        assert (REPO_ROOT / "cachelib" / "in_image" / f"{module}.py").is_file()
 
 
 def test_slim_rules() -> None:

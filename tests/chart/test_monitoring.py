@@ -73,7 +73,7 @@ def runtime_series() -> dict[str, set[str]]:
 
 def exported_series() -> dict[str, set[str]]:
     """Series name -> label names, for every metric of the operator's registry and the runtime metrics."""
-    from compilecache_operator.metrics import Metrics
+    from compilecache_operator.edge.metrics import Metrics
 
     metrics = Metrics()
     out: dict[str, set[str]] = {}

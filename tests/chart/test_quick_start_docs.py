@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from compilecache_operator.confinement import Confinement, check_confinement
-from compilecache_operator.spec import Defaults, InvalidSpec
-from compilecache_operator.spec_parse import parse_spec
+from compilecache_operator.model.confinement import Confinement, check_confinement
+from compilecache_operator.model.spec import Defaults, InvalidSpec
+from compilecache_operator.model.spec_parse import parse_spec
 
 from tests.chart.chart import CHART_DIR
 

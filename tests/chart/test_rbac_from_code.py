@@ -1,7 +1,7 @@
 """The operator's RBAC is what its code uses, no more and no less: every Kubernetes API call in
 ``operator/compilecache_operator`` is read from the source (the method and the path it is made on, through
 the path builders and module constants), every resource Kopf watches for it is read from Kopf's registry, every
-resource the operator's own watches list and watch from :mod:`compilecache_operator.watches`, and
+resource the operator's own watches list and watch from :mod:`compilecache_operator.controller.watches`, and
 the verbs they come to are compared with the rules the chart grants, in both of its modes (cluster-wide, and
 watching listed namespaces). A call added without its grant, or a grant left without its call, fails here.
 docs/install.md's table of grants is checked against the same rendering (tests/chart/test_install_docs.py).

@@ -88,7 +88,7 @@ def test_the_chart_package_and_crds_install_as_they_are(helm_bin: Path, tmp_path
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         metadata = archive.read(f"compilecache-{__version__}.dist-info/METADATA").decode()
-    assert {"cachelib/runtime.py", "cachelib/harness.py", "cachelib/cli/__main__.py"} <= names
+    assert {"cachelib/runtime.py", "cachelib/in_image/harness.py", "cachelib/cli/__main__.py"} <= names
     assert 'Provides-Extra: metrics' in metadata and "prometheus-client" in metadata
     assert sums[wheel.name] == hashlib.sha256(wheel.read_bytes()).hexdigest()
 

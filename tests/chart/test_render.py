@@ -209,7 +209,7 @@ def test_webhook_fails_open_and_only_sees_labelled_pods(default_rendering: list[
 
 
 def test_webhook_path_is_the_operators_handler_id(default_rendering: list[Manifest]) -> None:
-    from compilecache_operator.names import WEBHOOK_ID
+    from compilecache_operator.model.names import WEBHOOK_ID
 
     (hook,) = one(default_rendering, "MutatingWebhookConfiguration")["webhooks"]
     assert hook["clientConfig"]["service"]["path"] == f"/{WEBHOOK_ID}"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from compilecache_operator.spec import Defaults
-from compilecache_operator.spec_parse import parse_spec
+from compilecache_operator.model.spec import Defaults
+from compilecache_operator.model.spec_parse import parse_spec
 
 from tests.operator.crdschema import validator
 from tests.operator.restricted import restricted_violations
@@ -26,7 +26,7 @@ CONTRACT_PLACES = (
     "examples/your-own-server/compilecache.yaml", "examples/your-own-server/app/serving.py",
     "crds/compilecache.io_compilecaches.yaml",
     "charts/compilecache-operator/templates/crds/compilecache.io_compilecaches.yaml",
-    "cachelib/harness.py", "cachelib/compilestep.py", "cachelib/cli/parser.py",
+    "cachelib/in_image/harness.py", "cachelib/in_image/compilestep.py", "cachelib/cli/parser.py",
 )  # fmt: skip
 """Every place that says what a target returns."""
 

@@ -52,7 +52,8 @@ class Call:
 
 
 def _module(path: Path) -> ModuleType:
-    return importlib.import_module(f"compilecache_operator.{path.stem}")
+    parts = path.relative_to(OPERATOR_DIR.parent).with_suffix("").parts
+    return importlib.import_module(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
 
 
 def _constant_strings(value: object) -> list[str] | None:
@@ -178,9 +179,9 @@ def calls_in(path: Path, builders: Mapping[str, ast.FunctionDef]) -> Iterator[Ca
 
 
 def api_calls() -> list[Call]:
-    kube = ast.parse((OPERATOR_DIR / "kube.py").read_text())
+    kube = ast.parse((OPERATOR_DIR / "edge" / "kube.py").read_text())
     builders = {n.name: n for n in ast.walk(kube) if isinstance(n, ast.FunctionDef) and n.name.endswith("_path")}
-    return [c for path in sorted(OPERATOR_DIR.glob("*.py")) for c in calls_in(path, builders)]
+    return [c for path in sorted(OPERATOR_DIR.rglob("*.py")) for c in calls_in(path, builders)]
 
 
 PATH_PATTERN = re.compile(
@@ -222,8 +223,8 @@ def kopf_watches() -> dict[tuple[str, str], set[str]]:
 
 def informer_watches() -> dict[tuple[str, str], set[str]]:
     """What the operator's own watches list and watch: every :class:`Resource` of its watches module."""
-    from compilecache_operator import watches
-    from compilecache_operator.informer import Resource
+    from compilecache_operator.controller import watches
+    from compilecache_operator.edge.informer import Resource
 
     found: dict[tuple[str, str], set[str]] = {}
     for resource in vars(watches).values():

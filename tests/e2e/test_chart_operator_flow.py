@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from compilecache_operator.certs import self_signed
+from compilecache_operator.edge.certs import self_signed
 
 from tests.chart.e2e_fixtures import VWC_API, Release
 from tests.e2e.chart_releases import ChartOperator, point_webhook_at

@@ -40,7 +40,7 @@ def verdict(client: KubeClient, method: str, path: str, body: Any, content_type:
 
 
 def warmup_job(cache: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    """A Job as the operator makes one (compilecache_operator.warmup_job's labels, owner and security)."""
+    """A Job as the operator makes one (compilecache_operator.decisions.warmup_job's labels, owner and security)."""
     # a deep copy: restricted() shares its capabilities dict between pods
     pod = copy.deepcopy(restricted({"restartPolicy": "Never", "containers": [{"name": "publish",
                                                                                "image": WORKLOAD_IMAGE}]}))

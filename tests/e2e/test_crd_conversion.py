@@ -3,7 +3,7 @@
 The CRD serves one version today (``conversion: None``). This is the path the first schema change takes: the test
 serves a version of its own beside ``v1alpha1`` (its schema the same but ``spec.image`` named
 ``spec.containerImage``), registers its rename with the operator's conversion table
-(:mod:`compilecache_operator.conversion`) in the operator process it starts, and points the CRD's
+(:mod:`compilecache_operator.model.conversion`) in the operator process it starts, and points the CRD's
 ``spec.conversion.webhook`` at the operator's ``/convert``. An object stored as v1alpha1 is read as the new
 version and back, one created as the new version is stored as v1alpha1, and storedVersions stays v1alpha1. The
 CRD is put back as crds/ has it afterwards.
@@ -32,7 +32,7 @@ CRDS_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 NEW = "v1alpha2test"
 RENAMES = (("spec.image", "spec.containerImage"),)
 REGISTER = (
-    "import sys; from compilecache_operator import conversion, main; "
+    "import sys; from compilecache_operator import main; from compilecache_operator.model import conversion; "
     f"conversion.VERSIONS[{NEW!r}] = conversion.Version(renames={RENAMES!r}); sys.exit(main.main(sys.argv[1:]))"
 )
 

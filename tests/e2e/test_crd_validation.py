@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator.spec import Defaults, InvalidSpec
-from compilecache_operator.spec_parse import parse_spec
+from compilecache_operator.model.spec import Defaults, InvalidSpec
+from compilecache_operator.model.spec_parse import parse_spec
 from hypothesis import HealthCheck, given, settings
 
 from tests.chart.crd_files import fields

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator.formats import DEFAULT_NODE_CACHE_ROOTS
+from compilecache_operator.model.formats import DEFAULT_NODE_CACHE_ROOTS
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import RealNode

@@ -16,9 +16,9 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from compilecache_operator.events import EventPoster
-from compilecache_operator.informer import ADDED, DELETED, MODIFIED, Change, Informer, Resource
-from compilecache_operator.kube import KubeAPI
+from compilecache_operator.edge.events import EventPoster
+from compilecache_operator.edge.informer import ADDED, DELETED, MODIFIED, Change, Informer, Resource
+from compilecache_operator.edge.kube import KubeAPI
 
 from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.rest import KubeClient

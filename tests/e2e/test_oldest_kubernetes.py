@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from compilecache_operator.certs import self_signed
+from compilecache_operator.edge.certs import self_signed
 
 from tests.chart.chart import CHART_DIR, helm, parse_manifests, scenario_files
 from tests.chart.e2e_fixtures import CC_API, CRDS_API, MWC_API, VWC_API

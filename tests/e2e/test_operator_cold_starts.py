@@ -30,7 +30,8 @@ SAYS = "env TORCHINDUCTOR_NAN_ASSERTS: unset → 1 (inductor config nan_asserts:
 
 APP = """
 import torch
-from cachelib import runtime, targets
+from cachelib import runtime
+from cachelib.in_image import targets
 runtime.warm_start()
 model, args = targets.tiny_mlp()[0]
 with torch.no_grad():

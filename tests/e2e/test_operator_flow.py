@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cachelib import compilestep
+from cachelib.in_image import compilestep
 from cachelib.stores import open_store
 from tests.e2e.conftest import GPU_LABEL, GPU_PRODUCT, WORKLOAD_IMAGE
 from tests.infra.podspec import restricted

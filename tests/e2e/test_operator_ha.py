@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator import certs
+from compilecache_operator.edge import certs
 
 from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.podspec import restricted

@@ -26,7 +26,8 @@ WARM_UP_TIMEOUT = 420
 WARM_START_APP = """
 import json, os, pathlib
 import torch
-from cachelib import runtime, targets
+from cachelib import runtime
+from cachelib.in_image import targets
 prepared = runtime.warm_start().to_dict()
 model, args = targets.tiny_mlp()[0]
 compiled = torch.compile(model)

@@ -37,7 +37,8 @@ SAYS = "compilecache: this pod will compile: env TORCHINDUCTOR_NAN_ASSERTS: unse
 
 APP = """
 import torch
-from cachelib import runtime, targets
+from cachelib import runtime
+from cachelib.in_image import targets
 runtime.warm_start()
 model, args = targets.tiny_mlp()[0]
 with torch.no_grad():

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator.certs import self_signed
+from compilecache_operator.edge.certs import self_signed
 
 from tests.chart.e2e_fixtures import CRDS_API, MWC_API, VWC_API
 from tests.e2e.conftest import WORKLOAD_IMAGE

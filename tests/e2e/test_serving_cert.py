@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator.names import SKIPPED_ANNOTATION
+from compilecache_operator.model.names import SKIPPED_ANNOTATION
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 

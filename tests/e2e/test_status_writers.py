@@ -21,12 +21,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
-from compilecache_operator import coldstarts, names, scheduling
+from compilecache_operator.controller import scheduling
+from compilecache_operator.controller.state import Indexes, State
+from compilecache_operator.decisions import coldstarts
+from compilecache_operator.edge.kube import KubeAPI
+from compilecache_operator.edge.metrics import Metrics
 from compilecache_operator.handlers import count_cold_start
-from compilecache_operator.kube import KubeAPI
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.startup import CountedPods
-from compilecache_operator.state import Indexes, State
+from compilecache_operator.lifecycle import CountedPods
+from compilecache_operator.model import names
 
 from bench import operator_scale
 from cachelib.verdict import WHY_KEY

@@ -25,12 +25,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from compilecache_operator import reasons, startup
-from compilecache_operator.kube import KubeAPI
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import WEBHOOK_ID
-from compilecache_operator.state import State
-from compilecache_operator.watches import Watches
+from compilecache_operator import lifecycle
+from compilecache_operator.controller.state import State
+from compilecache_operator.controller.watches import Watches
+from compilecache_operator.edge.kube import KubeAPI
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.model import preload_reasons
+from compilecache_operator.model.names import WEBHOOK_ID
 
 from bench import operator_scale
 from tests.operator.reconcile_samples import SETTINGS
@@ -66,13 +67,13 @@ def skipped(answer: dict[str, Any]) -> str | None:
 
 
 class Operator:
-    """The operator's watches and pod answer, as :meth:`startup.Runtime.start` wires them."""
+    """The operator's watches and pod answer, as :meth:`lifecycle.Runtime.start` wires them."""
 
     def __init__(self, api: KubeAPI, namespace: str) -> None:
         self.state = State(settings=SETTINGS, metrics=Metrics(), api=api)
         self.watches = Watches(api, [namespace], lambda: self.state.settings, on_cache=lambda _: None,
                                on_job=lambda _: None)
-        self.answer = startup.admission_answers(
+        self.answer = lifecycle.admission_answers(
             self.state, self.watches.views,
             lambda key: self.watches.fetch_unlisted(api, key, READ_SECONDS))[WEBHOOK_ID]
         self.tasks: list[asyncio.Task[None]] = []
@@ -102,7 +103,7 @@ def test_before_the_list_a_pod_gets_the_answer_it_gets_after_it(
             early = await operator.answer(review(namespace, "ready"))
             assert (namespace, "ready") in operator.watches.fetched, "read by its pod"
             unknown = await operator.answer(review(namespace, "nowhere"))
-            assert skipped(unknown) == reasons.UNKNOWN_CACHE, outcome(unknown)
+            assert skipped(unknown) == preload_reasons.UNKNOWN_CACHE, outcome(unknown)
             assert skipped(await operator.answer(review(namespace, "doomed"))) is None, "Ready before the list"
             kube_client.delete(f"{CC_API}/namespaces/{namespace}/compilecaches/doomed")
 
@@ -111,9 +112,9 @@ def test_before_the_list_a_pod_gets_the_answer_it_gets_after_it(
             late = await operator.answer(review(namespace, "ready"))
             assert outcome(early) == outcome(late), (outcome(early), outcome(late))
             assert skipped(late) is None and any(op["path"].startswith("/spec/") for op in outcome(late)["ops"])
-            assert skipped(await operator.answer(review(namespace, "nowhere"))) == reasons.UNKNOWN_CACHE
+            assert skipped(await operator.answer(review(namespace, "nowhere"))) == preload_reasons.UNKNOWN_CACHE
             gone = await operator.answer(review(namespace, "doomed"))
-            assert skipped(gone) == reasons.UNKNOWN_CACHE, ("deleted before the list ended", outcome(gone))
+            assert skipped(gone) == preload_reasons.UNKNOWN_CACHE, ("deleted before the list ended", outcome(gone))
         finally:
             operator.stop()
             await api.close()
@@ -145,4 +146,4 @@ def test_an_api_server_that_does_not_answer_costs_the_pod_the_bounded_wait_only(
     finally:
         silent.close()
     assert spent < READ_SECONDS + 1.0, spent
-    assert answer["response"]["allowed"] is True and skipped(answer) == reasons.UNKNOWN_CACHE, outcome(answer)
+    assert answer["response"]["allowed"] is True and skipped(answer) == preload_reasons.UNKNOWN_CACHE, outcome(answer)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["/usr/bin/helm", "template", "x"], "helm"),
     ("podman run --rm x", "podman"),
     ([sys.executable, "-m", "cachelib.cli", "publish"], "python -m cachelib.cli"),
-    ([sys.executable, "/src/cachelib/harness.py", "--target", "tiny_mlp"], "python harness.py"),
+    ([sys.executable, "/src/cachelib/in_image/harness.py", "--target", "tiny_mlp"], "python harness.py"),
     (["python3", "-u", "-c", "print(1)"], "python -c"),
     (["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", "/cache/kube-apiserver", "--v=1"], "kube-apiserver"),
     (["nice", "-n", "10", "/opt/bin/kubelet"], "kubelet"),

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator.formats import DEFAULT_NODE_CACHE_ROOTS
+from compilecache_operator.model.formats import DEFAULT_NODE_CACHE_ROOTS
 
 from tests.infra.node import RealNode
 from testsupport.kube.cluster import LocalCluster
@@ -174,7 +174,7 @@ class OperatorProcess:
 # set) and reports torch's own cache counters, who it ran as and where, through its termination message.
 COMPILE_TINY_MLP = """
 import json, os, pathlib
-from cachelib import compilekey, compilestep, harness
+from cachelib.in_image import compilekey, compilestep, harness
 options = compilekey.CompileOptions()
 harness.apply_options(options, os.environ.get("TORCH_COMPILE_JOB_ID", "not-injected"))
 compilestep.run_target("tiny_mlp", options)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from compilecache_operator import warmup_job
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import GENERATION_LABEL, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
-from compilecache_operator.plan import job_name, plan_variants
-from compilecache_operator.spec import Defaults
-from compilecache_operator.spec_parse import parse_spec
-from compilecache_operator.state import Indexes, Settings, State
+from compilecache_operator.controller.state import Indexes, Settings, State
+from compilecache_operator.decisions import warmup_job
+from compilecache_operator.decisions.plan import job_name, plan_variants
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.model.names import GENERATION_LABEL, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
+from compilecache_operator.model.spec import Defaults
+from compilecache_operator.model.spec_parse import parse_spec
 
 from tests.operator.samples import owner
 

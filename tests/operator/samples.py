@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from compilecache_operator import cacheview, podpatch, warmup_job
-from compilecache_operator.names import CACHE_LABEL
-from compilecache_operator.plan import BundleRecord, Variant, plan_variants
-from compilecache_operator.sidecars import SidecarSupport
-from compilecache_operator.spec import CacheSpec, Defaults
-from compilecache_operator.spec_parse import parse_spec
+from compilecache_operator.decisions import cacheview, podpatch, warmup_job
+from compilecache_operator.decisions.plan import BundleRecord, Variant, plan_variants
+from compilecache_operator.model.names import CACHE_LABEL
+from compilecache_operator.model.sidecars import SidecarSupport
+from compilecache_operator.model.spec import CacheSpec, Defaults
+from compilecache_operator.model.spec_parse import parse_spec
 
 WITH_SIDECARS = SidecarSupport(True, "the API server is v1.30.1")
 SETTINGS = warmup_job.JobSettings(preloader_image="ghcr.io/compilecache/preloader:1", image_pull_secrets=("regcred",))

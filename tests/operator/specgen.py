@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from compilecache_operator import formats, warmup_job
-from compilecache_operator.spec import Defaults
-from compilecache_operator.state import Settings
+from compilecache_operator.controller.state import Settings
+from compilecache_operator.decisions import warmup_job
+from compilecache_operator.model import formats
+from compilecache_operator.model.spec import Defaults
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,13 +14,14 @@ from dataclasses import replace
 from typing import Any, cast
 
 import pytest
-from compilecache_operator import failures, reconcile, scheduling, warmup_job
-from compilecache_operator.kube import KubeAPI, KubeError
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import FINALIZER, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
-from compilecache_operator.spec import Defaults
-from compilecache_operator.state import Indexes, Settings, State
-from compilecache_operator.store_ca import STORE_CA_FILE
+from compilecache_operator.controller import reconcile, reconcile_failures, scheduling
+from compilecache_operator.controller.state import Indexes, Settings, State
+from compilecache_operator.decisions import warmup_job
+from compilecache_operator.edge.kube import KubeAPI, KubeError
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.model.names import FINALIZER, RECORDED_ANNOTATION, VARIANT_LABEL, WARMUP_LABEL
+from compilecache_operator.model.spec import Defaults
+from compilecache_operator.model.store_ca import STORE_CA_FILE
 
 from tests.operator.samples import owner
 from testsupport.servers import free_port
@@ -125,10 +126,10 @@ def test_a_job_the_api_server_refuses_names_the_spec_field_in_the_status_and_an_
     state, result, events = run(cache(), api)
     assert result is not None and result.problem and result.retry_after == SETTINGS.retry_seconds
     condition = ready(api.statuses[-1])
-    assert (condition["status"], condition["reason"]) == ("False", failures.JOB_REFUSED)
+    assert (condition["status"], condition["reason"]) == ("False", reconcile_failures.JOB_REFUSED)
     assert condition["message"].startswith("spec.warmup.tolerations: creating warm-up Job cc-mlp-")
     assert "HTTP 422 Invalid" in condition["message"] and "$(id)" in condition["message"]
-    assert ("Warning", failures.JOB_REFUSED, condition["message"]) in events
+    assert ("Warning", reconcile_failures.JOB_REFUSED, condition["message"]) in events
     assert KEY in state.scheduler.warnings and KEY not in state.scheduler.settled
 
 
@@ -157,9 +158,10 @@ def test_each_write_that_fails_ends_in_a_condition_and_an_event(
     assert method in api.calls
     assert result is not None and result.problem and what in result.problem
     condition = ready(api.statuses[-1])
-    assert (condition["status"], condition["reason"]) == ("False", failures.APPLY_FAILED)
+    assert (condition["status"], condition["reason"]) == ("False", reconcile_failures.APPLY_FAILED)
     assert condition["message"].startswith(what), condition
-    assert [e for e in events if e[0] == "Warning"] == [("Warning", failures.APPLY_FAILED, condition["message"])]
+    warnings = [e for e in events if e[0] == "Warning"]
+    assert warnings == [("Warning", reconcile_failures.APPLY_FAILED, condition["message"])]
 
 
 def test_a_failure_before_any_write_is_a_reconcile_failure_with_a_status() -> None:
@@ -168,8 +170,9 @@ def test_a_failure_before_any_write_is_a_reconcile_failure_with_a_status() -> No
     _, result, events = run(cache(storage={"url": "redis://r:6379/0", "secretRef": {"name": "s"}}), api)
     assert result is not None and result.problem
     condition = ready(api.statuses[-1])
-    assert condition["reason"] == failures.RECONCILE_FAILED and "HTTP 500 InternalError" in condition["message"]
-    assert events and events[-1][:2] == ("Warning", failures.RECONCILE_FAILED)
+    assert condition["reason"] == reconcile_failures.RECONCILE_FAILED
+    assert "HTTP 500 InternalError" in condition["message"]
+    assert events and events[-1][:2] == ("Warning", reconcile_failures.RECONCILE_FAILED)
 
 
 def test_a_storage_secret_the_operator_may_not_read_is_said_with_how_to_allow_it() -> None:
@@ -189,11 +192,11 @@ def test_a_storage_secret_the_operator_may_not_read_is_said_with_how_to_allow_it
 def test_a_status_that_cannot_be_written_is_said_in_the_event_and_the_log(caplog: pytest.LogCaptureFixture) -> None:
     down = [KubeError("PATCH", "/x", 0, "ClientConnectorError") for _ in range(4)]
     api = ScriptedAPI({"patch_cache_status": down})
-    with caplog.at_level(logging.WARNING, logger="compilecache_operator.scheduling"):
+    with caplog.at_level(logging.WARNING, logger="compilecache_operator.controller.scheduling"):
         _, result, events = run(cache(), api)
     assert result is not None and result.problem and not api.statuses
     (warning,) = [e for e in events if e[0] == "Warning"]
-    assert warning[1] == failures.APPLY_FAILED and "the status could not be written" in warning[2]
+    assert warning[1] == reconcile_failures.APPLY_FAILED and "the status could not be written" in warning[2]
     assert "could not be written either" in caplog.text
 
 
@@ -220,15 +223,16 @@ def test_a_failed_reconcile_is_looked_at_again() -> None:
         return scheduled
 
     assert asyncio.run(go())
-    assert ready(api.statuses[-1])["reason"] == failures.APPLY_FAILED
+    assert ready(api.statuses[-1])["reason"] == reconcile_failures.APPLY_FAILED
 
 
 def test_the_job_fields_map_to_the_spec_fields_they_come_from() -> None:
-    assert failures.cache_field("spec.template.spec.nodeSelector") == "spec.warmup.nodeSelector"
-    assert failures.cache_field("spec.template.spec.containers[0].image") == "spec.image"
-    assert failures.cache_field("spec.template.spec.containers[1].resources.limits[x]") == "spec.warmup.resources"
-    assert failures.cache_field("spec.activeDeadlineSeconds") == "spec.warmup.activeDeadlineSeconds"
-    assert failures.cache_field("metadata.labels") is None
+    assert reconcile_failures.cache_field("spec.template.spec.nodeSelector") == "spec.warmup.nodeSelector"
+    assert reconcile_failures.cache_field("spec.template.spec.containers[0].image") == "spec.image"
+    field = "spec.template.spec.containers[1].resources.limits[x]"
+    assert reconcile_failures.cache_field(field) == "spec.warmup.resources"
+    assert reconcile_failures.cache_field("spec.activeDeadlineSeconds") == "spec.warmup.activeDeadlineSeconds"
+    assert reconcile_failures.cache_field("metadata.labels") is None
 
 
 @pytest.mark.parametrize("spec", [{}, {"image": ""}, {"storage": {"url": TLS_URL, "ca": {"secretName": "ca"}}}],
@@ -238,9 +242,9 @@ def test_one_reconcile_parses_the_spec_and_its_store_url_once(spec: dict[str, An
     """The spec is parsed and checked once per reconcile (the fingerprint, the snapshot and the decisions
     share it), and the store URL once within that parse (the allow-list check and the store CA's check read
     the parsed one)."""
-    from compilecache_operator import confinement, store_ca
-    from compilecache_operator import spec_parse as spec_module
-    from compilecache_operator.confinement import Confinement
+    from compilecache_operator.model import confinement, store_ca
+    from compilecache_operator.model import spec_parse as spec_module
+    from compilecache_operator.model.confinement import Confinement
 
     counts = {"spec": 0, "url": 0}
 
@@ -305,7 +309,7 @@ def test_a_deletion_opens_only_a_store_within_the_allow_lists() -> None:
     """A cache whose store left the allow-lists after it got its finalizer (its spec changed, or a grant was
     withdrawn) is deleted without the operator opening that store: its bundles are left in place and said so.
     The store here is a loopback port nothing listens on: opening it would fail and keep the finalizer."""
-    from compilecache_operator.confinement import Confinement
+    from compilecache_operator.model.confinement import Confinement
 
     body = cache(storage={"url": f"redis://127.0.0.1:{free_port()}/0"}, deletionPolicy="Delete")
     body["metadata"]["finalizers"] = [FINALIZER]

@@ -10,10 +10,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from compilecache_operator import reconcile, state
-from compilecache_operator.confinement import Confinement, Grant, grants_from
-from compilecache_operator.spec import InvalidSpec
-from compilecache_operator.validation import Regrant, review_cache, to_check
+from compilecache_operator.admission.validation import Regrant, review_cache, to_check
+from compilecache_operator.controller import reconcile, state
+from compilecache_operator.model.confinement import Confinement, Grant, grants_from
+from compilecache_operator.model.spec import InvalidSpec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compilecache_operator.cache_status import (
+from compilecache_operator.decisions.cache_status import (
     Failure,
     build_status,
     failure_conditions,
@@ -12,9 +12,9 @@ from compilecache_operator.cache_status import (
     status_changed,
     warmup_conditions,
 )
-from compilecache_operator.conditions import merge_conditions
-from compilecache_operator.plan import BundleRecord, Variant
-from compilecache_operator.results import JobState
+from compilecache_operator.decisions.job_reports import JobState
+from compilecache_operator.decisions.plan import BundleRecord, Variant
+from compilecache_operator.model.conditions import merge_conditions
 
 VARIANTS = [Variant("aaaaaaaaaa", "", "img"), Variant("bbbbbbbbbb", "NVIDIA-L4", "img")]
 

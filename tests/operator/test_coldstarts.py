@@ -1,5 +1,5 @@
 """Why pods started cold, per fleet: the workload's verdict read from pod status, tallied into the
-CompileCache's status, and the ColdStarts condition. The verdicts are the ones ``cachelib.factors``
+CompileCache's status, and the ColdStarts condition. The verdicts are the ones ``cachelib.in_image.factors``
 writes (its own tests make them with real torch.compile); here they are generated."""
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ from typing import Any
 
 import kopf
 import pytest
-from compilecache_operator import coldstarts, names
-from compilecache_operator.cache_status import build_status
+from compilecache_operator.controller.state import Settings, State
+from compilecache_operator.decisions import coldstarts
+from compilecache_operator.decisions.cache_status import build_status
+from compilecache_operator.decisions.warmup_job import JobSettings
+from compilecache_operator.edge.kube import KubeAPI
+from compilecache_operator.edge.metrics import Metrics
 from compilecache_operator.handlers import count_cold_start
-from compilecache_operator.kube import KubeAPI
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.spec import Defaults
-from compilecache_operator.startup import CountedPods
-from compilecache_operator.state import Settings, State
-from compilecache_operator.warmup_job import JobSettings
+from compilecache_operator.lifecycle import CountedPods
+from compilecache_operator.model import names
+from compilecache_operator.model.spec import Defaults
 from hypothesis import given
 from hypothesis import strategies as st
 

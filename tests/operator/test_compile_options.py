@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator.plan import plan_id, variant_id
-from compilecache_operator.spec import InvalidSpec
-from compilecache_operator.warmup_job import harness_command
+from compilecache_operator.decisions.plan import plan_id, variant_id
+from compilecache_operator.decisions.warmup_job import harness_command
+from compilecache_operator.model.spec import InvalidSpec
 
-from cachelib import harness
 from cachelib.cli.parser import build_parser
-from cachelib.compilekey import MODES, CompileOptions, options_from_args
+from cachelib.in_image import harness
+from cachelib.in_image.compilekey import MODES, CompileOptions, options_from_args
 from tests.operator.crdschema import CRD
 from tests.operator.samples import parsed
 
@@ -65,7 +65,8 @@ def test_the_parsers_take_the_same_options() -> None:
         return {
             a.option_strings[-1]: (a.choices, a.default, a.type)
             for a in parser._actions
-            # check_precompile, precompile_pass: the harness's internal roles (cachelib.precheck, its second pass)
+            # check_precompile, precompile_pass: the harness's internal roles
+            # (cachelib.in_image.precheck, its second pass)
             if a.option_strings and a.dest not in ("help", "out", "namespace", "name", "cache_dir", "check_precompile",
                                                    "precompile_pass")
         }

@@ -6,18 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from compilecache_operator import cacheview, podpatch
-from compilecache_operator.confinement import (
+from compilecache_operator.decisions import cacheview, podpatch
+from compilecache_operator.decisions.plan import BundleRecord
+from compilecache_operator.edge.signing import SigningKeyError, load_signing, sign_records
+from compilecache_operator.main import parse_args, settings_from
+from compilecache_operator.model.confinement import (
     Confinement,
     check_confinement,
     destination_allowed,
     problems,
     store_destination,
 )
-from compilecache_operator.main import parse_args, settings_from
-from compilecache_operator.plan import BundleRecord
-from compilecache_operator.signing import SigningKeyError, load_signing, sign_records
-from compilecache_operator.spec import InvalidSpec
+from compilecache_operator.model.spec import InvalidSpec
 
 from cachelib.signing import Signer, check_stored
 from cachelib.stores import open_store
@@ -86,7 +86,7 @@ def test_a_confined_cache_is_invalid_and_never_wired_into_pods() -> None:
         check_confinement(confined, "team-a", spec)
     body = owner(storage={"url": "redis://attacker.example:6379/0", "secretRef": {"name": "store"}})
     body["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
-    from compilecache_operator.spec import Defaults
+    from compilecache_operator.model.spec import Defaults
 
     assert cacheview.cache_view(body, Defaults()).ready
     refused = cacheview.cache_view(body, Defaults(), confined)

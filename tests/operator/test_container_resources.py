@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from compilecache_operator import cacheview, main, names, results, warmup_job
-from compilecache_operator.plan import BundleRecord, Variant
-from compilecache_operator.spec import (
+from compilecache_operator import main
+from compilecache_operator.decisions import cacheview, job_reports, warmup_job
+from compilecache_operator.decisions.plan import BundleRecord, Variant
+from compilecache_operator.model import names
+from compilecache_operator.model.spec import (
     DEFAULT_HELPER_RESOURCES,
     DEFAULT_PRELOAD_RESOURCES,
     DEFAULT_WARMUP_RESOURCES,
@@ -21,8 +23,8 @@ from compilecache_operator.spec import (
     InvalidSpec,
     Resources,
 )
-from compilecache_operator.spec_fields import quantity_value
-from compilecache_operator.spec_parse import parse_spec
+from compilecache_operator.model.spec_fields import quantity_value
+from compilecache_operator.model.spec_parse import parse_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,15 +78,15 @@ def assert_quota_ready(container: dict[str, Any]) -> None:
 def test_by_default_every_created_container_has_cpu_and_memory_limits(gpu: str) -> None:
     spec = {"gpuTypes": [gpu]} if gpu else {}
     made = created_containers(spec, Defaults(), gpu)
-    assert [c["name"] for c in made] == [results.HARNESS_CONTAINER, results.COMPILE_CONTAINER,
-                                         results.PUBLISH_CONTAINER, names.PRELOAD_CONTAINER]
+    assert [c["name"] for c in made] == [job_reports.HARNESS_CONTAINER, job_reports.COMPILE_CONTAINER,
+                                         job_reports.PUBLISH_CONTAINER, names.PRELOAD_CONTAINER]
     for container in made:
         assert_quota_ready(container)
     by_name = {c["name"]: c["resources"] for c in made}
     assert by_name[names.PRELOAD_CONTAINER] == DEFAULT_PRELOAD_RESOURCES.to_dict()
     helpers = DEFAULT_HELPER_RESOURCES.to_dict()
-    assert by_name[results.PUBLISH_CONTAINER] == by_name[results.HARNESS_CONTAINER] == helpers
-    compile_limits = by_name[results.COMPILE_CONTAINER]["limits"]
+    assert by_name[job_reports.PUBLISH_CONTAINER] == by_name[job_reports.HARNESS_CONTAINER] == helpers
+    compile_limits = by_name[job_reports.COMPILE_CONTAINER]["limits"]
     assert compile_limits.get("nvidia.com/gpu") == ("1" if gpu else None)
     assert {k: v for k, v in compile_limits.items() if "/" not in k} == DEFAULT_WARMUP_RESOURCES.limits
 
@@ -102,9 +104,9 @@ def test_a_spec_section_replaces_the_operator_setting_whole(
     raw: dict[str, Any] = {"warmup": {k: v for k, v in (("resources", compile_), ("helperResources", helpers)) if v},
                            **({"preload": {"resources": preload}} if preload else {})}
     made = {c["name"]: c["resources"] for c in created_containers(raw, defaults)}
-    for container, chosen, setting in ((results.COMPILE_CONTAINER, compile_, operator[0]),
-                                       (results.HARNESS_CONTAINER, helpers, operator[1]),
-                                       (results.PUBLISH_CONTAINER, helpers, operator[1]),
+    for container, chosen, setting in ((job_reports.COMPILE_CONTAINER, compile_, operator[0]),
+                                       (job_reports.HARNESS_CONTAINER, helpers, operator[1]),
+                                       (job_reports.PUBLISH_CONTAINER, helpers, operator[1]),
                                        (names.PRELOAD_CONTAINER, preload, operator[2])):
         assert made[container] == (chosen or setting), container
 

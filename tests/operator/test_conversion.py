@@ -7,8 +7,8 @@ import copy
 from typing import Any
 
 import yaml
-from compilecache_operator import conversion
-from compilecache_operator.conversion import Version
+from compilecache_operator.model import conversion
+from compilecache_operator.model.conversion import Version
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import kopf
 import pytest
-from compilecache_operator.events import MAX_MESSAGE, EventPoster, event_body, shortened
-from compilecache_operator.kube import KubeAPI
+from compilecache_operator.edge.events import MAX_MESSAGE, EventPoster, event_body, shortened
+from compilecache_operator.edge.kube import KubeAPI
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from compilecache_operator import cache_status, cache_warnings
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.results import JobState
-from compilecache_operator.spec import Defaults
-from compilecache_operator.state import Settings, State, WarningEvent
-from compilecache_operator.warmup_job import JobSettings
+from compilecache_operator.controller import cache_warnings
+from compilecache_operator.controller.state import Settings, State, WarningEvent
+from compilecache_operator.decisions import cache_status
+from compilecache_operator.decisions.job_reports import JobState
+from compilecache_operator.decisions.warmup_job import JobSettings
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.model.spec import Defaults
 
 from tests.operator.samples import owner
 

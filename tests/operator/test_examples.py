@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from compilecache_operator.spec import Defaults
-from compilecache_operator.spec_parse import parse_spec
+from compilecache_operator.model.spec import Defaults
+from compilecache_operator.model.spec_parse import parse_spec
 
 from tests.operator.crdschema import validator
 from tests.operator.example_files import EXAMPLES, QUICK_START_STORE

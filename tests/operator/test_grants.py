@@ -7,13 +7,13 @@ import asyncio
 from typing import Any
 
 import pytest
-from compilecache_operator import startup
-from compilecache_operator.confinement import Confinement, check_confinement, grants_from
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.spec import Defaults, InvalidSpec
-from compilecache_operator.spec_parse import parse_spec
-from compilecache_operator.state import Indexes, Settings, State
-from compilecache_operator.warmup_job import JobSettings
+from compilecache_operator import lifecycle
+from compilecache_operator.controller.state import Indexes, Settings, State
+from compilecache_operator.decisions.warmup_job import JobSettings
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.model.confinement import Confinement, check_confinement, grants_from
+from compilecache_operator.model.spec import Defaults, InvalidSpec
+from compilecache_operator.model.spec_parse import parse_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -86,10 +86,10 @@ def standby_state(caches: list[tuple[str, str]]) -> State:
 def test_a_change_unsettles_the_caches_of_the_namespaces_it_touches() -> None:
     state = standby_state([("a", "one"), ("b", "two"), ("c", "three")])
     grants, _ = grants_from([configmap("g", namespaces="a,b", storeHosts="r:1")])
-    asyncio.run(startup.apply_grants(state, grants))
+    asyncio.run(lifecycle.apply_grants(state, grants))
     assert state.settings.confinement.grants == grants
     assert set(state.scheduler.settled) == {("c", "three")}  # a and b are reconciled again; c is untouched
     state.scheduler.settled = {k: ("fingerprint",) for k in state.cluster.indexes.caches}
     narrower, _ = grants_from([configmap("g", namespaces="b", storeHosts="r:1")])
-    asyncio.run(startup.apply_grants(state, narrower))
+    asyncio.run(lifecycle.apply_grants(state, narrower))
     assert set(state.scheduler.settled) == {("b", "two"), ("c", "three")}  # only a lost its grant

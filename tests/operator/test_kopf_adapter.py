@@ -1,4 +1,4 @@
-"""What the operator relies on from Kopf for its admission webhooks (compilecache_operator.kopfadapter), checked
+"""What the operator relies on from Kopf for its admission webhooks (compilecache_operator.edge.kopfadapter), checked
 against the installed Kopf: the release it is written against, the server protocol Kopf drives, the webhooks of
 Kopf's managed configurations (name, failure policy, rules, selector, and a URL ending in the handler id that the
 server routes by), and the registry's handler ids. A Kopf that changes any of these fails here."""
@@ -15,8 +15,9 @@ from typing import Any
 import aiohttp
 import kopf
 import pytest
-from compilecache_operator import handlers, kopfadapter
-from compilecache_operator.names import CACHE_LABEL, CACHE_WEBHOOK_ID, WEBHOOK_ID
+from compilecache_operator import handlers
+from compilecache_operator.edge import kopfadapter
+from compilecache_operator.model.names import CACHE_LABEL, CACHE_WEBHOOK_ID, WEBHOOK_ID
 from kopf._cogs.aiokits.aiovalues import Container
 from kopf._cogs.structs.references import Insights, Resource
 from kopf._core.engines.admission import admission_webhook_server, build_webhooks

@@ -20,9 +20,9 @@ import kopf
 import pytest
 import yaml
 from aiohttp import web
-from compilecache_operator import kubeconfig
-from compilecache_operator.kube import KubeAPI, KubeError, backoff, retry_after
-from compilecache_operator.startup import login
+from compilecache_operator.edge import kubeconfig
+from compilecache_operator.edge.kube import KubeAPI, KubeError, backoff, retry_after
+from compilecache_operator.lifecycle import login
 from hypothesis import given
 from hypothesis import strategies as st
 

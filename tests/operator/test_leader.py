@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compilecache_operator import leader
+from compilecache_operator.edge import leader
 
 
 def lease(holder: str | None, renewed: str = "t1") -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from compilecache_operator.plan import (
+from compilecache_operator.decisions.plan import (
     BundleRecord,
     Variant,
     bundles_from_status,

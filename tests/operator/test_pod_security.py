@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator import cacheview, podpatch, podsecurity, security, warmup_job
-from compilecache_operator.names import PRELOAD_CONTAINER, PRELOAD_SHARE_ANNOTATION
-from compilecache_operator.plan import BundleRecord, Variant
-from compilecache_operator.podpatch import patched_pod
-from compilecache_operator.spec import Defaults
-from compilecache_operator.spec_parse import parse_spec
+from compilecache_operator.decisions import cacheview, podpatch, warmup_job
+from compilecache_operator.decisions.plan import BundleRecord, Variant
+from compilecache_operator.decisions.podpatch import patched_pod
+from compilecache_operator.model import podsecurity, security
+from compilecache_operator.model.names import PRELOAD_CONTAINER, PRELOAD_SHARE_ANNOTATION
+from compilecache_operator.model.spec import Defaults
+from compilecache_operator.model.spec_parse import parse_spec
 
 from tests.operator.example_files import EXAMPLES_DIR
 from tests.operator.restricted import restricted_violations

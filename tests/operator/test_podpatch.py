@@ -7,8 +7,10 @@ import copy
 from typing import Any
 
 import pytest
-from compilecache_operator import cacheview, podpatch
-from compilecache_operator.names import (
+from compilecache_operator.decisions import cacheview, podpatch
+from compilecache_operator.decisions.plan import BundleRecord, plan_variants
+from compilecache_operator.decisions.podpatch import patched_pod
+from compilecache_operator.model.names import (
     INJECTED_ANNOTATION,
     PREDICTED_ANNOTATION,
     PREDICTED_DETAIL_ANNOTATION,
@@ -19,10 +21,8 @@ from compilecache_operator.names import (
     SKIPPED_ANNOTATION,
     SKIPPED_DETAIL_ANNOTATION,
 )
-from compilecache_operator.plan import BundleRecord, plan_variants
-from compilecache_operator.podpatch import patched_pod
-from compilecache_operator.sidecars import SidecarSupport
-from compilecache_operator.spec import Defaults
+from compilecache_operator.model.sidecars import SidecarSupport
+from compilecache_operator.model.spec import Defaults
 
 from tests.operator.samples import (
     BUDGET,

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator import cacheview, names
-from compilecache_operator.plan import BundleRecord, plan_variants
-from compilecache_operator.spec import Defaults
+from compilecache_operator.decisions import cacheview
+from compilecache_operator.decisions.plan import BundleRecord, plan_variants
+from compilecache_operator.model import names
+from compilecache_operator.model.spec import Defaults
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -180,7 +181,7 @@ def test_without_a_cache_file_kubectl_reads_the_cache(tmp_path: Path, capsys: py
 
 
 def test_the_names_the_command_shares_with_the_operator_are_the_operators() -> None:
-    from compilecache_operator.spec import DEFAULT_GPU_LABEL_KEY
+    from compilecache_operator.model.spec import DEFAULT_GPU_LABEL_KEY
 
     assert (prediction.CACHE_LABEL, prediction.GPU_ANNOTATION, prediction.DEFAULT_GPU_LABEL_KEY) == (
         names.CACHE_LABEL, names.GPU_ANNOTATION, DEFAULT_GPU_LABEL_KEY)

@@ -12,17 +12,19 @@ from typing import Any
 
 import kopf
 import pytest
-from compilecache_operator import coldstarts, names, webhook
+from compilecache_operator.admission import webhook
+from compilecache_operator.controller.reconcile import read_result, with_warmup_env
+from compilecache_operator.controller.state import Settings, State
+from compilecache_operator.decisions import coldstarts
+from compilecache_operator.decisions.job_reports import JobState
+from compilecache_operator.decisions.plan import BundleRecord, Variant
+from compilecache_operator.decisions.warmup_job import JobSettings
+from compilecache_operator.edge.kube import KubeAPI
+from compilecache_operator.edge.metrics import Metrics
 from compilecache_operator.handlers import count_cold_start
-from compilecache_operator.kube import KubeAPI
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.plan import BundleRecord, Variant
-from compilecache_operator.reconcile import read_result, with_warmup_env
-from compilecache_operator.results import JobState
-from compilecache_operator.spec import ON_PREDICTED_COLD, Defaults, InvalidSpec
-from compilecache_operator.startup import CountedPods
-from compilecache_operator.state import Settings, State
-from compilecache_operator.warmup_job import JobSettings
+from compilecache_operator.lifecycle import CountedPods
+from compilecache_operator.model import names
+from compilecache_operator.model.spec import ON_PREDICTED_COLD, Defaults, InvalidSpec
 
 from cachelib.verdict import WHY_KEY
 from tests.operator.admission_samples import patched, review

@@ -8,13 +8,14 @@ import json
 from typing import Any
 
 import pytest
-from compilecache_operator import cache_status, reconcile, scheduling
-from compilecache_operator.names import RECORDED_ANNOTATION
-from compilecache_operator.plan import BundleRecord, job_name
-from compilecache_operator.reconcile import Actions, Snapshot
-from compilecache_operator.results import PUBLISH_CONTAINER
-from compilecache_operator.state import KeyedLocks
-from compilecache_operator.storeops import DeleteReport
+from compilecache_operator.controller import reconcile, scheduling
+from compilecache_operator.controller.reconcile import Actions, Snapshot
+from compilecache_operator.controller.state import KeyedLocks
+from compilecache_operator.decisions import cache_status
+from compilecache_operator.decisions.job_reports import PUBLISH_CONTAINER
+from compilecache_operator.decisions.plan import BundleRecord, job_name
+from compilecache_operator.edge.storeops import DeleteReport
+from compilecache_operator.model.names import RECORDED_ANNOTATION
 
 from tests.operator.reconcile_samples import SETTINGS, cache, conditions, job, state_with, variant_of
 from tests.operator.samples import KEY

@@ -7,11 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator import certs, reconcile
-from compilecache_operator.main import admission_from, parse_args, settings_from
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.plan import BundleRecord, Variant
-from compilecache_operator.results import (
+from compilecache_operator.admission.webhook import fill_namespace
+from compilecache_operator.controller import reconcile
+from compilecache_operator.decisions.job_reports import (
     JobState,
     ResultError,
     bundle_from_publish,
@@ -20,10 +18,13 @@ from compilecache_operator.results import (
     preload_outcome,
     publish_message,
 )
-from compilecache_operator.spec import SecretKey, StorageSpec
-from compilecache_operator.startup import CountedPods
-from compilecache_operator.store_access import SecretReader
-from compilecache_operator.webhook import fill_namespace
+from compilecache_operator.decisions.plan import BundleRecord, Variant
+from compilecache_operator.edge import certs
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.lifecycle import CountedPods
+from compilecache_operator.main import admission_from, parse_args, settings_from
+from compilecache_operator.model.spec import SecretKey, StorageSpec
+from compilecache_operator.model.store_access import SecretReader
 
 KEY = "cc1/team-a/mlp/0123456789abcdef/fedcba9876543210/nvidia-l4/sm89/torch-2.13.0/triton-3.6.0/cuda-12.8/py-3.11.7"
 VARIANT = Variant("aaaaaaaaaa", "NVIDIA-L4", "img:1")

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import kopf
 import pytest
 from compilecache_operator import handlers as registered  # noqa: F401 (Kopf's handlers register at import)
-from compilecache_operator import startup
-from compilecache_operator.metrics import WEBHOOK_HANDLER, Metrics, error_kind, instrumented
-from compilecache_operator.names import WEBHOOK_ID
+from compilecache_operator import lifecycle
+from compilecache_operator.edge.metrics import WEBHOOK_HANDLER, Metrics, error_kind, instrumented
+from compilecache_operator.model.names import WEBHOOK_ID
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.operator.reconcile_samples import cache, state_with
@@ -98,7 +98,7 @@ def test_the_operator_registers_its_handlers_instrumented() -> None:
 
 def test_the_pod_webhooks_answer_is_timed_as_the_webhook() -> None:
     state = state_with(cache())
-    answers = startup.admission_answers(state, {})
+    answers = lifecycle.admission_answers(state, {})
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
               "request": {"uid": "u-1", "operation": "CREATE", "namespace": "team-a", "object": {"metadata": {}}}}
     assert asyncio.run(answers[WEBHOOK_ID](review))["response"]["allowed"] is True

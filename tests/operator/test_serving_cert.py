@@ -16,8 +16,8 @@ from typing import Any
 
 import jsonpatch  # type: ignore[import-untyped]
 import pytest
-from compilecache_operator import certs, servingcert, signingkey, tlsreload
-from compilecache_operator.kopfadapter import AdmissionServer
+from compilecache_operator.edge import certs, servingcert, signingkey, tlsreload
+from compilecache_operator.edge.kopfadapter import AdmissionServer
 from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -9,16 +9,16 @@ from typing import Any
 
 import kopf
 import pytest
-from compilecache_operator import names
+from compilecache_operator.controller.state import Settings, State
+from compilecache_operator.decisions.warmup_job import JobSettings
+from compilecache_operator.edge.kube import KubeAPI
+from compilecache_operator.edge.metrics import Metrics
 from compilecache_operator.handlers import count_preload
-from compilecache_operator.kube import KubeAPI
+from compilecache_operator.lifecycle import CountedPods, detect_native_sidecars
 from compilecache_operator.main import parse_args, settings_from
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.sidecars import parse_server_version, sidecar_support
-from compilecache_operator.spec import Defaults
-from compilecache_operator.startup import CountedPods, detect_native_sidecars
-from compilecache_operator.state import Settings, State
-from compilecache_operator.warmup_job import JobSettings
+from compilecache_operator.model import names
+from compilecache_operator.model.sidecars import parse_server_version, sidecar_support
+from compilecache_operator.model.spec import Defaults
 
 from testsupport.servers import free_port
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import yaml
-from compilecache_operator.spec import MAX_NAME_LENGTH, Defaults, InvalidSpec
-from compilecache_operator.spec_fields import quantity_bytes
-from compilecache_operator.spec_parse import parse_spec
+from compilecache_operator.model.spec import MAX_NAME_LENGTH, Defaults, InvalidSpec
+from compilecache_operator.model.spec_fields import quantity_bytes
+from compilecache_operator.model.spec_parse import parse_spec
 
-from cachelib.compilekey import BUILTIN_TARGETS, dynamic_text, is_target
+from cachelib.in_image.compilekey import BUILTIN_TARGETS, dynamic_text, is_target
 from cachelib.keyformat import CacheKey
 from cachelib.stores.base import MAX_SEGMENT_LENGTH, InvalidObjectKey, check_key
 from tests.operator.crdschema import CRD, crd_version, validator

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from compilecache_operator import formats
-from compilecache_operator.spec import Defaults, InvalidSpec
-from compilecache_operator.spec_parse import parse_spec
+from compilecache_operator.model import formats
+from compilecache_operator.model.spec import Defaults, InvalidSpec
+from compilecache_operator.model.spec_parse import parse_spec
 
 from tests.operator.crdschema import validator
 from tests.operator.samples import raw_spec

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from compilecache_operator import reconcile
-from compilecache_operator.reconcile import Snapshot
+from compilecache_operator.controller import reconcile
+from compilecache_operator.controller.reconcile import Snapshot
 from hypothesis import HealthCheck, given, settings
 
 from tests.operator.crdschema import validator

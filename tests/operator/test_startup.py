@@ -8,8 +8,8 @@ import threading
 
 import kopf
 import pytest
+from compilecache_operator.lifecycle import Admission, Election, Probes, Runtime, SigningSecret, runtime_of
 from compilecache_operator.main import parse_args, runtime_from
-from compilecache_operator.startup import Admission, Election, Probes, Runtime, SigningSecret, runtime_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

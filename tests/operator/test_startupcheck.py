@@ -66,8 +66,8 @@ def test_it_waits_until_the_webhook_answers_or_the_time_is_up() -> None:
 
 
 def test_the_probe_is_a_complete_compile_cache() -> None:
-    from compilecache_operator.spec import Defaults
-    from compilecache_operator.spec_parse import parse_spec
+    from compilecache_operator.model.spec import Defaults
+    from compilecache_operator.model.spec_parse import parse_spec
 
     probe = startupcheck.probe_cache()
     assert parse_spec(probe["spec"], Defaults(storage_url="redis://redis:6379/0"), name=probe["metadata"]["name"])

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compilecache_operator import cacheview, warmup_job
-from compilecache_operator.plan import Variant
-from compilecache_operator.podpatch import patched_pod
-from compilecache_operator.spec import Defaults, InvalidSpec
-from compilecache_operator.spec_parse import parse_spec
-from compilecache_operator.store_ca import STORE_CA_FILE
+from compilecache_operator.decisions import cacheview, warmup_job
+from compilecache_operator.decisions.plan import Variant
+from compilecache_operator.decisions.podpatch import patched_pod
+from compilecache_operator.model.spec import Defaults, InvalidSpec
+from compilecache_operator.model.spec_parse import parse_spec
+from compilecache_operator.model.store_ca import STORE_CA_FILE
 
 from tests.chart.chart import Manifest, one, template
 from tests.infra.helm import helm_bin, helm_binaries  # noqa: F401  (fixtures)

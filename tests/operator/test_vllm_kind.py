@@ -9,9 +9,12 @@ import json
 from typing import Any
 
 import pytest
-from compilecache_operator import coldstarts, podpatch, webhook
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import (
+from compilecache_operator.admission import webhook
+from compilecache_operator.decisions import coldstarts, podpatch
+from compilecache_operator.decisions.plan import plan_variants
+from compilecache_operator.decisions.prediction import predict_vllm
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.model.names import (
     CACHE_VOLUME,
     INDUCTOR_DIR,
     PREDICTED_ANNOTATION,
@@ -19,10 +22,8 @@ from compilecache_operator.names import (
     SKIPPED_ANNOTATION,
     VLLM_WATCH_CONTAINER,
 )
-from compilecache_operator.plan import plan_variants
-from compilecache_operator.prediction import predict_vllm
-from compilecache_operator.sidecars import SidecarSupport
-from compilecache_operator.spec import InvalidSpec
+from compilecache_operator.model.sidecars import SidecarSupport
+from compilecache_operator.model.spec import InvalidSpec
 
 from cachelib.cli.parser import build_parser
 from tests.operator.samples import env_of, inject, job_for, parsed, pod, view

@@ -11,13 +11,13 @@ import dataclasses
 from typing import Any
 
 import pytest
-from compilecache_operator import reconcile
-from compilecache_operator.confinement import Confinement, check_confinement, grants_from
+from compilecache_operator.admission.validation import review_cache
+from compilecache_operator.controller import reconcile
+from compilecache_operator.controller.reconcile import Snapshot
 from compilecache_operator.main import parse_args, settings_from
-from compilecache_operator.reconcile import Snapshot
-from compilecache_operator.spec import Defaults, InvalidSpec
-from compilecache_operator.spec_parse import parse_spec
-from compilecache_operator.validation import review_cache
+from compilecache_operator.model.confinement import Confinement, check_confinement, grants_from
+from compilecache_operator.model.spec import Defaults, InvalidSpec
+from compilecache_operator.model.spec_parse import parse_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

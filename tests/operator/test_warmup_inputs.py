@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from compilecache_operator import warmup_job
-from compilecache_operator.plan import Variant
-from compilecache_operator.spec import Defaults, InvalidSpec
-from compilecache_operator.spec_parse import parse_spec
+from compilecache_operator.decisions import warmup_job
+from compilecache_operator.decisions.plan import Variant
+from compilecache_operator.model.spec import Defaults, InvalidSpec
+from compilecache_operator.model.spec_parse import parse_spec
 
 from tests.operator.crdschema import validator
 from tests.operator.restricted import restricted_violations

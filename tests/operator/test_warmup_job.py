@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from compilecache_operator import warmup_job
-from compilecache_operator.names import CACHE_LABEL
+from compilecache_operator.decisions import warmup_job
+from compilecache_operator.model.names import CACHE_LABEL
 
 from tests.operator.samples import job_for
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import kopf
 from compilecache_operator import handlers as registered  # noqa: F401 (Kopf's handlers register at import)
-from compilecache_operator import reconcile, scheduling
-from compilecache_operator.confinement import Confinement
-from compilecache_operator.informer import (
+from compilecache_operator.controller import reconcile, scheduling
+from compilecache_operator.controller.state import Indexes, State, owner_uids
+from compilecache_operator.controller.watches import CacheViews, Grouped, Singles
+from compilecache_operator.edge.informer import (
     ADDED,
     DELETED,
     MODIFIED,
@@ -28,9 +29,8 @@ from compilecache_operator.informer import (
     kept,
     replace_all,
 )
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.state import Indexes, State, owner_uids
-from compilecache_operator.watches import CacheViews, Grouped, Singles
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.model.confinement import Confinement
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -291,7 +291,7 @@ def test_a_resync_of_many_caches_lets_the_event_loop_run() -> None:
 @settings(max_examples=60, deadline=None)
 def test_the_namespaces_levels_follow_their_enforce_label(steps: list[tuple[str, str, str | None]]) -> None:
     """Each namespace's Pod Security enforce label as the webhook reads it: "" when unlabelled, gone when deleted."""
-    from compilecache_operator.watches import Watches
+    from compilecache_operator.controller.watches import Watches
 
     watches = Watches.__new__(Watches)
     watches.namespace_levels = {}

@@ -7,13 +7,13 @@ from typing import Any
 
 import jsonpatch
 import kopf
-from compilecache_operator import webhook
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import CACHE_LABEL, SKIPPED_ANNOTATION
-from compilecache_operator.podpatch import patched_pod
-from compilecache_operator.spec import Defaults
-from compilecache_operator.state import Settings, State
-from compilecache_operator.warmup_job import JobSettings
+from compilecache_operator.admission import webhook
+from compilecache_operator.controller.state import Settings, State
+from compilecache_operator.decisions.podpatch import patched_pod
+from compilecache_operator.decisions.warmup_job import JobSettings
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.model.names import CACHE_LABEL, SKIPPED_ANNOTATION
+from compilecache_operator.model.spec import Defaults
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -11,8 +11,8 @@ import contextlib
 from typing import Any
 
 import aiohttp
-from compilecache_operator import startup
-from compilecache_operator.kopfadapter import AdmissionServer
+from compilecache_operator import lifecycle
+from compilecache_operator.edge.kopfadapter import AdmissionServer
 
 from tests.operator.reconcile_samples import cache, state_with
 from testsupport.servers import free_port
@@ -37,7 +37,7 @@ def test_ready_only_once_the_endpoint_listens_and_a_drain_closes_each_connection
 
     server.answers = {"inject-pods": allow}
     server.draining = lambda: state.lifecycle.draining  # as the operator's start-up wires it
-    ready = startup.readiness(state, server)
+    ready = lifecycle.readiness(state, server)
 
     async def run() -> list[tuple[bool, str | None]]:
         assert not ready(), "the caches are known, but nothing listens on the webhook port yet"
@@ -72,4 +72,4 @@ def test_ready_only_once_the_endpoint_listens_and_a_drain_closes_each_connection
 def test_an_operator_without_a_webhook_is_ready_on_the_caches_alone() -> None:
     state = state_with(cache())
     state.cluster.ready = True
-    assert startup.readiness(state, None)()
+    assert lifecycle.readiness(state, None)()

@@ -8,22 +8,23 @@ import json
 from typing import Any
 
 import pytest
-from compilecache_operator import cacheview, podpatch, reasons, wiring
-from compilecache_operator.metrics import Metrics
-from compilecache_operator.names import (
+from compilecache_operator.admission.webhook import review_pod
+from compilecache_operator.controller.state import Settings, State
+from compilecache_operator.decisions import cacheview, podpatch
+from compilecache_operator.decisions.job_reports import parse_preload, preload_outcome
+from compilecache_operator.decisions.plan import BundleRecord
+from compilecache_operator.decisions.podpatch import patched_pod
+from compilecache_operator.decisions.warmup_job import JobSettings
+from compilecache_operator.edge.metrics import Metrics
+from compilecache_operator.model import cache_readers, preload_reasons
+from compilecache_operator.model.names import (
     ENV_FROM_ANNOTATION,
     PREDICTED_ANNOTATION,
     PREDICTED_DETAIL_ANNOTATION,
     SKIPPED_ANNOTATION,
     SKIPPED_DETAIL_ANNOTATION,
 )
-from compilecache_operator.plan import BundleRecord
-from compilecache_operator.podpatch import patched_pod
-from compilecache_operator.results import parse_preload, preload_outcome
-from compilecache_operator.spec import Defaults
-from compilecache_operator.state import Settings, State
-from compilecache_operator.warmup_job import JobSettings
-from compilecache_operator.webhook import review_pod
+from compilecache_operator.model.spec import Defaults
 
 from tests.operator.admission_samples import patched, review
 from tests.operator.samples import KEY, env_of, inject, pod, view
@@ -65,7 +66,7 @@ def test_an_app_that_cannot_see_the_preload_is_left_alone(container: dict[str, A
                                                           detail: str) -> None:
     p = pod(containers=[container])
     result = inject(p, view())
-    assert result.skipped == reason and reason in wiring.UNWIRED_REASONS
+    assert result.skipped == reason and reason in cache_readers.UNWIRED_REASONS
     out = patched_pod(p, result)
     assert out["spec"] == p["spec"], "not patched: a preload the app cannot see would count as a hit"
     assert out["metadata"]["annotations"][SKIPPED_ANNOTATION] == reason
@@ -87,7 +88,7 @@ def test_an_app_that_cannot_see_the_preload_is_left_alone(container: dict[str, A
     ],
 )
 def test_apps_that_see_the_preload_are_wired(container: dict[str, Any]) -> None:
-    assert wiring.unwired(container) is None
+    assert cache_readers.unwired(container) is None
     assert inject(pod(containers=[container]), view()).skipped is None
 
 
@@ -201,7 +202,7 @@ def test_preloader_results_are_filed_under_a_fixed_reason(message: dict[str, Any
                                                           reason: str) -> None:
     parsed = parse_preload(json.dumps(message))
     assert (parsed.result, parsed.code) == (result, reason)
-    assert parsed.code in reasons.REASONS
+    assert parsed.code in preload_reasons.REASONS
 
 
 def test_an_unreadable_termination_message_is_an_error() -> None:
@@ -210,9 +211,9 @@ def test_an_unreadable_termination_message_is_an_error() -> None:
 
 
 def test_every_webhook_reason_has_a_result() -> None:
-    assert set(wiring.UNWIRED_REASONS) <= set(reasons.WEBHOOK_RESULTS)
-    assert set(reasons.WEBHOOK_RESULTS.values()) <= set(reasons.RESULTS)
-    assert len(set(reasons.REASONS)) == len(reasons.REASONS)
+    assert set(cache_readers.UNWIRED_REASONS) <= set(preload_reasons.WEBHOOK_RESULTS)
+    assert set(preload_reasons.WEBHOOK_RESULTS.values()) <= set(preload_reasons.RESULTS)
+    assert len(set(preload_reasons.REASONS)) == len(preload_reasons.REASONS)
 
 
 # -- the webhook handler ------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """vLLM's command-line options and environment variables, each classed by whether it enters vLLM's compile key:
-the table :mod:`cachelib.vllm_options` is written from here, and the tests check that it still says what the
+the table :mod:`cachelib.in_image.vllm_options` is written from here, and the tests check that it still says what the
 installed vLLM does.
 
 Run with vLLM's own interpreter (the suite's vLLM venv, ``$COMPILECACHE_TEST_VLLM``)::
 
-    $COMPILECACHE_TEST_VLLM/bin/python -m tests.vllm.options_table > cachelib/vllm_options.py
+    $COMPILECACHE_TEST_VLLM/bin/python -m tests.vllm.options_table > cachelib/in_image/vllm_options.py
 
 For each option of vLLM's OpenAI server parser it builds the engine configuration twice, from a base command line
 and from the same line with the option set to another value, and computes the hash vLLM names its compile cache
@@ -212,7 +212,7 @@ def module_text(found: Sequence[Option], hashed_env: Mapping[str, str | None], v
         """vLLM {version}'s command-line options and the environment variables its compile key reads (generated).
 
         Written by ``tests/vllm/options_table.py`` from vLLM's own parser and configuration hashing (see there);
-        :mod:`cachelib.vllmargs` reads it. Standard library only, like its reader.
+        :mod:`cachelib.in_image.vllmargs` reads it. Standard library only, like its reader.
         """
 
         from __future__ import annotations

@@ -1,5 +1,5 @@
-"""vLLM started warm on the CPU, through the product's path: the warm-up (cachelib/vllmwarm.py, run as the warm-up
-Job runs it: a script in the image with its companions beside it, vLLM's interpreter), ``publish`` into a file
+"""vLLM started warm on the CPU, through the product's path: the warm-up (cachelib/in_image/vllmwarm.py, run as the
+warm-up Job runs it: a script in the image with its companions beside it, vLLM's interpreter), ``publish`` into a file
 store, ``preload`` into an empty directory at another path, then a fresh vLLM server started as a pod starts it
 (``VLLM_CACHE_ROOT`` and ``TORCHINDUCTOR_CACHE_DIR`` on that directory) with ``compilecache vllm-watch`` beside it.
 The server must answer the very tokens the warm-up's did (dummy weights come from a fixed seed), and the sidecar's
@@ -31,9 +31,10 @@ from typing import Any
 
 import pytest
 
-from cachelib import preload, publish, vllmargs
-from cachelib.podcontract import CACHE_DIR_ENV, VLLM_CACHE_ROOT_ENV, VLLM_ROOT_SUBDIR
-from cachelib.vllmwarm import Server, free_port
+from cachelib import preload, publish
+from cachelib.in_image import vllmargs
+from cachelib.in_image.podcontract import CACHE_DIR_ENV, VLLM_CACHE_ROOT_ENV, VLLM_ROOT_SUBDIR
+from cachelib.in_image.vllmwarm import Server, free_port
 from tests.vllm.conftest import full_lane
 
 pytestmark = pytest.mark.slow
@@ -63,7 +64,7 @@ def warm_up(python: Path, model: Path, tmp: Path, env: Mapping[str, str]) -> Pat
     harness = tmp / "harness"
     harness.mkdir()
     for name in ("vllmwarm", "vllmargs", "vllm_options", "compilekey", "compilestep", "podcontract"):
-        shutil.copy(REPO / "cachelib" / f"{name}.py", harness / f"{name}.py")
+        shutil.copy(REPO / "cachelib" / "in_image" / f"{name}.py", harness / f"{name}.py")
     out = tmp / "out"
     invocation = {"command": [str(python), *LAUNCH], "model": str(model), "args": ARGS}
     subprocess.run(

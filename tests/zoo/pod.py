@@ -5,7 +5,7 @@
 ``warm_start``: ``cachelib.runtime.warm_start()`` before the first ``torch.compile``, as the docs
 tell users; ``env``: nothing but the environment the webhook sets (the caller passes it). Then each
 entry eager and compiled from the same random state (the comparison the warm-up's check makes,
-:mod:`cachelib.precheck`), and with ``--dynamic`` once more on another input shape. ``--state``
+:mod:`cachelib.in_image.precheck`), and with ``--dynamic`` once more on another input shape. ``--state``
 gives the process a global state other than the warm-up's, as workloads do: ``deterministic``
 (``torch.use_deterministic_algorithms(True)`` at start-up), ``grad`` (inference without
 ``torch.no_grad()``); another thread count comes from the caller's ``OMP_NUM_THREADS``, as torchrun
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from cachelib import compilekey, compilestep, precheck, precompileguard
+from cachelib.in_image import compilekey, compilestep, precheck, precompileguard
 from testsupport import models
 
 

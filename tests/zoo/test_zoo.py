@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from cachelib import harness, precheck, precompileguard, warmstart
+from cachelib.in_image import harness, precheck, precompileguard, warmstart
 from tests.cachelib.helpers import ROOT, last_json, run_cli
 from tests.zoo.ends import NEWEST_TORCH, interpreter
 
