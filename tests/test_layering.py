@@ -183,7 +183,8 @@ def test_a_planted_import_across_the_rooms_is_found() -> None:
     assert across_the_rule("admission", "from compilecache_operator.controller import state\n", where) == [
         "state (controller)"]
     assert across_the_rule("edge", "from compilecache_operator import admission\n", where) == ["admission (no room)"]
-    top = "from compilecache_operator.controller import reconcile\nfrom compilecache_operator.admission import webhook\n"
+    top = ("from compilecache_operator.controller import reconcile\n"
+           "from compilecache_operator.admission import webhook\n")
     assert across_the_rule("top", top, where) == []
     twice = "| model | pure | `spec` |\n| edge | I/O | `spec` |\n"
     with pytest.raises(AssertionError, match="two rooms"):

@@ -118,10 +118,5 @@ def test_a_stored_v1alpha1_object_is_read_as_a_second_version_and_back(
         stored = kube_client.get(f"{CRDS_API}/{CRD_NAME}")["status"]["storedVersions"]
         assert stored == ["v1alpha1"], stored
     finally:
-        for name in ("stored-old", "made-new"):
-            try:
-                kube_client.delete(f"{old_api}/{name}")
-            except KubeAPIError as error:
-                if error.status != 404:
-                    raise
+        kube_client.delete_if_present(f"{old_api}/stored-old", f"{old_api}/made-new")
         install_crd(kube_client)  # back to crds/: one version, no conversion

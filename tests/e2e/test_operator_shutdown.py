@@ -76,12 +76,8 @@ def unready_operator(kube_cluster: LocalCluster, kube_client: KubeClient, kube_n
         process.kill()
         process.delete_webhook_config(kube_client)
         request.node.add_report_section("teardown", "operator log", process.log_tail())
-        for kind in ("clusterroles", "clusterrolebindings"):
-            try:
-                kube_client.delete(f"{RBAC}/{kind}/shutdown-{kube_namespace}")
-            except KubeAPIError as error:
-                if error.status != 404:
-                    raise
+        kube_client.delete_if_present(*(f"{RBAC}/{kind}/shutdown-{kube_namespace}"
+                                        for kind in ("clusterroles", "clusterrolebindings")))
 
 
 def holder(client: KubeClient, namespace: str) -> str:

@@ -146,12 +146,7 @@ def replicas(kube_cluster: LocalCluster, kube_client: KubeClient, kube_namespace
         for replica in pair:
             replica.stop()
             request.node.add_report_section("teardown", f"replica log {replica.workdir.name}", replica.log_tail())
-        for api in (MWC_API, VWC_API):
-            try:
-                kube_client.delete(f"{api}/{config}")
-            except KubeAPIError as error:
-                if error.status != 404:
-                    raise
+        kube_client.delete_if_present(f"{MWC_API}/{config}", f"{VWC_API}/{config}")
 
 
 def test_the_operator_makes_rotates_and_keeps_its_keys(kube_client: KubeClient, kube_namespace: str,

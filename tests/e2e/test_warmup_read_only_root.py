@@ -45,12 +45,7 @@ def read_only_root_required(kube_client: KubeClient, kube_namespace: str) -> Ite
     try:
         yield name
     finally:
-        for path in (f"{BINDINGS}/{name}", f"{POLICIES}/{name}"):
-            try:
-                kube_client.delete(path)
-            except KubeAPIError as error:
-                if error.status != 404:
-                    raise
+        kube_client.delete_if_present(f"{BINDINGS}/{name}", f"{POLICIES}/{name}")
 
 
 def test_a_warmup_passes_a_read_only_root_policy_and_publishes(

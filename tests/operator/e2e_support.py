@@ -149,12 +149,8 @@ class OperatorProcess:
 
     def delete_webhook_config(self, client: KubeClient) -> None:
         """Delete the managed webhook configurations (the validating one exists with --check-caches-at-admission)."""
-        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
-            try:
-                client.delete(f"/apis/admissionregistration.k8s.io/v1/{kind}/{self.webhook_config}")
-            except KubeAPIError as error:
-                if error.status != 404:
-                    raise
+        client.delete_if_present(*(f"/apis/admissionregistration.k8s.io/v1/{kind}/{self.webhook_config}"
+                                   for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")))
 
     def checks_caches(self, client: KubeClient) -> bool:
         """Whether the managed ValidatingWebhookConfiguration sends CompileCaches to this operator."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.kube.rest import KubeClient
 from testsupport.wait import wait_for
 
 
@@ -31,8 +31,4 @@ def create_namespace(client: KubeClient, pod_security: str | None = "restricted"
 
 
 def delete_namespace(client: KubeClient, name: str) -> None:
-    try:
-        client.delete(f"/api/v1/namespaces/{name}")
-    except KubeAPIError as error:
-        if error.status != 404:
-            raise
+    client.delete_if_present(f"/api/v1/namespaces/{name}")

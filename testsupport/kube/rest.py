@@ -128,6 +128,15 @@ class KubeClient:
     def delete(self, path: str, body: JSON | None = None) -> JSON:
         return self.request("DELETE", path, body)
 
+    def delete_if_present(self, *paths: str) -> None:
+        """Delete each object; one already gone (404) is fine, any other refusal raises."""
+        for path in paths:
+            try:
+                self.delete(path)
+            except KubeAPIError as error:
+                if error.status != 404:
+                    raise
+
     def watch(self, path: str, resource_version: str, timeout_seconds: int = 30) -> Iterator[JSON]:
         """Yield watch events ({"type", "object"}) until the server ends the watch; raises KubeAPIError."""
         query = {
