@@ -70,6 +70,7 @@ from testsupport.kube.cluster import LocalCluster  # noqa: E402
 from testsupport.kube.crd import CC_API, install_crd  # noqa: E402
 from testsupport.kube.rest import KubeAPIError, KubeClient  # noqa: E402
 from testsupport.servers import free_port  # noqa: E402
+from testsupport.wait import answers_ok  # noqa: E402
 
 NS = "bench"
 STATUS_WRITERS = 16
@@ -223,11 +224,7 @@ class Operator:
                                         start_new_session=True)
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/readyz", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+        return answers_ok(f"http://127.0.0.1:{self.health}/readyz")
 
     def rss_mb(self, field: str = "VmRSS") -> float:
         """The process's resident memory (``VmHWM``: its peak), MB."""

@@ -33,9 +33,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
+
+from testsupport import unavailable
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT = 30.0
@@ -54,11 +55,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def missing(what: str) -> NoReturn:
-    """Skip (or, with CI=true, fail) the requesting test because ``what`` is not installed."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{what} (CI=true: tests must not be skipped)")
-    pytest.skip(what)
 
 
 def _wait_until(ready: object, process: subprocess.Popen[bytes], what: str, log: Path) -> None:
@@ -121,7 +117,7 @@ def _redis_ping(port: int, password: str | None) -> bool:
 def _redis_binary(name: str) -> str:
     binary = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
     if binary is None:
-        missing(f"{name} is not installed (Debian: apt-get install -y redis-server redis-tools)")
+        unavailable(f"{name} is not installed (Debian: apt-get install -y redis-server redis-tools)")
     return binary
 
 
@@ -284,7 +280,7 @@ def start_moto(directory: Path) -> Iterator[S3Server]:
     try:
         import moto.server  # noqa: F401
     except ImportError:
-        missing("moto[server] is not installed (pip install 'moto[server]')")
+        unavailable("moto[server] is not installed (pip install 'moto[server]')")
     directory.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = directory / "moto.log"

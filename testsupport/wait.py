@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -30,3 +31,12 @@ def wait_for(probe: Callable[[], T | None], timeout: float, what: str, interval:
             detail = f"last error: {last_error!r}" if last_error else f"last value: {last_value!r}"
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what} ({detail})") from last_error
         time.sleep(interval)
+
+
+def answers_ok(url: str, timeout: float = 1) -> bool:
+    """Whether ``url`` answers 200 now (a probe such as ``/readyz``); no answer, or another status, is False."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False

@@ -19,26 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cachelib.unpack import (
-    LOCK_SUFFIX,
-    RUNTIME_DIRS,
-    STAGING_PREFIX,
-    UNLOCKED_STALE_SECONDS,
-    ArchiveTooLarge,
-    Cancelled,
-    CorruptArchive,
-    Gate,
-    Limits,
-    MemberTooLarge,
-    Sharing,
-    UnpackStats,
-    UnsafeMember,
-    bundle_lock,
-    completed,
-    prepare_cache_dir,
-    remove_stale_staging,
-    unpack_tar_verified,
-)
+from cachelib import unpack as unpacking
 from tests.cachelib.helpers import ROOT, tree
 
 Member = tuple[tarfile.TarInfo, bytes | None]
@@ -73,10 +54,10 @@ def unpack(
     data: bytes,
     target: Path,
     verify: Callable[[], None] = ok,
-    limits: Limits | None = None,
-    sharing: Sharing | None = None,
-) -> UnpackStats:
-    return unpack_tar_verified(io.BytesIO(data), verify, target, limits, sharing=sharing)
+    limits: unpacking.Limits | None = None,
+    sharing: unpacking.Sharing | None = None,
+) -> unpacking.UnpackStats:
+    return unpacking.unpack_tar_verified(io.BytesIO(data), verify, target, limits, sharing=sharing)
 
 
 @pytest.fixture(params=["absent", "empty", "populated"])
@@ -96,29 +77,31 @@ def snapshot(path: Path) -> dict[str, str] | None:
 
 def assert_untouched(target: Path, before: dict[str, str] | None) -> None:
     assert snapshot(target) == before
-    leftovers = [p for p in target.parent.iterdir() if p.name.startswith(STAGING_PREFIX)]
+    leftovers = [p for p in target.parent.iterdir() if p.name.startswith(unpacking.STAGING_PREFIX)]
     assert leftovers == []
 
 
 # -- refusals ------------------------------------------------------------------------------------
 UNSAFE = {
-    "dotdot": ([file("ok"), file("../evil")], UnsafeMember, "'../evil'.*escapes"),
-    "dotdot-inner": ([file("a/../../evil")], UnsafeMember, "a/../../evil"),
-    "absolute": ([file("/etc/evil")], UnsafeMember, "'/etc/evil'.*absolute"),
-    "symlink-out": ([special("link", tarfile.SYMTYPE, "../../etc/passwd")], UnsafeMember, "'link'.*outside"),
-    "symlink-absolute": ([special("link", tarfile.SYMTYPE, "/etc/passwd")], UnsafeMember, "'link'.*absolute"),
-    "hardlink-out": ([special("hard", tarfile.LNKTYPE, "../outside")], UnsafeMember, "'hard'.*outside"),
-    "hardlink-absolute": ([special("hard", tarfile.LNKTYPE, "/etc/passwd")], UnsafeMember, "'hard'.*/etc/passwd"),
-    "hardlink-missing": ([special("hard", tarfile.LNKTYPE, "nothere")], UnsafeMember, "'hard'.*not an earlier file"),
+    "dotdot": ([file("ok"), file("../evil")], unpacking.UnsafeMember, "'../evil'.*escapes"),
+    "dotdot-inner": ([file("a/../../evil")], unpacking.UnsafeMember, "a/../../evil"),
+    "absolute": ([file("/etc/evil")], unpacking.UnsafeMember, "'/etc/evil'.*absolute"),
+    "symlink-out": ([special("link", tarfile.SYMTYPE, "../../etc/passwd")], unpacking.UnsafeMember, "'link'.*outside"),
+    "symlink-absolute": ([special("link", tarfile.SYMTYPE, "/etc/passwd")], unpacking.UnsafeMember, "'link'.*absolute"),
+    "hardlink-out": ([special("hard", tarfile.LNKTYPE, "../outside")], unpacking.UnsafeMember, "'hard'.*outside"),
+    "hardlink-absolute": ([special("hard", tarfile.LNKTYPE, "/etc/passwd")], unpacking.UnsafeMember,
+                          "'hard'.*/etc/passwd"),
+    "hardlink-missing": ([special("hard", tarfile.LNKTYPE, "nothere")], unpacking.UnsafeMember,
+                         "'hard'.*not an earlier file"),
     "through-symlink": (
         [special("d", tarfile.SYMTYPE, "."), file("d/x")],
-        UnsafeMember,
+        unpacking.UnsafeMember,
         "'d/x'.*below the symlink 'd'",
     ),
-    "char-device": ([special("dev/null", tarfile.CHRTYPE)], UnsafeMember, "'dev/null'.*device"),
-    "block-device": ([special("sda", tarfile.BLKTYPE)], UnsafeMember, "'sda'.*device"),
-    "fifo": ([special("pipe", tarfile.FIFOTYPE)], UnsafeMember, "'pipe'.*FIFO"),
-    "duplicate": ([file("same"), file("same", b"other")], UnsafeMember, "'same'.*twice"),
+    "char-device": ([special("dev/null", tarfile.CHRTYPE)], unpacking.UnsafeMember, "'dev/null'.*device"),
+    "block-device": ([special("sda", tarfile.BLKTYPE)], unpacking.UnsafeMember, "'sda'.*device"),
+    "fifo": ([special("pipe", tarfile.FIFOTYPE)], unpacking.UnsafeMember, "'pipe'.*FIFO"),
+    "duplicate": ([file("same"), file("same", b"other")], unpacking.UnsafeMember, "'same'.*twice"),
 }
 
 
@@ -134,23 +117,24 @@ def test_unsafe_member_refused_and_nothing_written(case: str, target: Path) -> N
 
 def test_member_over_the_size_limit(target: Path) -> None:
     before = snapshot(target)
-    with pytest.raises(MemberTooLarge, match=r"'big'.*101 bytes"):
-        unpack(make_tar(file("small", b"x"), file("big", b"y" * 101)), target, limits=Limits(max_member_bytes=100))
+    archive = make_tar(file("small", b"x"), file("big", b"y" * 101))
+    with pytest.raises(unpacking.MemberTooLarge, match=r"'big'.*101 bytes"):
+        unpack(archive, target, limits=unpacking.Limits(max_member_bytes=100))
     assert_untouched(target, before)
 
 
 def test_total_over_the_limit(target: Path) -> None:
     before = snapshot(target)
     members = [file(f"f{i}", b"z" * 40) for i in range(3)]
-    with pytest.raises(ArchiveTooLarge, match="'f2'"):
-        unpack(make_tar(*members), target, limits=Limits(max_member_bytes=100, max_total_bytes=100))
+    with pytest.raises(unpacking.ArchiveTooLarge, match="'f2'"):
+        unpack(make_tar(*members), target, limits=unpacking.Limits(max_member_bytes=100, max_total_bytes=100))
     assert_untouched(target, before)
 
 
 def test_too_many_members(target: Path) -> None:
     before = snapshot(target)
-    with pytest.raises(ArchiveTooLarge, match="more than 2 members"):
-        unpack(make_tar(file("a"), file("b"), file("c")), target, limits=Limits(max_members=2))
+    with pytest.raises(unpacking.ArchiveTooLarge, match="more than 2 members"):
+        unpack(make_tar(file("a"), file("b"), file("c")), target, limits=unpacking.Limits(max_members=2))
     assert_untouched(target, before)
 
 
@@ -168,7 +152,7 @@ def test_digest_failure_after_extraction_writes_nothing(target: Path) -> None:
 
 def test_garbage_is_a_corrupt_archive(target: Path) -> None:
     before = snapshot(target)
-    with pytest.raises(CorruptArchive):
+    with pytest.raises(unpacking.CorruptArchive):
         unpack(b"\x01" * 1024, target)
     assert_untouched(target, before)
 
@@ -192,8 +176,8 @@ def test_unpacks_files_dirs_and_inner_links(target: Path) -> None:
     assert (target / "dotted/name").read_bytes() == b"n"
     assert {k: v for k, v in found.items() if k in existing} == existing
     assert stats.files == 3
-    assert [p for p in target.parent.iterdir() if p.name.startswith(STAGING_PREFIX)] == []
-    assert [p for p in target.iterdir() if p.name.startswith(STAGING_PREFIX)] == []
+    assert [p for p in target.parent.iterdir() if p.name.startswith(unpacking.STAGING_PREFIX)] == []
+    assert [p for p in target.iterdir() if p.name.startswith(unpacking.STAGING_PREFIX)] == []
 
 
 def test_merging_identical_and_conflicting_files(tmp_path: Path) -> None:
@@ -209,11 +193,11 @@ def test_old_unlocked_staging_is_removed_and_a_young_one_kept(tmp_path: Path) ->
     """Staging directories without a lock file (left by an older unpacker): removed once old."""
     target = tmp_path / "cache"
     target.mkdir()
-    stale, young = target / f"{STAGING_PREFIX}999999999-abc", target / f"{STAGING_PREFIX}1-young"
+    stale, young = target / f"{unpacking.STAGING_PREFIX}999999999-abc", target / f"{unpacking.STAGING_PREFIX}1-young"
     for path in (stale, young):
         path.mkdir()
         (path / "junk").write_bytes(b"x")
-    old = time.time() - UNLOCKED_STALE_SECONDS - 60
+    old = time.time() - unpacking.UNLOCKED_STALE_SECONDS - 60
     os.utime(stale, (old, old))
     unpack(make_tar(file("a")), target)
     assert sorted(p.name for p in target.iterdir()) == [young.name, "a"]
@@ -232,7 +216,7 @@ def test_truncated_member_data_is_a_corrupt_archive(target: Path) -> None:
     data = make_tar(file("first", b"1"), file("big", b"b" * 5000))
     cut = data.index(b"b" * 5000) + 100  # inside big's data
     before = snapshot(target)
-    with pytest.raises(CorruptArchive, match=r"'big'.*ends inside its data"):
+    with pytest.raises(unpacking.CorruptArchive, match=r"'big'.*ends inside its data"):
         unpack(data[:cut], target)
     assert_untouched(target, before)
 
@@ -240,7 +224,7 @@ def test_truncated_member_data_is_a_corrupt_archive(target: Path) -> None:
 def test_truncated_header_is_a_corrupt_archive(target: Path) -> None:
     data = make_tar(file("first", b"1"), file("second", b"2"))
     before = snapshot(target)
-    with pytest.raises(CorruptArchive, match=r"ends inside a header"):
+    with pytest.raises(unpacking.CorruptArchive, match=r"ends inside a header"):
         unpack(data[: 2 * 512 + 100], target)  # the header and data of "first", then part of a header
     assert_untouched(target, before)
 
@@ -250,13 +234,13 @@ def test_bad_header_checksum_is_a_corrupt_archive(target: Path) -> None:
     second = data.index(b"second")
     data[second] ^= 0x20  # flip a bit of the name: the checksum no longer matches
     before = snapshot(target)
-    with pytest.raises(CorruptArchive, match=r"bad checksum"):
+    with pytest.raises(unpacking.CorruptArchive, match=r"bad checksum"):
         unpack(bytes(data), target)
     assert_untouched(target, before)
 
 
 def test_empty_stream_is_a_corrupt_archive(target: Path) -> None:
-    with pytest.raises(CorruptArchive, match=r"empty"):
+    with pytest.raises(unpacking.CorruptArchive, match=r"empty"):
         unpack(b"", target)
 
 
@@ -302,7 +286,7 @@ def test_pax_path_cannot_smuggle_an_unsafe_name(target: Path) -> None:
         info.pax_headers = {"path": "../evil"}
         tar.addfile(info, io.BytesIO(data))
     before = snapshot(target)
-    with pytest.raises(UnsafeMember, match=re.escape("'../evil'")):
+    with pytest.raises(unpacking.UnsafeMember, match=re.escape("'../evil'")):
         unpack(out.getvalue(), target)
     assert_untouched(target, before)
 
@@ -313,9 +297,9 @@ def test_sparse_and_unknown_member_types_are_refused(target: Path) -> None:
         info, data = file("sparse", b"x")
         info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0"}
         tar.addfile(info, io.BytesIO(data))
-    with pytest.raises(UnsafeMember, match=r"'sparse'.*sparse"):
+    with pytest.raises(unpacking.UnsafeMember, match=r"'sparse'.*sparse"):
         unpack(out.getvalue(), target)
-    with pytest.raises(UnsafeMember, match=r"'contig'.*unsupported member type b'V'"):
+    with pytest.raises(unpacking.UnsafeMember, match=r"'contig'.*unsupported member type b'V'"):
         unpack(make_tar(special("contig", b"V")), target)
 
 
@@ -325,7 +309,7 @@ def test_oversized_extended_header_is_refused(target: Path) -> None:
         info, data = file("a", b"1")
         info.pax_headers = {"comment": "c" * 70_000}
         tar.addfile(info, io.BytesIO(data))
-    with pytest.raises(CorruptArchive, match=r"extended header.*over"):
+    with pytest.raises(unpacking.CorruptArchive, match=r"extended header.*over"):
         unpack(out.getvalue(), target)
 
 
@@ -336,7 +320,7 @@ def test_malformed_pax_record_is_a_corrupt_archive(target: Path) -> None:
     block = data[:512]
     block[148:156] = b" " * 8
     data[148:156] = b"%06o\x00 " % sum(block)
-    with pytest.raises(CorruptArchive, match=r"pax header.*malformed"):
+    with pytest.raises(unpacking.CorruptArchive, match=r"pax header.*malformed"):
         unpack(bytes(data), target)
 
 
@@ -392,7 +376,7 @@ def test_share_sets_the_modes_of_every_directory_and_file(share: str, state: str
     plain.mode = 0o600
     old_umask = os.umask(0o077)
     try:
-        unpack(make_tar(run, (exe, exe_data), (plain, plain_data)), target, sharing=Sharing(share))
+        unpack(make_tar(run, (exe, exe_data), (plain, plain_data)), target, sharing=unpacking.Sharing(share))
     finally:
         os.umask(old_umask)
     directory, plain_mode, exe_mode = SHARED_MODES[share]
@@ -415,7 +399,7 @@ def test_owner_hands_the_tree_over(tmp_path: Path) -> None:
         pytest.skip("needs root (CAP_CHOWN)")
     target = tmp_path / "cache"
     data = make_tar(file("a/b/c", b"1"), special("a/link", tarfile.SYMTYPE, "b/c"), special("d", tarfile.DIRTYPE))
-    unpack(data, target, sharing=Sharing("group", owner=(4321, 8765)))
+    unpack(data, target, sharing=unpacking.Sharing("group", owner=(4321, 8765)))
     owners = {p.relative_to(target).as_posix(): (p.lstat().st_uid, p.lstat().st_gid) for p in target.rglob("*")}
     owners["."] = (target.stat().st_uid, target.stat().st_gid)
     assert set(owners.values()) == {(4321, 8765)}, owners
@@ -454,10 +438,10 @@ def test_lock_files_and_bookkeeping_are_never_taken_from_an_archive(tmp_path: Pa
 
 def test_prepare_cache_dir_creates_what_torch_writes_at_run_time(tmp_path: Path) -> None:
     target = tmp_path / "vol" / "inductor"
-    prepare_cache_dir(target, Sharing("group"))
-    assert modes(target) == {".": 0o2775, **dict.fromkeys(RUNTIME_DIRS, 0o2775)}
+    unpacking.prepare_cache_dir(target, unpacking.Sharing("group"))
+    assert modes(target) == {".": 0o2775, **dict.fromkeys(unpacking.RUNTIME_DIRS, 0o2775)}
     (target / "locks").chmod(0o700)  # an older preload's directory of ours: adopted
-    prepare_cache_dir(target, Sharing("all"))
+    unpacking.prepare_cache_dir(target, unpacking.Sharing("all"))
     assert set(modes(target).values()) == {0o777}
 
 
@@ -509,7 +493,7 @@ def test_staging_of_a_killed_unpacker_in_another_pid_namespace_is_removed(tmp_pa
         assert pid == 1 and staging.is_dir() and staging.parent == target
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        wait_until_unlocked(Path(f"{staging}{LOCK_SUFFIX}"))  # the namespace's PID 1 dies a moment later
+        wait_until_unlocked(Path(f"{staging}{unpacking.LOCK_SUFFIX}"))  # the namespace's PID 1 dies a moment later
         assert staging.is_dir()  # left behind by the killed unpacker
         unpack(make_tar(file("a")), target)
     finally:
@@ -525,24 +509,24 @@ def test_staging_of_a_live_unpacker_is_kept(tmp_path: Path) -> None:
     try:
         unpack(make_tar(file("a")), target)
         assert staging.is_dir() and (staging / "half-written").exists()
-        assert remove_stale_staging(target) == []
+        assert unpacking.remove_stale_staging(target) == []
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    wait_until_unlocked(Path(f"{staging}{LOCK_SUFFIX}"))
-    assert remove_stale_staging(target) == [staging.name]
+    wait_until_unlocked(Path(f"{staging}{unpacking.LOCK_SUFFIX}"))
+    assert unpacking.remove_stale_staging(target) == [staging.name]
     assert sorted(p.name for p in target.iterdir()) == ["a"]
 
 
 def test_a_closed_gate_calls_the_unpack_off_before_it_installs(tmp_path: Path) -> None:
-    gate = Gate("deadline passed")
+    gate = unpacking.Gate("deadline passed")
     target = tmp_path / "cache"
 
     def close_then_verify() -> None:
         gate.close()
 
-    with pytest.raises(Cancelled, match="deadline passed"):
-        unpack_tar_verified(io.BytesIO(make_tar(file("a"))), close_then_verify, target, gate=gate)
+    with pytest.raises(unpacking.Cancelled, match="deadline passed"):
+        unpacking.unpack_tar_verified(io.BytesIO(make_tar(file("a"))), close_then_verify, target, gate=gate)
     assert not target.exists()
     assert [p.name for p in tmp_path.iterdir()] == []
 
@@ -550,36 +534,36 @@ def test_a_closed_gate_calls_the_unpack_off_before_it_installs(tmp_path: Path) -
 # -- node caches: markers and the per-bundle lock ----------------------------------------------------------
 def test_marker_is_written_with_the_tree_and_read_back(target: Path) -> None:
     marker = {"key": "cc1/k", "sha256": "a" * 64, "size": 10}
-    stats = unpack_tar_verified(io.BytesIO(make_tar(file("x"))), ok, target, marker=marker)
-    found = completed(target, "cc1/k", "a" * 64, 10)
+    stats = unpacking.unpack_tar_verified(io.BytesIO(make_tar(file("x"))), ok, target, marker=marker)
+    found = unpacking.completed(target, "cc1/k", "a" * 64, 10)
     assert found is not None and found["files"] == stats.files == 1
-    assert completed(target, "cc1/k", "b" * 64, 10) is None  # another bundle under the same key
-    assert completed(target, "cc1/k", None, 10) is None  # a store that records no digest: no shortcut
-    assert completed(target, "cc1/other", "a" * 64, 10) is None
+    assert unpacking.completed(target, "cc1/k", "b" * 64, 10) is None  # another bundle under the same key
+    assert unpacking.completed(target, "cc1/k", None, 10) is None  # a store that records no digest: no shortcut
+    assert unpacking.completed(target, "cc1/other", "a" * 64, 10) is None
 
 
 def test_bundle_lock_waits_for_its_holder_and_honours_the_gate(tmp_path: Path) -> None:
     target = tmp_path / "cache"
     code = (
         "import sys, time; from pathlib import Path; from cachelib.unpack import Sharing, bundle_lock\n"
-        f"with bundle_lock(Path({str(target)!r}), 'cc1/k', Sharing()):\n"
+        f"with unpacking.bundle_lock(Path({str(target)!r}), 'cc1/k', unpacking.Sharing()):\n"
         "    print('held', flush=True); time.sleep(600)\n"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        gate = Gate("deadline")
+        gate = unpacking.Gate("deadline")
         waited: list[bool] = []
         timer = threading.Timer(0.5, gate.close)
         timer.start()
         with (
-            pytest.raises(Cancelled),
-            bundle_lock(target, "cc1/k", Sharing(), gate=gate, on_wait=lambda: waited.append(True)),
+            pytest.raises(unpacking.Cancelled),
+            unpacking.bundle_lock(target, "cc1/k", unpacking.Sharing(), gate=gate, on_wait=lambda: waited.append(True)),
         ):
             pass
         assert waited == [True]
     finally:
         holder.kill()
         holder.wait(timeout=30)
-    with bundle_lock(target, "cc1/k", Sharing()):  # free once its holder is gone
+    with unpacking.bundle_lock(target, "cc1/k", unpacking.Sharing()):  # free once its holder is gone
         pass

@@ -4,7 +4,6 @@ wrote, for every Ready reason it writes."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -16,6 +15,8 @@ from compilecache_operator.decisions import cache_status
 from compilecache_operator.decisions.job_reports import JobState
 from compilecache_operator.decisions.plan import BundleRecord, Variant
 from compilecache_operator.model import conditions as cond
+
+from testsupport import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "resource.customizations.health.compilecache.io_CompileCache"
@@ -70,8 +71,7 @@ LUA = shutil.which("lua5.4")
 def lua_interpreter() -> None:
     """Skip without lua5.4 (scripts/test.sh installs it), except with CI=true: CI never passes by skipping."""
     if LUA is None:
-        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)("lua5.4 is not installed (apt-get install "
-                                                                          "lua5.4)")
+        unavailable("lua5.4 is not installed (apt-get install lua5.4)")
 
 
 def cache(conditions: list[cond.Condition] | None, generation: int = 2, observed: int = 2) -> dict[str, Any]:

@@ -161,6 +161,14 @@ def test_slim_rules() -> None:
     assert not slim.is_removed("zstandard/backend_c.cpython-311-x86_64-linux-gnu.so")
 
 
+def probe_in(site: Path, code: str) -> str:
+    """What ``code`` prints, run by this interpreter with only ``site`` on its path (as the slimmed image has it)."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
 def test_slimmed_botocore_still_serves_s3_and_sts(tmp_path: Path) -> None:
     """Copies the installed boto3/botocore, slims them, and drives S3 and STS clients up to the network (a closed
     loopback port): their models load and requests serialise; another service is gone."""
@@ -187,9 +195,7 @@ try:
 except botocore.exceptions.UnknownServiceError:
     print("ok")
 """
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    assert probe_in(tmp_path, probe) == "ok"
 
 
 @pytest.mark.skipif(shutil.which("strip") is None, reason="binutils' strip is not installed")
@@ -208,9 +214,7 @@ data = bytes(range(256)) * 4096
 assert zstandard.ZstdDecompressor().decompress(zstandard.ZstdCompressor(level=3).compress(data)) == data
 print(zstandard.backend)
 """
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0 and proc.stdout.strip() == "cext", proc.stderr
+    assert probe_in(tmp_path, probe) == "cext"
 
 
 @pytest.mark.skipif(shutil.which("strip") is None, reason="binutils' strip is not installed")
@@ -239,9 +243,7 @@ assert yaml.load("a: [1, 2]", Loader=yaml.CSafeLoader) == {{"a": [1, 2]}}
 assert str(yarl.URL("https://h/p").with_path("/q")) == "https://h/q"
 print("ok")
 """
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    assert probe_in(tmp_path, probe) == "ok"
 
 
 def test_slim_refuses_an_unexpected_botocore_layout(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ and labels the operator, or the workloads through the PodMonitor, export."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -29,6 +28,7 @@ from tests.chart.chart import (
     one,
     template,
 )
+from testsupport import unavailable
 
 pytestmark = pytest.mark.helm
 
@@ -47,10 +47,7 @@ def promtool() -> Path:
     when absent, a failure in CI."""
     found = shutil.which("promtool")
     if found is None:
-        message = "promtool not found: apt-get install prometheus"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("promtool not found: apt-get install prometheus")
     return Path(found)
 
 

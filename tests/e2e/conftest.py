@@ -43,6 +43,7 @@ from tests.infra.node import (
     ensure_workload_image,
 )
 from tests.infra.relay import TcpRelay
+from testsupport import unavailable
 from testsupport.builds import BuildFailed, wait_for_build
 from testsupport.kube.cluster import BinariesMissing, LocalCluster, find_binaries
 from testsupport.kube.namespaces import create_namespace, delete_namespace
@@ -67,13 +68,6 @@ def python_bin_dir() -> Path:
     return venv if (venv / "python").exists() else Path(sys.executable).parent
 
 
-def unavailable(reason: str) -> None:
-    """Skip, or with CI=true fail: CI never passes by skipping."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {reason}")
-    pytest.skip(reason)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if E2E_DIR in Path(item.path).resolve().parents:
@@ -96,9 +90,7 @@ def kube_cluster() -> Iterator[LocalCluster]:
         wait_for_build("kube")
         binaries = find_binaries()
     except (BuildFailed, BinariesMissing) as missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {missing}")
-        pytest.skip(str(missing))
+        unavailable(str(missing))
     # GATEWAY in the serving certificate: pods reach the API server there, through ``api_for_pods``.
     with LocalCluster(binaries, keep_workdir=KEEP, kubelet_client=True, server_names=(GATEWAY,)) as cluster:
         print(f"\nlocal control plane at {cluster.server} ready in {cluster.startup_seconds:.1f}s ({cluster.workdir})")

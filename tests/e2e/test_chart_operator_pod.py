@@ -25,7 +25,7 @@ from tests.e2e.conftest import WORKLOAD_IMAGE
 from tests.infra.node import PROJECT_TAGS, RealNode
 from tests.infra.podspec import restricted
 from tests.operator import e2e_support as e2e
-from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.kube.rest import KubeClient
 from testsupport.servers import RedisServer
 from testsupport.wait import wait_for
 
@@ -53,12 +53,10 @@ def wait_ready_pods(client: KubeClient, release: Release, count: int) -> list[di
 
 def lease_holder(client: KubeClient, release: Release) -> str:
     """The pod name in the Lease's holder identity (``<hostname>-<8 hex>``), "" without a holder."""
-    try:
-        lease = client.get(f"/apis/coordination.k8s.io/v1/namespaces/{release.namespace}/leases/{release.fullname}")
-    except KubeAPIError as error:
-        if error.status == 404:
-            return ""
-        raise
+    lease = client.get_if_present(f"/apis/coordination.k8s.io/v1/namespaces/{release.namespace}/leases/"
+                                  f"{release.fullname}")
+    if lease is None:
+        return ""
     holder = str(lease["spec"].get("holderIdentity") or "")
     return holder.rsplit("-", 1)[0]
 

@@ -28,19 +28,10 @@ CACHE_LABEL = "compilecache.io/cache"
 TIMEOUT = 420
 SAYS = "env TORCHINDUCTOR_NAN_ASSERTS: unset → 1 (inductor config nan_asserts: False → True)"
 
-APP = """
-import torch
-from cachelib import runtime
-from cachelib.in_image import targets
-runtime.warm_start()
-model, args = targets.tiny_mlp()[0]
-with torch.no_grad():
-    torch.compile(model)(*args)
-"""
 
 
 def app_pod(name: str, cache: str, env: dict[str, str]) -> dict[str, Any]:
-    container = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", APP],
+    container = {"name": "app", "image": WORKLOAD_IMAGE, "command": ["python", "-c", e2e.WARM_START_TINY_MLP],
                  "env": [{"name": k, "value": v} for k, v in env.items()]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: cache}},
             "spec": restricted({"restartPolicy": "Never", "containers": [container]})}  # fmt: skip

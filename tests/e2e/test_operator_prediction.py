@@ -35,19 +35,11 @@ TIMEOUT = 420
 OTHER_TAG = WORKLOAD_IMAGE.rsplit(":", 1)[0] + ":prediction"
 SAYS = "compilecache: this pod will compile: env TORCHINDUCTOR_NAN_ASSERTS: unset → 1"
 
-APP = """
-import torch
-from cachelib import runtime
-from cachelib.in_image import targets
-runtime.warm_start()
-model, args = targets.tiny_mlp()[0]
-with torch.no_grad():
-    torch.compile(model)(*args)
-"""
 
 
 def app_pod(name: str, env: dict[str, str], image: str = WORKLOAD_IMAGE) -> dict[str, Any]:
-    container = {"name": "app", "image": image, "imagePullPolicy": "Never", "command": ["python", "-c", APP],
+    container = {"name": "app", "image": image, "imagePullPolicy": "Never",
+                 "command": ["python", "-c", e2e.WARM_START_TINY_MLP],
                  "env": [{"name": k, "value": v} for k, v in env.items()]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {CACHE_LABEL: "predict"}},
             "spec": restricted({"restartPolicy": "Never", "containers": [container]})}  # fmt: skip

@@ -21,7 +21,7 @@ import pytest
 
 from tests.operator.e2e_support import OperatorProcess
 from testsupport.kube.cluster import LocalCluster
-from testsupport.kube.rest import KubeAPIError, KubeClient
+from testsupport.kube.rest import KubeClient
 from testsupport.wait import wait_for
 
 pytestmark = [pytest.mark.e2e]
@@ -81,12 +81,7 @@ def unready_operator(kube_cluster: LocalCluster, kube_client: KubeClient, kube_n
 
 
 def holder(client: KubeClient, namespace: str) -> str:
-    try:
-        lease = client.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE}")
-    except KubeAPIError as error:
-        if error.status == 404:
-            return ""
-        raise
+    lease = client.get_if_present(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE}") or {}
     return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 

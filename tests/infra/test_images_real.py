@@ -26,7 +26,8 @@ from cachelib.keyformat import CacheKey
 from tests.cachelib.helpers import make_key, make_outdir, tree
 from tests.infra import containers, images
 from tests.infra.containers import ContainerConfigError, VolumeMount
-from testsupport.servers import fresh_store_url, missing
+from testsupport import unavailable
+from testsupport.servers import fresh_store_url
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="changes file ownership: needs root")
 PRELOADER_USER = "65532:65532"
@@ -377,12 +378,12 @@ def built_images() -> dict[str, str]:
     """Both images, built once per content (minutes the first time on a machine, seconds after)."""
     reason = images.podman_usable()
     if reason:
-        missing(f"podman cannot run containers here: {reason}")
+        unavailable(f"podman cannot run containers here: {reason}")
     try:
         return images.ensure_images()
     except images.ImagesUnavailable as exc:
         if images.missing_tools():
-            missing(f"the images cannot be built here: {exc}")
+            unavailable(f"the images cannot be built here: {exc}")
         raise
 
 

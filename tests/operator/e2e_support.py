@@ -28,7 +28,7 @@ from testsupport.kube.cluster import LocalCluster
 from testsupport.kube.crd import CC_API, install_crd
 from testsupport.kube.rest import KubeAPIError, KubeClient
 from testsupport.servers import free_port
-from testsupport.wait import wait_for
+from testsupport.wait import answers_ok, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRELOADER_IMAGE = "ghcr.io/compilecache/preloader:e2e"
@@ -84,11 +84,7 @@ class OperatorProcess:
 
     def ready(self) -> bool:
         """``/readyz`` answers 200: every watch has listed."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+        return answers_ok(f"http://127.0.0.1:{self.health_port}/readyz")
 
     def start(self, client: KubeClient, timeout: float = 60) -> None:
         self.spawn()
@@ -178,6 +174,17 @@ report = {"cache": compilestep.cache_summary(compilestep.counters_snapshot()), "
           "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "job_id": os.environ.get("TORCH_COMPILE_JOB_ID")}
 pathlib.Path("/dev/termination-log").write_text(json.dumps(report))
 """
+
+WARM_START_TINY_MLP = """
+import torch
+from cachelib import runtime
+from cachelib.in_image import targets
+runtime.warm_start()
+model, args = targets.tiny_mlp()[0]
+with torch.no_grad():
+    torch.compile(model)(*args)
+"""
+"""An app that calls ``warm_start()`` and compiles the built-in tiny_mlp under no_grad, nothing else."""
 
 
 def terminated_message(pod: dict[str, Any], container: str, init: bool = False) -> dict[str, Any]:

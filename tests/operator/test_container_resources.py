@@ -15,14 +15,7 @@ from compilecache_operator import main
 from compilecache_operator.decisions import cacheview, job_reports, warmup_job
 from compilecache_operator.decisions.plan import BundleRecord, Variant
 from compilecache_operator.model import names
-from compilecache_operator.model.spec import (
-    DEFAULT_HELPER_RESOURCES,
-    DEFAULT_PRELOAD_RESOURCES,
-    DEFAULT_WARMUP_RESOURCES,
-    Defaults,
-    InvalidSpec,
-    Resources,
-)
+from compilecache_operator.model import spec as spec_model
 from compilecache_operator.model.spec_fields import quantity_value
 from compilecache_operator.model.spec_parse import parse_spec
 from hypothesis import given, settings
@@ -47,7 +40,7 @@ def resources(draw: st.DrawFn) -> dict[str, dict[str, str]]:
     return {"limits": limits, **({"requests": requests} if requests else {})}
 
 
-def created_containers(spec: dict[str, Any], defaults: Defaults, gpu: str = "") -> list[dict[str, Any]]:
+def created_containers(spec: dict[str, Any], defaults: spec_model.Defaults, gpu: str = "") -> list[dict[str, Any]]:
     """Every container the operator makes for a CompileCache with ``spec``: the warm-up Job's and the preload."""
     body = owner(**spec)
     parsed = parse_spec(body["spec"], defaults)
@@ -77,18 +70,18 @@ def assert_quota_ready(container: dict[str, Any]) -> None:
 @pytest.mark.parametrize("gpu", ["", "NVIDIA-L4"])
 def test_by_default_every_created_container_has_cpu_and_memory_limits(gpu: str) -> None:
     spec = {"gpuTypes": [gpu]} if gpu else {}
-    made = created_containers(spec, Defaults(), gpu)
+    made = created_containers(spec, spec_model.Defaults(), gpu)
     assert [c["name"] for c in made] == [job_reports.HARNESS_CONTAINER, job_reports.COMPILE_CONTAINER,
                                          job_reports.PUBLISH_CONTAINER, names.PRELOAD_CONTAINER]
     for container in made:
         assert_quota_ready(container)
     by_name = {c["name"]: c["resources"] for c in made}
-    assert by_name[names.PRELOAD_CONTAINER] == DEFAULT_PRELOAD_RESOURCES.to_dict()
-    helpers = DEFAULT_HELPER_RESOURCES.to_dict()
+    assert by_name[names.PRELOAD_CONTAINER] == spec_model.DEFAULT_PRELOAD_RESOURCES.to_dict()
+    helpers = spec_model.DEFAULT_HELPER_RESOURCES.to_dict()
     assert by_name[job_reports.PUBLISH_CONTAINER] == by_name[job_reports.HARNESS_CONTAINER] == helpers
     compile_limits = by_name[job_reports.COMPILE_CONTAINER]["limits"]
     assert compile_limits.get("nvidia.com/gpu") == ("1" if gpu else None)
-    assert {k: v for k, v in compile_limits.items() if "/" not in k} == DEFAULT_WARMUP_RESOURCES.limits
+    assert {k: v for k, v in compile_limits.items() if "/" not in k} == spec_model.DEFAULT_WARMUP_RESOURCES.limits
 
 
 @settings(max_examples=60, deadline=None)
@@ -97,7 +90,7 @@ def test_by_default_every_created_container_has_cpu_and_memory_limits(gpu: str) 
 def test_a_spec_section_replaces_the_operator_setting_whole(
     operator: tuple[dict[str, Any], ...], spec: tuple[dict[str, Any] | None, ...]
 ) -> None:
-    defaults = Defaults(**{field: Resources(limits=r["limits"], requests=r.get("requests", {}))
+    defaults = spec_model.Defaults(**{field: spec_model.Resources(limits=r["limits"], requests=r.get("requests", {}))
                            for field, r in zip(("warmup_resources", "helper_resources", "preload_resources"),
                                                operator, strict=True)})
     compile_, helpers, preload = spec
@@ -119,8 +112,8 @@ def test_a_spec_section_replaces_the_operator_setting_whole(
     ({"preload": {"resources": {"limits": {"cpu": "-1"}}}}, "spec.preload.resources.limits.cpu"),
 ])
 def test_a_bad_quantity_is_invalid_spec_naming_the_field(section: dict[str, Any], field: str) -> None:
-    with pytest.raises(InvalidSpec) as caught:
-        parse_spec(raw_spec(**section), Defaults())
+    with pytest.raises(spec_model.InvalidSpec) as caught:
+        parse_spec(raw_spec(**section), spec_model.Defaults())
     assert any(e.path.startswith(field) for e in caught.value.errors), caught.value.errors
 
 
@@ -128,8 +121,8 @@ def test_the_operator_flags_set_the_defaults_and_refuse_a_bad_quantity(capsys: p
     options = main.parse_args(["--warmup-helper-resources", '{"limits": {"cpu": "2", "memory": "2Gi"}}',
                                "--webhook-config", "off"])
     defaults = main.settings_from(options).defaults
-    assert defaults.helper_resources == Resources(limits={"cpu": "2", "memory": "2Gi"})
-    assert defaults.preload_resources == DEFAULT_PRELOAD_RESOURCES
+    assert defaults.helper_resources == spec_model.Resources(limits={"cpu": "2", "memory": "2Gi"})
+    assert defaults.preload_resources == spec_model.DEFAULT_PRELOAD_RESOURCES
     for bad, said in (('{"limits": {"memory": "lots"}}', "--preload-resources.limits.memory"),
                       ("{limits", "--preload-resources: not JSON")):
         with pytest.raises(SystemExit):
@@ -143,7 +136,7 @@ def test_every_example_makes_containers_a_limits_quota_admits(name: str, doc: di
     limits itself: copied into a namespace with a limits quota or a require-limits policy, it must still run."""
     spec = doc["spec"]
     gpu = (spec.get("gpuTypes") or [""])[0]
-    for container in created_containers(spec, Defaults(storage_url=QUICK_START_STORE), gpu):
+    for container in created_containers(spec, spec_model.Defaults(storage_url=QUICK_START_STORE), gpu):
         assert_quota_ready(container)
 
 

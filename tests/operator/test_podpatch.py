@@ -10,17 +10,7 @@ import pytest
 from compilecache_operator.decisions import cacheview, podpatch
 from compilecache_operator.decisions.plan import BundleRecord, plan_variants
 from compilecache_operator.decisions.podpatch import patched_pod
-from compilecache_operator.model.names import (
-    INJECTED_ANNOTATION,
-    PREDICTED_ANNOTATION,
-    PREDICTED_DETAIL_ANNOTATION,
-    PRELOAD_CONTAINER,
-    PRELOAD_MODE_ANNOTATION,
-    PRELOAD_MODE_REASON_ANNOTATION,
-    PRELOAD_SHARE_ANNOTATION,
-    SKIPPED_ANNOTATION,
-    SKIPPED_DETAIL_ANNOTATION,
-)
+from compilecache_operator.model import names
 from compilecache_operator.model.sidecars import SidecarSupport
 from compilecache_operator.model.spec import Defaults
 
@@ -41,7 +31,8 @@ from tests.operator.samples import (
 
 DONE = "/var/cache/compilecache/inductor/.compilecache-preload.json"
 WITHOUT_SIDECARS = SidecarSupport(False, "the API server is v1.20.2")
-WARM = {PREDICTED_ANNOTATION: "warm", PREDICTED_DETAIL_ANNOTATION: "every key factor matches the warm-up (image, env)"}
+WARM = {names.PREDICTED_ANNOTATION: "warm",
+        names.PREDICTED_DETAIL_ANNOTATION: "every key factor matches the warm-up (image, env)"}
 """The prediction of the sample pod against the sample cache (same image, no variable on either side)."""
 
 
@@ -51,7 +42,7 @@ def test_pod_gets_volume_preload_first_and_cache_env() -> None:
     assert result.skipped is None
     out = patched_pod(p, result)
     init = out["spec"]["initContainers"]
-    assert [c["name"] for c in init] == [PRELOAD_CONTAINER, "setup"]
+    assert [c["name"] for c in init] == [names.PRELOAD_CONTAINER, "setup"]
     preload = init[0]
     key = KEY.format(gpu="cpu", cap="cpu")
     assert preload["command"] == ["compilecache", "preload", "--store", "redis://redis:6379/0", "--key", key,
@@ -67,8 +58,9 @@ def test_pod_gets_volume_preload_first_and_cache_env() -> None:
     assert {"name": "TORCH_COMPILE_JOB_ID", "value": "cc-job"} in app["env"]
     assert {"name": "COMPILECACHE_PRELOAD_DONE", "value": DONE} in app["env"]
     assert app["volumeMounts"] == [{"name": "compilecache-cache", "mountPath": "/var/cache/compilecache"}]
-    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp", PRELOAD_MODE_ANNOTATION: "InitContainer",
-                                              PRELOAD_SHARE_ANNOTATION: "all", **WARM}
+    assert out["metadata"]["annotations"] == {names.INJECTED_ANNOTATION: "mlp",
+                                              names.PRELOAD_MODE_ANNOTATION: "InitContainer",
+                                              names.PRELOAD_SHARE_ANNOTATION: "all", **WARM}
     assert result.warnings == ()
 
 
@@ -104,7 +96,7 @@ def test_sidecar_mode_with_native_sidecars() -> None:
                          "env": [{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/data/inductor/"}]}])
     out = patched_pod(p, inject(p, view(preload={"mode": "Sidecar", "maxBytes": 10})))
     preload, setup = out["spec"]["initContainers"]
-    assert preload["name"] == PRELOAD_CONTAINER and setup["name"] == "setup", "the sidecar starts first"
+    assert preload["name"] == names.PRELOAD_CONTAINER and setup["name"] == "setup", "the sidecar starts first"
     assert preload["restartPolicy"] == "Always"
     command = preload["command"]
     assert flag(command, "--done-file") == DONE and "--sidecar" in command
@@ -112,8 +104,9 @@ def test_sidecar_mode_with_native_sidecars() -> None:
     app, own = out["spec"]["containers"]
     assert env_of(app)["COMPILECACHE_PRELOAD_DONE"] == DONE
     assert env_of(own)["COMPILECACHE_PRELOAD_DONE"] == "/data/inductor/.compilecache-preload.json"
-    assert out["metadata"]["annotations"] == {INJECTED_ANNOTATION: "mlp", PRELOAD_MODE_ANNOTATION: "Sidecar",
-                                              PRELOAD_SHARE_ANNOTATION: "all", **WARM}
+    assert out["metadata"]["annotations"] == {names.INJECTED_ANNOTATION: "mlp",
+                                              names.PRELOAD_MODE_ANNOTATION: "Sidecar",
+                                              names.PRELOAD_SHARE_ANNOTATION: "all", **WARM}
     assert out["spec"]["volumes"] == [{"name": "compilecache-cache", "emptyDir": {"sizeLimit": "16Gi"}}]
     again = inject(out, view(preload={"mode": "Sidecar"}))
     assert again.skipped == "already-injected" and not again.changes
@@ -143,14 +136,15 @@ def test_sidecar_mode_without_native_sidecars_falls_back_to_an_init_container() 
     assert "--sidecar" not in preload["command"] and "--done-file" in preload["command"]
     assert env_of(out["spec"]["containers"][0])["COMPILECACHE_PRELOAD_DONE"] == DONE
     assert out["metadata"]["annotations"] == {
-        INJECTED_ANNOTATION: "mlp",
-        PRELOAD_MODE_ANNOTATION: "InitContainer",
-        PRELOAD_MODE_REASON_ANNOTATION: "Sidecar needs Kubernetes 1.29+ native sidecars; the API server is v1.20.2",
-        PRELOAD_SHARE_ANNOTATION: "all",
+        names.INJECTED_ANNOTATION: "mlp",
+        names.PRELOAD_MODE_ANNOTATION: "InitContainer",
+        names.PRELOAD_MODE_REASON_ANNOTATION:
+            "Sidecar needs Kubernetes 1.29+ native sidecars; the API server is v1.20.2",
+        names.PRELOAD_SHARE_ANNOTATION: "all",
         **WARM,
     }
     plain = patched_pod(pod(), inject(pod(), view(), WITHOUT_SIDECARS))
-    assert PRELOAD_MODE_REASON_ANNOTATION not in plain["metadata"]["annotations"], "nothing asked for a sidecar"
+    assert names.PRELOAD_MODE_REASON_ANNOTATION not in plain["metadata"]["annotations"], "nothing asked for a sidecar"
 
 
 def test_a_sidecar_into_a_node_cache_hands_off_through_a_pod_volume() -> None:
@@ -204,7 +198,8 @@ def test_not_ready_and_unknown_caches_are_skipped_with_a_reason() -> None:
         assert result.skipped == reason
         out = patched_pod(pod(), result)
         assert out["spec"] == pod()["spec"]
-        assert out["metadata"]["annotations"] == {SKIPPED_ANNOTATION: reason, SKIPPED_DETAIL_ANNOTATION: detail}
+        annotations = {names.SKIPPED_ANNOTATION: reason, names.SKIPPED_DETAIL_ANNOTATION: detail}
+        assert out["metadata"]["annotations"] == annotations
         assert result.warnings == (f"compilecache: pod starts without a preloaded cache ({reason}): {detail}",)
 
 

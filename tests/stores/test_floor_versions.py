@@ -27,7 +27,8 @@ import pytest
 from packaging.version import Version
 
 from tests.cachelib.helpers import ROOT, last_json, make_key, make_outdir
-from testsupport.servers import RedisCluster, RedisServer, S3Server, free_port, missing, start_redis
+from testsupport import unavailable
+from testsupport.servers import RedisCluster, RedisServer, S3Server, free_port, start_redis
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +82,7 @@ def floor_python() -> Path:
         proc = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *pins],
                               capture_output=True, text=True, check=False)  # fmt: skip
         if proc.returncode != 0:
-            missing(f"cannot install the floor versions {pins} (offline?):\n{proc.stderr[-2000:]}")
+            unavailable(f"cannot install the floor versions {pins} (offline?):\n{proc.stderr[-2000:]}")
         done.write_text(json.dumps(pins) + "\n")
     return python
 

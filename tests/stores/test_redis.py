@@ -12,6 +12,7 @@ import redis
 
 from cachelib.stores import ObjectChanged, StoreUnavailable, open_store
 from cachelib.stores.redisstore import PENDING_SECONDS, RedisStore
+from tests.stores.listing import lists_past_one_page
 from testsupport.servers import RedisServer, start_redis
 
 pytestmark = pytest.mark.slow  # starts a server
@@ -69,11 +70,7 @@ def test_expired_object_leaves_the_listing_and_the_index(redis_server: RedisServ
 
 
 def test_listing_pages_through_a_large_index(redis_server: RedisServer) -> None:
-    store = open_redis(redis_server)
-    keys = [f"k/{i:05d}" for i in range(1203)]
-    for key in keys:
-        store.put(key, io.BytesIO(b""), 0)
-    assert [i.key for i in store.list("k/")] == keys
+    lists_past_one_page(open_redis(redis_server))
 
 
 def test_replaced_chunks_get_a_grace_period(redis_server: RedisServer, client: redis.Redis) -> None:

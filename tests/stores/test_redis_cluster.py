@@ -20,6 +20,7 @@ from cachelib.cli import main
 from cachelib.stores import StoreError, StoreUnavailable, open_store
 from cachelib.stores.redisstore import RedisStore
 from tests.cachelib.helpers import last_json, make_key, make_outdir, run_cli
+from tests.stores.listing import lists_past_one_page
 from testsupport.servers import RedisCluster, RedisServer, free_port, start_redis_cluster
 
 pytestmark = pytest.mark.slow  # starts servers
@@ -105,11 +106,7 @@ def test_listing_gathers_every_primary_in_key_order(redis_cluster: RedisCluster)
 
 
 def test_listing_pages_through_many_objects(redis_cluster: RedisCluster) -> None:
-    store = open_cluster_store(redis_cluster)
-    keys = [f"k/{i:05d}" for i in range(1203)]
-    for key in keys:
-        store.put(key, io.BytesIO(b""), 0)
-    assert [i.key for i in store.list("k/")] == keys
+    lists_past_one_page(open_cluster_store(redis_cluster))
 
 
 def test_ttl_and_grace_on_the_object_slot(redis_cluster: RedisCluster) -> None:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from testsupport.servers import missing
+from testsupport import unavailable
 
 CACHE = Path(os.environ.get("COMPILECACHE_TEST_CACHE", Path.home() / ".cache" / "compilecache-test"))
 NEWEST_TORCH = "2.15"
@@ -21,5 +21,5 @@ def interpreter(end: str) -> str:
         return sys.executable
     python = NEWEST_VENV / "bin" / "python"
     if not python.exists():
-        missing(f"{python} (scripts/test.sh makes it: torch {NEWEST_TORCH} for the zoo's newest end)")
+        unavailable(f"{python} (scripts/test.sh makes it: torch {NEWEST_TORCH} for the zoo's newest end)")
     return str(python)

@@ -109,15 +109,18 @@ class KubeClient:
     def get(self, path: str, **query: Any) -> JSON:
         return self.request("GET", path, query=query)
 
-    def exists(self, path: str) -> bool:
-        """Whether ``path`` names an object (a 404 is False; any other error is raised)."""
+    def get_if_present(self, path: str) -> JSON | None:
+        """The object at ``path``, or None when there is none (a 404; any other error is raised)."""
         try:
-            self.get(path)
+            return self.get(path)
         except KubeAPIError as error:
             if error.status == 404:
-                return False
+                return None
             raise
-        return True
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` names an object (a 404 is False; any other error is raised)."""
+        return self.get_if_present(path) is not None
 
     def post(self, path: str, body: JSON) -> JSON:
         return self.request("POST", path, body)

@@ -10,13 +10,8 @@ from typing import Any
 
 from cachelib.keyformat import cache_prefix
 from cachelib.stores import Store, StoreError, in_store_thread
+from compilecache_operator.controller import reconcile
 from compilecache_operator.controller.cache_warnings import emit_event
-from compilecache_operator.controller.reconcile import (
-    cache_spec,
-    read_storage_secret,
-    secret_credentials,
-    secret_forbidden,
-)
 from compilecache_operator.controller.state import Emit, State
 from compilecache_operator.decisions import warmup_job
 from compilecache_operator.decisions.plan import Variant
@@ -81,12 +76,12 @@ async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
             if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
     if pods:
         return CleanupOutcome(False, f"waiting for {len(pods)} warm-up pod(s) to stop", retry_after=5.0)
-    spec = cache_spec(state, body)
+    spec = reconcile.cache_spec(state, body)
     if isinstance(spec, InvalidSpec):
         return CleanupOutcome(True, f"spec is invalid, bundles left in place: {spec}")
-    secret, forbidden = await read_storage_secret(api, namespace, spec.storage)
+    secret, forbidden = await reconcile.read_storage_secret(api, namespace, spec.storage)
     if forbidden:
-        problem = secret_forbidden(spec.storage, namespace, state.settings.secret_reader)
+        problem = reconcile.secret_forbidden(spec.storage, namespace, state.settings.secret_reader)
         return CleanupOutcome(False, problem.message, retry_after=state.settings.retry_seconds,
                               warning=problem.reason)
     return await _clear_store(state, spec, secret, namespace, name)
@@ -95,7 +90,7 @@ async def cleanup(state: State, body: Mapping[str, Any]) -> CleanupOutcome:
 async def _clear_store(
     state: State, spec: CacheSpec, secret: Mapping[str, bytes] | None, namespace: str, name: str
 ) -> CleanupOutcome:
-    credentials = secret_credentials(spec.storage, secret)
+    credentials = reconcile.secret_credentials(spec.storage, secret)
 
     def run(store: Store) -> storeops.DeleteReport:
         return storeops.delete_cache(store, namespace, name)

@@ -98,6 +98,11 @@ def _data(value: str | bytes) -> bytes:
     return raw if raw.lstrip().startswith(b"-----") else base64.b64decode(raw)
 
 
+def _one_or_all(collection: str, name: str) -> str:
+    """The path of one object of ``collection`` by ``name``, or the collection's with no name."""
+    return f"{collection}/{quote(name)}" if name else collection
+
+
 class KubeAPI:
     """One API server with one identity; reuse a single instance per operator."""
 
@@ -301,7 +306,7 @@ class KubeAPI:
     @staticmethod
     def cache_path(namespace: str, name: str = "") -> str:
         base = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
-        return f"{base}/{quote(name)}" if name else base
+        return _one_or_all(base, name)
 
     async def get_cache(self, namespace: str, name: str) -> JSON | None:
         """The CompileCache, or None when it is gone."""
@@ -325,7 +330,7 @@ class KubeAPI:
     @staticmethod
     def lease_path(namespace: str, name: str = "") -> str:
         base = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
-        return f"{base}/{quote(name)}" if name else base
+        return _one_or_all(base, name)
 
     async def get_lease(self, namespace: str, name: str) -> JSON | None:
         return await self.get(self.lease_path(namespace, name))
@@ -348,7 +353,7 @@ class KubeAPI:
     @staticmethod
     def jobs_path(namespace: str, name: str = "") -> str:
         base = f"/apis/batch/v1/namespaces/{quote(namespace)}/jobs"
-        return f"{base}/{quote(name)}" if name else base
+        return _one_or_all(base, name)
 
     async def create_job(self, namespace: str, job: Mapping[str, Any]) -> bool:
         """Create the Job unless one of that name exists; True when this call created it."""

@@ -84,6 +84,15 @@ def _key_ref(raw: Any, path: str, errors: Errors) -> dict[str, Any] | None:
     return {kind: body}
 
 
+def _first(value: str, seen: set[str], field: str, errors: Errors, again: str) -> bool:
+    """Whether ``value`` is new (then ``seen`` keeps it); else ``errors`` says at ``field``: ``value`` ``again``."""
+    if value in seen:
+        errors.add(field, f"{value!r} {again}")
+        return False
+    seen.add(value)
+    return True
+
+
 def parse_volumes(raw: Any, path: str, errors: Errors) -> tuple[Mapping[str, Any], ...]:
     """``spec.warmup.volumes``: each a name and exactly one of persistentVolumeClaim, secret,
     configMap, emptyDir -> the pod's extra ``volumes``."""
@@ -97,10 +106,8 @@ def parse_volumes(raw: Any, path: str, errors: Errors) -> tuple[Mapping[str, Any
         if name in RESERVED_VOLUMES:
             errors.add(f"{where}.name", f"{name!r} is the warm-up's own volume; choose another name")
             continue
-        if name in seen:
-            errors.add(f"{where}.name", f"{name!r} is given twice")
+        if not _first(name, seen, f"{where}.name", errors, "is given twice"):
             continue
-        seen.add(name)
         sources = [s for s in VOLUME_SOURCES if s in entry]
         unknown = sorted(set(entry) - {"name", *VOLUME_SOURCES})
         if unknown:
@@ -190,10 +197,8 @@ def parse_volume_mounts(
         if clash:
             errors.add(f"{where}.mountPath", f"{mount!r} overlaps the warm-up's own directory {clash[0]}")
             continue
-        if mount in paths:
-            errors.add(f"{where}.mountPath", f"{mount!r} is mounted twice")
+        if not _first(mount, paths, f"{where}.mountPath", errors, "is mounted twice"):
             continue
-        paths.add(mount)
         body: dict[str, Any] = {"name": name, "mountPath": mount, "readOnly": _flag(entry, "readOnly", where, errors)}
         sub = entry.get("subPath")
         if sub is not None:
