@@ -546,7 +546,7 @@ def test_bundle_lock_waits_for_its_holder_and_honours_the_gate(tmp_path: Path) -
     target = tmp_path / "cache"
     code = (
         "import sys, time; from pathlib import Path; from cachelib.unpack import Sharing, bundle_lock\n"
-        f"with unpacking.bundle_lock(Path({str(target)!r}), 'cc1/k', unpacking.Sharing()):\n"
+        f"with bundle_lock(Path({str(target)!r}), 'cc1/k', Sharing()):\n"
         "    print('held', flush=True); time.sleep(600)\n"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)

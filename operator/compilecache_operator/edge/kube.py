@@ -98,11 +98,6 @@ def _data(value: str | bytes) -> bytes:
     return raw if raw.lstrip().startswith(b"-----") else base64.b64decode(raw)
 
 
-def _one_or_all(collection: str, name: str) -> str:
-    """The path of one object of ``collection`` by ``name``, or the collection's with no name."""
-    return f"{collection}/{quote(name)}" if name else collection
-
-
 class KubeAPI:
     """One API server with one identity; reuse a single instance per operator."""
 
@@ -306,7 +301,7 @@ class KubeAPI:
     @staticmethod
     def cache_path(namespace: str, name: str = "") -> str:
         base = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}"
-        return _one_or_all(base, name)
+        return f"{base}/{quote(name)}" if name else base
 
     async def get_cache(self, namespace: str, name: str) -> JSON | None:
         """The CompileCache, or None when it is gone."""
@@ -330,7 +325,7 @@ class KubeAPI:
     @staticmethod
     def lease_path(namespace: str, name: str = "") -> str:
         base = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
-        return _one_or_all(base, name)
+        return f"{base}/{quote(name)}" if name else base
 
     async def get_lease(self, namespace: str, name: str) -> JSON | None:
         return await self.get(self.lease_path(namespace, name))
@@ -353,7 +348,7 @@ class KubeAPI:
     @staticmethod
     def jobs_path(namespace: str, name: str = "") -> str:
         base = f"/apis/batch/v1/namespaces/{quote(namespace)}/jobs"
-        return _one_or_all(base, name)
+        return f"{base}/{quote(name)}" if name else base
 
     async def create_job(self, namespace: str, job: Mapping[str, Any]) -> bool:
         """Create the Job unless one of that name exists; True when this call created it."""
