@@ -5,14 +5,19 @@ while the tests that need no build run, and tells the tests where the builds sta
 file where each finished step's name is appended (``linters``, ``kube``, ``node``, ``oldest``; ``failed <step>`` when
 one failed; ``all`` at the end), ``COMPILECACHE_BUILDS_PID`` the builder's process. A fixture calls
 :func:`wait_for_build` with the step it needs before it looks for its binaries; the seconds it waited are left out
-of pytest's own time for the time budget (testsupport/timing.py). Without those variables nothing waits.
+of pytest's own time for the time budget (testsupport/timing.py), and from the test's timeout: pytest-timeout's
+alarm (its signal method arms ``ITIMER_REAL`` for each test) is held while it waits, so that a test waiting for a
+26-minute build on a new machine is not stopped at 15 minutes. Without those variables nothing waits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 STEPS = ("linters", "kube", "node", "oldest")
@@ -45,6 +50,23 @@ def _alive(pid: str | None) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def alarm_held() -> Iterator[None]:
+    """Hold the process's ``ITIMER_REAL`` alarm (pytest-timeout's, armed for the current test) while inside, and
+    arm it again with the time it had left on the way out: the time inside does not count against the test."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    left, interval = signal.getitimer(signal.ITIMER_REAL)
+    if left > 0:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        yield
+    finally:
+        if left > 0:
+            signal.setitimer(signal.ITIMER_REAL, left, interval)
+
+
 def wait_for_build(step: str, log: Callable[[str], None] = print, poll: float = POLL_SECONDS) -> float:
     """Wait until the background build of ``step`` has finished (when one runs); returns the seconds waited.
     Raises BuildFailed naming the log when that step failed."""
@@ -56,15 +78,16 @@ def wait_for_build(step: str, log: Callable[[str], None] = print, poll: float = 
     path = Path(progress)
     started = time.monotonic()
     told = False
-    while True:
-        lines = path.read_text().splitlines() if path.is_file() else []
-        state = step_state(lines, step, _alive(os.environ.get("COMPILECACHE_BUILDS_PID")))
-        if state != "pending":
-            break
-        if not told:
-            log(f"\nwaiting for the background build of {step} ({path.with_name('builds.log')})")
-            told = True
-        time.sleep(poll)
+    with alarm_held():
+        while True:
+            lines = path.read_text().splitlines() if path.is_file() else []
+            state = step_state(lines, step, _alive(os.environ.get("COMPILECACHE_BUILDS_PID")))
+            if state != "pending":
+                break
+            if not told:
+                log(f"\nwaiting for the background build of {step} ({path.with_name('builds.log')})")
+                told = True
+            time.sleep(poll)
     waited = time.monotonic() - started if told else 0.0
     if told:
         from testsupport import timing  # not at import: tests/conftest.py loads timing as a plugin, rewritten

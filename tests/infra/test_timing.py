@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -65,6 +66,42 @@ def test_setup_steps_are_read_from_the_tsv(tmp_path: Path) -> None:
 ])
 def test_a_build_step_s_state_comes_from_the_progress_file(lines: list[str], alive: bool, state: str) -> None:
     assert builds.step_state(lines, "kube", alive) == state
+
+
+def test_a_wait_for_a_build_does_not_count_against_the_test_s_timeout(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-timeout's signal method arms ITIMER_REAL for the test: a wait longer than the alarm's time left goes
+    through, and the alarm is armed again afterwards with what it had left."""
+    progress = tmp_path / "builds.done"
+    progress.write_text("linters\n")
+    monkeypatch.setenv("COMPILECACHE_BUILDS", str(progress))
+    monkeypatch.setenv("COMPILECACHE_BUILDS_PID", str(os.getpid()))
+
+    class Alarm(Exception):
+        pass
+
+    def ring(signum: int, frame: object) -> None:
+        raise Alarm
+
+    previous_handler = signal.signal(signal.SIGALRM, ring)
+    previous_timer = signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        def finish() -> None:
+            with progress.open("a") as out:
+                out.write("kube\n")
+
+        threading.Timer(0.6, finish).start()
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # the test's time left: shorter than the build
+        assert builds.wait_for_build("kube", log=lambda _: None, poll=0.05) >= 0.5
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0 < left <= 0.2, left  # armed again with what it had left
+        with pytest.raises(Alarm):  # and it still rings
+            time.sleep(1)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_timer[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *previous_timer)
 
 
 def test_a_test_waits_for_its_build_and_the_wait_is_not_pytest_s_time(tmp_path: Path,
