@@ -378,8 +378,14 @@ def admission_answers(state: State, views: Views, unlisted: ReadUnlisted | None 
             return review_pod(state, views, review)
 
     async def regrant() -> tuple[Grant, ...]:
+        """The grants read afresh, adopted at once (the reconcile of a cache they admit sees what its
+        admission saw; the caches whose grants changed are queued)."""
         assert state.api is not None and state.settings.operator_namespace
-        return (await read_grants(state.api, state.settings.operator_namespace))[0]
+        grants = (await read_grants(state.api, state.settings.operator_namespace))[0]
+        for key in adopt_grants(state, grants):
+            if state.lifecycle.leading:
+                scheduling.enqueue(state, key)
+        return grants
 
     async def caches(review: Mapping[str, Any]) -> dict[str, Any]:
         with_grants = state.api is not None and state.settings.operator_namespace
@@ -493,17 +499,26 @@ async def grants_loop(state: State, namespace: str, emit: Emit | None, interval:
         await asyncio.sleep(interval)
 
 
-async def apply_grants(state: State, grants: tuple[Any, ...], emit: Emit | None = None) -> None:
+def adopt_grants(state: State, grants: tuple[Any, ...]) -> list[tuple[str, str]]:
+    """Make ``grants`` the confinement's; returns the caches of the namespaces whose grants changed (no longer
+    settled: each must be reconciled again)."""
     old = state.settings.confinement
     if grants == old.grants:
-        return
+        return []
     new = dataclasses.replace(old, grants=grants)
     changed = {ns for ns in old.namespaces_granted() | new.namespaces_granted()
                if old.for_namespace(ns) != new.for_namespace(ns)}
     state.settings = dataclasses.replace(state.settings, confinement=new)
     logger.info("grants now: %s", ", ".join(f"{g.source} -> {','.join(g.namespaces)}" for g in grants) or "none")
-    for key in [k for k in list(state.cluster.indexes.caches) if isinstance(k, tuple) and k[0] in changed]:
+    keys = [k for k in list(state.cluster.indexes.caches) if isinstance(k, tuple) and k[0] in changed]
+    for key in keys:
         state.scheduler.settled.pop(key, None)
+    return keys
+
+
+async def apply_grants(state: State, grants: tuple[Any, ...], emit: Emit | None = None) -> None:
+    """Adopt ``grants`` and reconcile at once, while leading, the caches whose grants changed."""
+    for key in adopt_grants(state, grants):
         if state.lifecycle.leading:
             await scheduling.handle(state, key, emit)
 
