@@ -6,6 +6,9 @@ import json
 import os
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from tests.infra.node import (
     BRIDGE,
     GATEWAY,
@@ -14,6 +17,7 @@ from tests.infra.node import (
     base_runtime_spec,
     cni_config,
     kubelet_config,
+    node_cni_results,
     workload_mounts,
 )
 from tests.infra.prometheus import pod_monitor_job, pod_targets
@@ -92,3 +96,18 @@ def test_pod_discovery_labels_feed_the_pod_monitors_relabelling(tmp_path: Path) 
     assert job["relabel_configs"][-1] == {"source_labels": ["__meta_kubernetes_pod_label_compilecache_io_cache"],
                                           "target_label": "cache"}
     assert job["file_sd_configs"][0]["files"] == [str(tmp_path / "pods.json")]
+
+
+SANDBOX = st.text("0123456789abcdef", min_size=64, max_size=64)
+
+
+@given(ours=st.lists(SANDBOX, max_size=4, unique=True), theirs=st.lists(SANDBOX, max_size=4, unique=True),
+       other_network=st.sampled_from(["cbr0", "podman", "k8s-pod-network"]))  # fmt: skip
+def test_the_node_removes_its_own_cni_results_and_their_loopback_ones_only(
+    ours: list[str], theirs: list[str], other_network: str
+) -> None:
+    """A killed run leaves both results of each sandbox: the pods network's and the loopback plugin's."""
+    theirs = [s for s in theirs if s not in ours]
+    mine = [f"compilecache-test-pods-{s}-eth0" for s in ours] + [f"cni-loopback-{s}-lo" for s in ours]
+    others = [f"{other_network}-{s}-eth0" for s in theirs] + [f"cni-loopback-{s}-lo" for s in theirs]
+    assert node_cni_results([*others, *mine]) == sorted(mine)

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,6 +196,24 @@ def cni_config(workdir: Path) -> dict[str, Any]:
                      "routes": [{"dst": "0.0.0.0/0", "gw": GATEWAY}]},
         }],
     }  # fmt: skip
+
+
+LOOPBACK_NETWORK = "cni-loopback"
+"""The network name under which the loopback plugin files its results."""
+
+
+def node_cni_results(names: Iterable[str]) -> list[str]:
+    """Of the file names in ``/var/lib/cni/results`` (``<network>-<sandbox id>-<interface>``), the node's: its
+    network's results and the loopback results of the same sandboxes (the loopback plugin files them under a name
+    of its own). A sandbox of another CNI user of the machine is never named."""
+    listed = list(names)
+    ours = f"{CNI_NETWORK}-"
+    sandboxes = {name[len(ours):].split("-", 1)[0] for name in listed if name.startswith(ours)}
+    loopback = f"{LOOPBACK_NETWORK}-"
+    return sorted(
+        name for name in listed
+        if name.startswith(ours) or (name.startswith(loopback) and name[len(loopback):].split("-", 1)[0] in sandboxes)
+    )  # fmt: skip
 
 
 def kubelet_config(workdir: Path, address: str, ca: Path) -> dict[str, Any]:
@@ -434,6 +452,7 @@ class RealNode:
                 _kill_marked(str(stale))
                 _unmount_under(stale)
                 shutil.rmtree(stale, ignore_errors=True)
+        _remove_cni_results()  # a killed run's pods were never torn down
         self._remove_cgroups()
         self.leftovers.clear()
 
@@ -637,9 +656,7 @@ class RealNode:
                     link.unlink(missing_ok=True)
         socket_path = HOST_DEVICE_PLUGINS / "kubelet.sock"
         socket_path.unlink(missing_ok=True)
-        if HOST_CNI_RESULTS.is_dir():
-            for result in HOST_CNI_RESULTS.glob(f"{CNI_NETWORK}-*"):
-                result.unlink(missing_ok=True)
+        _remove_cni_results()
         for directory in self._absent_host_dirs:
             shutil.rmtree(directory, ignore_errors=True)
             if directory.exists():
@@ -687,6 +704,12 @@ class RealNode:
         # CRI log format: "<time> <stream> <P|F> <text>"
         parts = [line.split(" ", 3) for line in lines]
         return "".join(p[3] + ("" if p[2] == "P" else "\n") for p in parts if len(p) == 4)
+
+
+def _remove_cni_results() -> None:
+    if HOST_CNI_RESULTS.is_dir():
+        for name in node_cni_results(p.name for p in HOST_CNI_RESULTS.iterdir()):
+            (HOST_CNI_RESULTS / name).unlink(missing_ok=True)
 
 
 def _kill_marked(marker: str) -> None:
