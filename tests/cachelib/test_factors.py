@@ -216,16 +216,20 @@ def test_an_unchanged_workload_hits_and_names_no_cause(warm: Warm, tmp_path: Pat
     assert yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout)
 
 
-NEWEST_DEFAULT_LANE = {"inductor config epilogue_fusion", "env TORCHINDUCTOR_NAN_ASSERTS"}
-"""On the newest torch the default lane names an Inductor option and a variable that sets one (the factors that
-follow torch's own config); every change on both ends runs in the full lane (COMPILECACHE_LANE=full)."""
+DEFAULT_LANE_OF_ITS_KIND = {"inductor config epilogue_fusion", "env TORCHINDUCTOR_NAN_ASSERTS"}
+"""The default lane names one Inductor option and one variable that sets one (the factors that follow torch's own
+config) on both torch ends, and every other kind of change (dtype, shape, graph break, source) on the suite's torch;
+the second option and the second variable, and those other kinds on the newest torch, are breadth: every change on
+both ends runs in the full lane (COMPILECACHE_LANE=full)."""
 
 
 def in_full_lane(params: dict[str, Any]) -> bool:
-    """The cases of this module that belong to the full lane (tests/conftest.py asks): the newest end's changes
-    beyond NEWEST_DEFAULT_LANE."""
+    """The cases of this module that belong to the full lane (tests/conftest.py asks): every change beyond
+    DEFAULT_LANE_OF_ITS_KIND on the newest end, and the second of a kind on the suite's torch."""
     change = params.get("change")
-    return params.get("warm") == "newest" and isinstance(change, Change) and change.name not in NEWEST_DEFAULT_LANE
+    if not isinstance(change, Change) or change.name in DEFAULT_LANE_OF_ITS_KIND:
+        return False
+    return params.get("warm") == "newest" or change.cause in ("inductor_config", "env")
 
 
 @pytest.mark.parametrize("change", CHANGES, ids=[c.name for c in CHANGES])
