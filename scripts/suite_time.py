@@ -148,6 +148,24 @@ def rows_of(reports: Sequence[Mapping[str, Any]]) -> list[Row]:
     return [*sorted(merged.values(), key=lambda r: r.seconds, reverse=True), overhead]
 
 
+def cpu_line(reports: Sequence[Mapping[str, Any]]) -> str | None:
+    """The machine's CPU over the longest session (the sessions of a split run overlap, so its busy seconds span
+    the others'): busy seconds of those the cores had, and of them the tests' processes' and the parts the report
+    names (the real node's pods). None for a report without the machine's busy seconds."""
+    longest = max(reports, key=lambda r: float(r["pytest_seconds"]))
+    busy = longest.get("machine", {}).get("busy_cpu_seconds")
+    if busy is None:
+        return None
+    had = float(longest["machine"].get("cpus") or 1) * float(longest["pytest_seconds"])
+    tests = sum(float(t.get("cpu") or 0) for r in reports for t in r["tests"])
+    parts = {"the tests' processes and their children": tests}
+    for report in reports:
+        for part, seconds in report.get("cpu_of", {}).items():
+            parts[part] = parts.get(part, 0.0) + float(seconds)
+    named = ", ".join(f"{part} {seconds:,.0f} s" for part, seconds in parts.items())
+    return f"CPU: the machine busy {busy:,.0f} s of the {had:,.0f} s its cores had ({busy / had:.0%}); of it {named}"
+
+
 def main(argv: Sequence[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
@@ -168,6 +186,9 @@ def main(argv: Sequence[str]) -> int:
     print(f"{len(tests)} tests ({passed} passed), pytest {max(sessions):.0f} s{split}, started {first['started']}, "
           f"{machine.get('cpus')} cores, load {machine.get('load_at_start')} at the start, {machine.get('load')} at "
           "the end")
+    cpu = cpu_line(reports)
+    if cpu:
+        print(cpu)
     print()
     print("\n".join(table(rows_of(reports), sum(sessions))))
     steps = setup_table(next((r["setup"] for r in reports if r.get("setup")), []))

@@ -5,9 +5,10 @@ Loaded for every run by ``tests/conftest.py``. It writes only when asked, with `
 (``scripts/test.sh`` passes ``$COMPILECACHE_TEST_CACHE/reports/<time>/``):
 
 - ``DIR/durations.json``: the run (start, end, pytest's own seconds, exit status, the machine's cores and load,
-  the set-up's steps), each test (node id, outcome, setup/call/teardown seconds, the CPU seconds of the test
-  process and its children, its markers and fixtures, the programs it started) and each fixture set-up that
-  took time (its name, scope and the test that paid for it);
+  the CPU seconds the whole machine was busy and those of the real node's pods (:func:`note_cpu`), the set-up's
+  steps), each test (node id, outcome, setup/call/teardown seconds, the CPU seconds of the test process and its
+  children, its markers and fixtures, the programs it started) and each fixture set-up that took time (its name,
+  scope and the test that paid for it);
 - ``DIR/setup.tsv`` (or ``DIR/../setup.tsv``, for the sessions of a split run): read, not written: the set-up's steps
   as ``scripts/test.sh`` timed them (``step<TAB>seconds``).
 
@@ -41,6 +42,7 @@ SLOWEST_DEFAULT = 30
 FIXTURE_FLOOR_SECONDS = 0.05
 """Fixture set-ups quicker than this are not recorded (most are microseconds)."""
 _BUILD_WAITS: list[float] = []
+_CPU_OF: dict[str, float] = {}
 WRAPPERS = frozenset({"setpriv", "env", "nice", "timeout", "sudo", "unshare", "nsenter", "setsid"})
 """Programs that run another: a started command is named after what they run."""
 
@@ -160,6 +162,30 @@ def note_build_wait(seconds: float) -> None:
     _BUILD_WAITS.append(seconds)
 
 
+def note_cpu(part: str, seconds: float) -> None:
+    """The CPU seconds of a part of the run outside the tests' processes (the real node's pods), for the report."""
+    _CPU_OF[part] = round(_CPU_OF.get(part, 0.0) + seconds, 1)
+
+
+def busy_cpu_seconds(stat: str, ticks_per_second: int) -> float:
+    """The seconds the machine's CPUs were busy since boot, from ``/proc/stat``'s ``cpu`` line: user, nice, system,
+    irq, softirq and steal (not idle or iowait; guest time is counted in user already)."""
+    for line in stat.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            user, nice, system, _idle, _iowait, irq, softirq, *rest = (int(x) for x in fields[1:])
+            return (user + nice + system + irq + softirq + (rest[0] if rest else 0)) / ticks_per_second
+    raise ValueError("no cpu line in /proc/stat")
+
+
+def machine_busy() -> float | None:
+    """:func:`busy_cpu_seconds` of this machine (None where there is no /proc/stat)."""
+    try:
+        return busy_cpu_seconds(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
+        return None
+
+
 def process_age() -> float:
     """Seconds since this process started (Linux's /proc; 0 elsewhere): pytest's own time includes its start-up
     and the imports before any plugin runs."""
@@ -203,6 +229,7 @@ class TimingPlugin:
         self.started_wall = datetime.now(UTC)
         self.started = time.monotonic() - process_age()
         self.load_at_start = machine()["load"]
+        self.busy_at_start = machine_busy()
         self.tests: dict[str, TestTiming] = {}
         self.fixtures: list[FixtureTiming] = []
         self.current: TestTiming | None = None
@@ -270,12 +297,18 @@ class TimingPlugin:
             "args": list(self.config.invocation_params.args),
             "ci": os.environ.get("CI", "").lower() == "true",
             "lane": os.environ.get("COMPILECACHE_LANE", "default"),
-            "machine": {**machine(), "load_at_start": self.load_at_start},
+            "machine": {**machine(), "load_at_start": self.load_at_start, "busy_cpu_seconds": self.busy_seconds()},
+            "cpu_of": dict(_CPU_OF),
             "setup": [asdict(s) for s in read_setup_steps(self.setup_tsv())],
             "tests": [asdict(t) for t in self.tests.values()],
             "fixtures": [asdict(f) for f in self.fixtures],
         }
         (self.report_dir / "durations.json").write_text(json.dumps(report, indent=1) + "\n")
+
+    def busy_seconds(self) -> float | None:
+        """The CPU seconds the whole machine was busy during the session (every process, not only this one's)."""
+        now = machine_busy()
+        return None if now is None or self.busy_at_start is None else round(now - self.busy_at_start, 1)
 
     def setup_tsv(self) -> Path:
         assert self.report_dir is not None

@@ -43,7 +43,7 @@ from tests.infra.node import (
     ensure_workload_image,
 )
 from tests.infra.relay import TcpRelay
-from testsupport import unavailable
+from testsupport import timing, unavailable
 from testsupport.builds import BuildFailed, wait_for_build
 from testsupport.kube.cluster import BinariesMissing, LocalCluster, find_binaries
 from testsupport.kube.namespaces import create_namespace, delete_namespace
@@ -139,6 +139,7 @@ def real_node(kube_cluster: LocalCluster) -> Iterator[RealNode]:
         print(f"\nreal node {node.name} Ready in {node.times.ready:.1f}s (containerd {node.times.containerd:.1f}s, "
               f"images {node.times.images:.1f}s; {node.workdir})")
         yield node
+    timing.note_cpu("the real node's pods", node.pods_cpu_seconds)
 
 
 @pytest.fixture(scope="session")

@@ -198,6 +198,7 @@ def test_a_run_writes_every_test_s_durations_and_prints_the_slowest(tmp_path: Pa
     assert [(f["name"], f["scope"]) for f in data["fixtures"]] == [("server", "session")]
     assert data["setup"] == [{"step": "apt", "seconds": 2.0}, {"step": "build kube", "seconds": 886.0}]
     assert data["pytest_seconds"] >= 0.5 and data["machine"]["cpus"] == os.cpu_count()
+    assert data["machine"]["busy_cpu_seconds"] > 0 and data["cpu_of"] == {}  # the test's own CPU at least
     slowest = out.split("2 slowest tests", 1)[1].splitlines()[1:3]
     assert [line.rsplit("::", 1)[1] for line in slowest] == ["test_starts_a_program", "test_sleeps"], out
     assert "2s  set-up in all" in out and "the Go builds 886s" in out and str(report / "durations.json") in out
@@ -268,6 +269,39 @@ def test_the_table_by_cause_adds_up_to_the_report(tmp_path: Path) -> None:
     assert {k: v for k, v in split.items() if k != "collection, imports, session teardown"} == {
         k: v for k, v in rows.items() if k != "collection, imports, session teardown"}
     assert split["collection, imports, session teardown"] == str(400 - 165 + 700 - 343)
+    assert "CPU:" not in proc.stdout  # reports without the machine's busy seconds
+    # The machine's CPU over the longest session, and what the tests' processes and the node's pods used of it.
+    rest["machine"] = {**rest["machine"], "busy_cpu_seconds": 1050.0}
+    e2e["cpu_of"] = {"the real node's pods": 500.0}
+    (tmp_path / "e2e.json").write_text(json.dumps(e2e))
+    (tmp_path / "rest.json").write_text(json.dumps(rest))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_time.py"), str(tmp_path / "e2e.json"),
+                           str(tmp_path / "rest.json")], capture_output=True, text=True, timeout=60)
+    assert ("CPU: the machine busy 1,050 s of the 1,400 s its cores had (75%); of it the tests' processes and their "
+            "children 314 s, the real node's pods 500 s") in proc.stdout, proc.stdout
+
+
+@given(ticks=st.lists(st.integers(0, 10**9), min_size=10, max_size=10), hz=st.sampled_from([100, 250, 1000]))
+def test_the_machine_s_busy_time_leaves_out_idle_and_iowait(ticks: list[int], hz: int) -> None:
+    user, nice, system, _idle, _iowait, irq, softirq, steal, _guest, _guest_nice = ticks
+    stat = f"cpu  {' '.join(map(str, ticks))}\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 5\n"
+    assert timing.busy_cpu_seconds(stat, hz) == (user + nice + system + irq + softirq + steal) / hz
+    with pytest.raises(ValueError, match="no cpu line"):
+        timing.busy_cpu_seconds("intr 5\n", hz)
+
+
+def test_the_node_s_pods_cpu_is_read_from_either_cgroup_version(tmp_path: Path) -> None:
+    from tests.infra.node import pods_cpu_seconds
+
+    assert pods_cpu_seconds(tmp_path) == 0.0
+    v2 = tmp_path / "v2" / "kubepods"
+    v2.mkdir(parents=True)
+    (v2 / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    assert pods_cpu_seconds(tmp_path / "v2") == 2.5
+    v1 = tmp_path / "v1" / "cpuacct" / "kubepods"
+    v1.mkdir(parents=True)
+    (v1 / "cpuacct.usage").write_text("1441370000000\n")
+    assert pods_cpu_seconds(tmp_path / "v1") == 1441.37
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite_time.py"), str(bad)], capture_output=True,

@@ -360,6 +360,8 @@ class RealNode:
     workdir: Path = field(init=False)
     address: str = field(init=False, default="")
     times: StartupTimes = field(init=False, default_factory=StartupTimes)
+    pods_cpu_seconds: float = field(init=False, default=0.0)
+    """The CPU seconds every pod of this node used, its containers' and their children's, read at ``stop()``."""
     leftovers: list[str] = field(init=False, default_factory=list)
     _processes: dict[str, ManagedProcess] = field(init=False, default_factory=dict)
     _sysctls: dict[str, str] = field(init=False, default_factory=dict)
@@ -614,6 +616,7 @@ class RealNode:
             self._processes.pop("containerd").stop()
         self._kill_strays()
         self._unmount_all()
+        self.pods_cpu_seconds = pods_cpu_seconds(Path("/sys/fs/cgroup"))
         self._remove_cgroups()
         bridge_left = Path(f"/sys/class/net/{BRIDGE}").exists()
         if bridge_left and _run(["ip", "link", "delete", BRIDGE], check=False).returncode != 0:
@@ -704,6 +707,20 @@ class RealNode:
         # CRI log format: "<time> <stream> <P|F> <text>"
         parts = [line.split(" ", 3) for line in lines]
         return "".join(p[3] + ("" if p[2] == "P" else "\n") for p in parts if len(p) == 4)
+
+
+def pods_cpu_seconds(cgroups: Path) -> float:
+    """The CPU seconds charged to the ``/kubepods`` cgroup since it was made (a pod's are kept there after the pod
+    is gone): cgroup v1's ``cpuacct.usage`` (nanoseconds), or v2's ``cpu.stat`` ``usage_usec``; 0 without one."""
+    for usage in (cgroups / "cpuacct" / "kubepods" / "cpuacct.usage", cgroups / "cpu,cpuacct" / "kubepods" /
+                  "cpuacct.usage"):  # fmt: skip
+        with contextlib.suppress(OSError, ValueError):
+            return int(usage.read_text()) / 1e9
+    with contextlib.suppress(OSError, ValueError):
+        for line in (cgroups / "kubepods" / "cpu.stat").read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+    return 0.0
 
 
 def _remove_cni_results() -> None:
