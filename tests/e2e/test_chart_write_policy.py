@@ -126,15 +126,17 @@ def test_the_operators_writes_are_confined_to_its_own(
             "create another Secret": ("POST", f"/api/v1/namespaces/{own}/secrets", {
                 "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "stolen"}}, None, False),
         }
+        def ask(what: str) -> str:
+            method, path, body, content_type, _ = expectations[what]
+            return verdict(operator, method, path, copy.deepcopy(body), content_type or "application/json")
+
         # the API server loads each policy and binding on its own: wait for a refusal from each of the four
         for what in ("label a pod", "create an unlabelled Job", "change a CompileCache's spec",
                      "create another Secret"):
-            method, path, body, content_type, _ = expectations[what]
-            wait_for(lambda m=method, p=path, b=body, c=content_type: "denied" in verdict(
-                operator, m, p, copy.deepcopy(b), c or "application/json"), 60, f"the policy refusing to {what}")
+            wait_for(lambda what=what: "denied" in ask(what), 60, f"the policy refusing to {what}")
         wrong = {}
-        for what, (method, path, body, content_type, allowed) in expectations.items():
-            said = verdict(operator, method, path, copy.deepcopy(body), content_type or "application/json")
+        for what, (*_, allowed) in expectations.items():
+            said = ask(what)
             # allowed None: the Job does not exist (a dry run made none): authorized and admitted up to the lookup
             admitted = said == "ok" or (allowed is None and "not found" in said)
             if admitted != (allowed is not False):
