@@ -6,8 +6,8 @@ cannot be loaded there (seen: a Hugging Face BERT on torch 2.11 and 2.13) would 
 So before anything ships, the harness checks the part the way a pod uses it:
 
 1. a copy of the cache directory (the bundle-to-be) in a new place;
-2. a fresh process of the same image with the pod's environment (``TORCHINDUCTOR_CACHE_DIR``
-   on the copy, the job id) that calls the workload's ``warm_start()``
+2. a fresh process of the same image with the pod's environment (the warm-up's Inductor settings,
+   ``TORCHINDUCTOR_CACHE_DIR`` on the copy, the job id) that calls the workload's ``warm_start()``
    (:func:`cachelib.in_image.warmstart.prepare`, which turns caching precompile on), builds each entry of
    the target, runs it eagerly and compiled, and compares the outputs (and gradients, for a
    training step) within a tolerance per dtype;
@@ -316,15 +316,24 @@ def write_check(out: Path, record: Mapping[str, Any]) -> None:
 
 
 # -- the warm-up side ---------------------------------------------------------------------------------
+def warm_up_only(name: str) -> bool:
+    """Whether variable ``name`` of the warm-up's environment is one a pod of the same image and settings lacks
+    (pure): where the warm-up's caches go (``*_CACHE_DIR``, Triton's cache settings), a remote cache's switches
+    and address (a check reads the copy alone), the byte-code cache, and ``TORCH_CACHING_PRECOMPILE``. Every
+    other Inductor variable, an image's own or the spec's, is the pods' too and enters torch's cache keys: a
+    check without it would look up other keys than the pods do."""
+    return (name.endswith("_CACHE_DIR") or name.startswith(("TRITON_CACHE", "TORCHINDUCTOR_REDIS_"))
+            or "REMOTE_CACHE" in name or name in ("PYTHONPYCACHEPREFIX", podcontract.PRECOMPILE_ENV))  # fmt: skip
+
+
 def check_environment(
     base: Mapping[str, str], cache_copy: Path, job_id: str, pycache: Path | None = None
 ) -> dict[str, str]:
-    """The pod's environment for the checking process (pure): what the webhook gives a pod, which is
-    never ``TORCH_CACHING_PRECOMPILE`` (``warm_start()`` turns caching precompile on, behind its
-    guard); ``pycache``: the copy's byte-code tree, when the bundle carries one (the webhook points
-    ``PYTHONPYCACHEPREFIX`` at it)."""
-    dropped = ("TORCHINDUCTOR_", "TRITON_CACHE", "PYTHONPYCACHEPREFIX", podcontract.PRECOMPILE_ENV)
-    env = {k: v for k, v in base.items() if not k.startswith(dropped)}
+    """The pod's environment for the checking process (pure): the warm-up's, less what only the warm-up has
+    (:func:`warm_up_only`), plus what the webhook gives a pod; never ``TORCH_CACHING_PRECOMPILE``
+    (``warm_start()`` turns caching precompile on, behind its guard); ``pycache``: the copy's byte-code tree,
+    when the bundle carries one (the webhook points ``PYTHONPYCACHEPREFIX`` at it)."""
+    env = {k: v for k, v in base.items() if not warm_up_only(k)}
     env.update({podcontract.CACHE_DIR_ENV: str(cache_copy), podcontract.JOB_ID_ENV: job_id})
     if pycache is not None:
         env["PYTHONPYCACHEPREFIX"] = str(pycache)
