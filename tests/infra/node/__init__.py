@@ -275,12 +275,19 @@ that inductor's CPU kernels need (with Python.h), and libnuma, which vLLM's CPU 
 0.32.0 cannot start its engine: ``_C_AVX2: libnuma.so.1: cannot open shared object file``)."""
 
 
+CPU_IMAGE_SETTINGS = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+"""What docs/operator.md advises a CPU image: no precompiled header of ATen's headers, which Inductor otherwise
+builds in every pod's fresh ``/tmp`` before it loads a preloaded kernel (``bench/cpu_pod_header.py``)."""
+
+
 def workload_changes(pycache: bool) -> list[str]:
     """``podman import --change`` lines of the workload image: the test virtualenv's Python (mounted by the base
-    spec) first on PATH, the checkout on ``PYTHONPATH`` and, with ``pycache``, the byte-code cache."""
+    spec) first on PATH, the checkout on ``PYTHONPATH``, :data:`CPU_IMAGE_SETTINGS` and, with ``pycache``, the
+    byte-code cache."""
     env = {
         "PATH": f"{WORKLOAD_ROOT}/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "PYTHONPATH": f"{WORKLOAD_ROOT}/src", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "HOME": "/tmp",
+        **CPU_IMAGE_SETTINGS,
         **({"PYTHONPYCACHEPREFIX": f"{WORKLOAD_ROOT}/pycache"} if pycache else {}),
     }
     return [*(f"ENV {k}={v}" for k, v in env.items()), 'CMD ["python3"]']
