@@ -9,13 +9,18 @@ the local kube-apiserver cannot be made to show on demand.
 from __future__ import annotations
 
 import asyncio
+import base64
+import ssl
+import subprocess
 import sys
+import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kopf
 import pytest
 import yaml
@@ -30,7 +35,7 @@ Handler = Callable[[web.Request], web.Response]
 
 
 @asynccontextmanager
-async def api_server(handler: Handler) -> AsyncIterator[str]:
+async def api_server(handler: Handler, tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
     async def serve(request: web.Request) -> web.Response:
         return handler(request)
 
@@ -38,11 +43,11 @@ async def api_server(handler: Handler) -> AsyncIterator[str]:
     app.router.add_route("*", "/{tail:.*}", serve)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
 
@@ -210,3 +215,78 @@ def test_in_a_pod_the_api_server_is_where_the_kubelet_says_as_client_go_takes_it
     assert (parsed.scheme, parsed.hostname, parsed.port) == ("https", host.lower(), port), server
     assert kubeconfig.in_cluster_server({"KUBERNETES_SERVICE_HOST": host}) is None
     assert kubeconfig.in_cluster_server({}) is None
+
+
+# -- client certificates from a kubeconfig's data ------------------------------------------------------
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(where: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made by the openssl command."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+            "-subj", "/CN=test-ca", cwd=where)  # fmt: skip
+    (where / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name, extra in (("server", ("-extfile", "san.cnf")), ("client", ())):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN={name}/O=system:masters", cwd=where)  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.crt", "-days", "1", *extra, cwd=where)  # fmt: skip
+
+
+def client_certificates_only(pki: Path) -> ssl.SSLContext:
+    """The server side of TLS as kube-apiserver's: only clients with a certificate of its CA."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(str(pki / "server.crt"), str(pki / "server.key"))
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def who_is_it(request: web.Request) -> web.Response:
+    """The common name of the client's certificate."""
+    peer = request.transport.get_extra_info("peercert") if request.transport else None
+    subject = dict(pair[0] for pair in (peer or {}).get("subject", ()))
+    return web.json_response({"user": subject.get("commonName")})
+
+
+@pytest.mark.parametrize("encoding", ["base64", "pem"])
+def test_a_client_certificate_from_kubeconfig_data_leaves_no_key_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str
+) -> None:
+    """The kubeconfig's ``client-certificate-data`` and ``client-key-data`` authenticate against a server that
+    requires a client certificate, and no copy of them is left in the temporary directory, neither while the
+    client lives (a killed operator removes nothing) nor after; a client without them is refused."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_pki(pki)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+    def data(name: str) -> str:
+        raw = (pki / name).read_bytes()
+        return base64.b64encode(raw).decode() if encoding == "base64" else raw.decode()
+
+    async def run() -> tuple[dict[str, Any], list[str], str]:
+        async with api_server(who_is_it, client_certificates_only(pki)) as url:
+            api = KubeAPI(kopf.ConnectionInfo(server=url, ca_data=data("ca.crt"), certificate_data=data("client.crt"),
+                                              private_key_data=data("client.key")), attempts=1)  # fmt: skip
+            try:
+                answer = await api.request("GET", "/api/v1/namespaces")
+                during = sorted(p.name for p in scratch.rglob("*"))
+            finally:
+                await api.close()
+            anonymous = KubeAPI(kopf.ConnectionInfo(server=url, ca_data=data("ca.crt")), attempts=1)
+            try:
+                await anonymous.request("GET", "/api/v1/namespaces")
+                refused = "answered"
+            except (KubeError, aiohttp.ClientError, OSError) as exc:
+                refused = type(exc).__name__
+            finally:
+                await anonymous.close()
+            return answer, during, refused
+
+    answer, during, refused = asyncio.run(run())
+    assert answer == {"user": "client"}
+    assert during == [] and list(scratch.iterdir()) == [], "a copy of the client's key stayed on disk"
+    assert refused != "answered"

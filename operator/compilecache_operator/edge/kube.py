@@ -98,6 +98,14 @@ def _data(value: str | bytes) -> bytes:
     return raw if raw.lstrip().startswith(b"-----") else base64.b64decode(raw)
 
 
+def _private_file(path: Path, data: bytes) -> str:
+    """``data`` into a new file only its owner can read; its path."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    return str(path)
+
+
 class KubeAPI:
     """One API server with one identity; reuse a single instance per operator."""
 
@@ -116,7 +124,6 @@ class KubeAPI:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
         self._attempts = max(1, attempts)
         self._relogin = relogin
-        self._scratch = tempfile.TemporaryDirectory(prefix="compilecache-kube-")
         self._session: aiohttp.ClientSession | None = None
         self._use(info)
 
@@ -152,20 +159,18 @@ class KubeAPI:
             context = ssl.create_default_context(cadata=_data(info.ca_data).decode())
         else:
             context = ssl.create_default_context(cafile=os.fspath(info.ca_path) if info.ca_path else None)
-        cert, key = info.certificate_path, info.private_key_path
-        if info.certificate_data:
-            cert = self._write("client.crt", _data(info.certificate_data))
-        if info.private_key_data:
-            key = self._write("client.key", _data(info.private_key_data))
-        if cert:
-            context.load_cert_chain(os.fspath(cert), os.fspath(key) if key else None)
+        # ssl reads a client certificate only from files: the kubeconfig's data is written into a private
+        # directory for the load and removed with it, so no copy of the key outlives the login (nor a killed
+        # process).
+        with tempfile.TemporaryDirectory(prefix="compilecache-kube-") as scratch:
+            cert, key = info.certificate_path, info.private_key_path
+            if info.certificate_data:
+                cert = _private_file(Path(scratch) / "client.crt", _data(info.certificate_data))
+            if info.private_key_data:
+                key = _private_file(Path(scratch) / "client.key", _data(info.private_key_data))
+            if cert:
+                context.load_cert_chain(os.fspath(cert), os.fspath(key) if key else None)
         return context
-
-    def _write(self, name: str, data: bytes) -> str:
-        path = Path(self._scratch.name) / name
-        path.write_bytes(data)
-        path.chmod(0o600)
-        return str(path)
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
@@ -185,7 +190,6 @@ class KubeAPI:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        self._scratch.cleanup()
 
     async def request(
         self,
