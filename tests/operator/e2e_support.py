@@ -75,7 +75,10 @@ class OperatorProcess:
         self.starts += 1
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMPILECACHE_")}
         env["KUBECONFIG"] = str(self.kubeconfig)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        # its temporary files (the webhook's serving certificate, a client key) in the test's directory: a test
+        # that kills the operator leaves them there, not in the machine's /tmp
+        env["TMPDIR"] = str(self.workdir / "tmp")
+        (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,

