@@ -6,7 +6,7 @@
   here on two sentences: nothing is downloaded, vLLM runs it with ``--load-format dummy`` (random weights drawn
   from a fixed seed, so two starts answer the same tokens).
 - ``full_lane``: whether the slow lane runs (``COMPILECACHE_LANE=full``): more arguments, more starts.
-- ``no_vllm_leftovers`` (every test): removes what vLLM's processes of the test left in the temporary directory.
+- ``no_vllm_leftovers`` (session): removes what these tests' vLLM processes left in the temporary directory.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ def vllm_leftovers(where: Path) -> set[Path]:
             if LEFTOVER.fullmatch(p.name) and (p.name.startswith("vllm_dist_") or p.is_socket())}  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def no_vllm_leftovers() -> Iterator[None]:
-    """Remove what the test's vLLM processes left in the temporary directory (those that were there before the
-    test are not its)."""
+    """Remove, when the session ends, what vLLM's processes of these tests left in the temporary directory (those
+    that were there before are not theirs; the real node's vLLM pods have a /tmp of their own)."""
     where = Path(tempfile.gettempdir())
     before = vllm_leftovers(where)
     yield
