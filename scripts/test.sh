@@ -96,11 +96,12 @@ if [[ $# -eq 0 && "${COMPILECACHE_TEST_SPLIT:-1}" == 1 ]]; then
     # the others (mostly compiles), each with its report; COMPILECACHE_TEST_SPLIT=0 runs one session.
     log "pytest: tests/e2e and the other tests, two sessions at once (reports: $REPORT_DIR/{e2e,others})"
     mkdir -p "$REPORT_DIR/e2e" "$REPORT_DIR/others"
-    python -m pytest tests/e2e --timing-report "$REPORT_DIR/e2e" --junitxml "$REPORT_DIR/e2e/junit.xml" \
+    python -m pytest -p testsupport.timing tests/e2e --timing-report="$REPORT_DIR/e2e" \
+        --junitxml="$REPORT_DIR/e2e/junit.xml" \
         "${budget[@]}" >"$REPORT_DIR/e2e/pytest.log" 2>&1 &
     e2e_pid=$!
-    python -m pytest tests --ignore=tests/e2e --timing-report "$REPORT_DIR/others" \
-        --junitxml "$REPORT_DIR/others/junit.xml" "${budget[@]}"
+    python -m pytest -p testsupport.timing tests --ignore=tests/e2e --timing-report="$REPORT_DIR/others" \
+        --junitxml="$REPORT_DIR/others/junit.xml" "${budget[@]}"
     others=$?
     [ "$others" -eq 0 ] || log "the tests outside tests/e2e failed ($others); waiting for tests/e2e"
     wait "$e2e_pid"
@@ -111,7 +112,10 @@ if [[ $# -eq 0 && "${COMPILECACHE_TEST_SPLIT:-1}" == 1 ]]; then
     log "where the time went, by cause: python scripts/suite_time.py $REPORT_DIR/*/durations.json"
 else
     log "pytest (report: $REPORT_DIR)"
-    python -m pytest --timing-report "$REPORT_DIR" --junitxml "$REPORT_DIR/junit.xml" "${budget[@]}" "$@"
+    # The plugin by -p and each option with its value in one word: pytest reads the command line for its first
+    # paths before any conftest loads, and took a separate DIR for one (then never loaded the plugin: exit 4).
+    python -m pytest -p testsupport.timing --timing-report="$REPORT_DIR" --junitxml="$REPORT_DIR/junit.xml" \
+        "${budget[@]}" "$@"
     status=$?
 fi
 set -e

@@ -1,6 +1,8 @@
 """The whole suite's plugins and order.
 
 - testsupport/timing.py: the durations report and the time budget.
+- testsupport/firstfailure.py: a test's first failure stays its headline when a clean-up (a ``finally:``) raises
+  over it.
 - The store servers (testsupport/servers.py): one redis-server, one Redis Cluster and one S3 endpoint per session.
 - The lanes: a test marked ``full_lane`` (or a case its module's ``in_full_lane`` names) buys breadth (more models,
   more versions of a kind of behaviour the default lane checks once) and runs only with ``COMPILECACHE_LANE=full``
@@ -20,7 +22,7 @@ import pytest
 from testsupport.builds import in_build_order
 from testsupport.servers import redis_cluster, redis_server, s3_server, store_url
 
-pytest_plugins = ("testsupport.timing",)
+pytest_plugins = ("testsupport.timing", "testsupport.firstfailure")
 __all__ = ["redis_cluster", "redis_server", "s3_server", "store_url"]
 """The store servers, one of each per session for every folder (a fixture imported into several conftests would be
 started once for each of them); tests/e2e/conftest.py has its own Redis, on the node's bridge."""

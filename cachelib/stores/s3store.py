@@ -6,9 +6,15 @@ so readers never see a partial object. An upload that fails on any path (an erro
 timeout, an exception raised into it such as the publish command's SIGTERM) is aborted at
 once, without waiting for parts in flight, and the abort is tried again for up to
 :data:`ABORT_SECONDS` while the server does not answer (a frozen or restarting server),
-so that no incomplete upload keeps its parts' storage. A process killed outright cannot
-abort: a bucket lifecycle rule (AbortIncompleteMultipartUpload) cleans those up. Reads are parallel
-ranged GETs pinned to the ETag seen at open (``If-Match``): a reader racing a re-publish
+so that no incomplete upload keeps its parts' storage. The upload's opening request may have been
+answered too late (a frozen server): the client asked again, and each request the server did receive opened an
+upload whose id the publisher never learnt. After a failed upload, and after one whose opening was asked for more
+than once, every other incomplete upload of the same object is listed and aborted too, within the same
+:data:`ABORT_SECONDS`: an object key names one bundle, which one publisher at a time uploads (the operator starts one
+warm-up per key), so an incomplete upload of it that is not the publisher's own is one it lost. (The time an upload
+was opened cannot tell them apart: S3-compatible servers do not all keep it, moto's answers a fixed date.)
+A process killed outright cannot abort: a bucket lifecycle rule (AbortIncompleteMultipartUpload) cleans those up.
+Reads are parallel ranged GETs pinned to the ETag seen at open (``If-Match``): a reader racing a re-publish
 either reads the version it opened or gets :class:`ObjectChanged`.
 The object's sha256 travels as user metadata (``x-amz-meta-sha256``), given with the upload
 itself: a single PUT hashes its body, a multipart upload of a stream that can seek (a local
@@ -171,7 +177,13 @@ class S3Store(Store):
         before_complete: Callable[[], None],
     ) -> None:
         bucket = self.config.bucket
-        upload_id = self._client.create_multipart_upload(Bucket=bucket, Key=name, Metadata=metadata)["UploadId"]
+        try:
+            opened = self._client.create_multipart_upload(Bucket=bucket, Key=name, Metadata=metadata)
+        except BaseException:
+            self._abort_orphans(name, keep=None, deadline=time.monotonic() + ABORT_SECONDS)
+            raise
+        upload_id = opened["UploadId"]
+        asked_again = int(opened.get("ResponseMetadata", {}).get("RetryAttempts", 0)) > 0
 
         def upload(number: int, piece: bytes) -> dict[str, Any]:
             answer = self._client.upload_part(
@@ -204,23 +216,52 @@ class S3Store(Store):
         except BaseException:
             for future in pending:
                 future.cancel()
-            self._abort(name, upload_id, in_flight=[f for f in pending if not f.cancelled()])
+            deadline = time.monotonic() + ABORT_SECONDS
+            self._abort(name, upload_id, in_flight=[f for f in pending if not f.cancelled()], deadline=deadline)
+            self._abort_orphans(name, keep=upload_id, deadline=deadline)
             raise
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+        if asked_again:  # an opening request answered late may have opened an upload nobody completes
+            self._abort_orphans(name, keep=upload_id, deadline=time.monotonic() + ABORT_SECONDS)
 
-    def _abort(self, name: str, upload_id: str, in_flight: Collection[Future[dict[str, Any]]]) -> None:
+    def _abort(self, name: str, upload_id: str, in_flight: Collection[Future[dict[str, Any]]], deadline: float
+               ) -> None:
         """Abort a failed upload at once, not waiting for the parts in flight (a frozen server would hold them
         until their timeouts, past a SIGTERM's grace period). Asked again while the server does not answer, up
         to :data:`ABORT_SECONDS`; and once more after the parts that were in flight have ended, since S3 may
         keep a part that arrived after the abort."""
-        deadline = time.monotonic() + ABORT_SECONDS
         if not self._abort_until(name, upload_id, deadline):
             return
         if in_flight:
             wait_for_futures(in_flight, timeout=max(0.0, deadline - time.monotonic()))
             if any(f.done() and f.exception() is None for f in in_flight):
                 self._abort_until(name, upload_id, deadline)
+
+    def _abort_orphans(self, name: str, *, keep: str | None, deadline: float) -> None:
+        """Abort the incomplete uploads of ``name`` but ``keep`` (one already aborted or completed): those whose
+        opening answer never reached this publisher. Listed again while the server does not
+        answer, until ``deadline``; what cannot be listed is left to the bucket's lifecycle rule, said once."""
+        while True:
+            try:
+                orphans = [upload["UploadId"] for upload in self._uploads_of(name) if upload["UploadId"] != keep]
+                break
+            except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+                if time.monotonic() >= deadline:
+                    log.warning("%s: could not list the incomplete uploads of %r (%s); a bucket lifecycle rule "
+                                "(AbortIncompleteMultipartUpload) removes them", self.url, name, exc)
+                    return
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        for orphan in orphans:
+            self._abort_until(name, orphan, deadline)
+
+    def _uploads_of(self, name: str) -> Iterator[Mapping[str, Any]]:
+        """The incomplete multipart uploads of the object ``name`` (of it alone, not of names it begins)."""
+        pages = self._abort_client.get_paginator("list_multipart_uploads")
+        for page in pages.paginate(Bucket=self.config.bucket, Prefix=name):
+            for upload in page.get("Uploads", []):
+                if upload.get("Key") == name:
+                    yield cast(Mapping[str, Any], upload)
 
     def _abort_until(self, name: str, upload_id: str, deadline: float) -> bool:
         """One abort, asked again until it is answered or ``deadline`` passes; whether the upload is gone."""

@@ -193,3 +193,28 @@ def test_deletion_honours_the_policy_even_mid_warm_up(
     time.sleep(3)  # a publish racing the delete would land now
     assert store_keys(url, ns, "done") == [] and store_keys(url, ns, "busy") == []
     assert len(store_keys(url, ns, "kept")) == 1, "deletionPolicy Keep leaves the bundles"
+
+
+def test_many_caches_deleted_at_once_each_delete_their_jobs_and_bundles(
+    operator: e2e.OperatorProcess, kube_client: KubeClient, kube_namespace: str, redis_server: RedisServer
+) -> None:
+    """Twelve caches with three warm-up Jobs each (three GPU types no node has: their pods stay Pending),
+    deleted at once: the operator deletes each cache's Jobs one by one while their watch events arrive, then
+    the finalizer. Every cache goes, no deletion fails on the way (no CleanupFailed event, no "dictionary
+    changed size during iteration" in the log), every Job goes with its cache."""
+    ns = kube_namespace
+    url = redis_server.store_url()
+    names = [f"many-{i}" for i in range(12)]
+    for name in names:
+        kube_client.post(e2e.cache_path(ns), e2e.compile_cache(name, spec(
+            url, deletionPolicy="Delete", gpuTypes=["NVIDIA-A10", "NVIDIA-L4", "NVIDIA-T4"])))
+    wait_for(lambda: all(len(e2e.jobs_of(kube_client, ns, n)) == 3 for n in names), TIMEOUT,
+             "three warm-up Jobs for each cache")
+    for name in names:
+        kube_client.delete(e2e.cache_path(ns, name))
+    wait_for(lambda: not kube_client.get(e2e.cache_path(ns))["items"], TIMEOUT, "every cache to be deleted")
+    wait_for(lambda: not any(e2e.jobs_of(kube_client, ns, n) for n in names), 60, "their Jobs to go")
+    events = kube_client.get(f"/api/v1/namespaces/{ns}/events")["items"]
+    assert not [e["message"] for e in events if e["reason"] == "CleanupFailed"]
+    assert sum(e["reason"] == "BundlesDeleted" for e in events) >= len(names)
+    assert "changed size during iteration" not in operator.log_path.read_text(errors="replace")

@@ -90,10 +90,14 @@ class PartitionRelay(TcpRelay):
     while ``frozen``, connections are accepted and bytes taken, but nothing is passed on and no answer comes; each
     connection caught in it is closed at ``thaw()`` without passing on what it held (it is gone, as the client gave
     up on it), and connections made afterwards work again. ``freeze_after`` freezes it by itself once that many
-    bytes have gone upstream: mid-request, at a point a test chooses."""
+    bytes have gone upstream: mid-request, at a point a test chooses. With ``answers_only``, the requests still reach
+    the server while frozen and only its answers are held: the server acts on every request, the client hears of
+    none (a server that answers too late)."""
 
-    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], freeze_after: int | None = None) -> None:
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], freeze_after: int | None = None,
+                 answers_only: bool = False) -> None:
         self.freeze_after = freeze_after
+        self.answers_only = answers_only
         self.sent = 0
         self.frozen = threading.Event()
         """Set while cut off (a test waits on it to act mid-request)."""
@@ -125,7 +129,7 @@ class PartitionRelay(TcpRelay):
                         if self.freeze_after is not None and self.sent >= self.freeze_after:
                             self.freeze_after = None
                             self.freeze()
-                if not self._open.is_set():
+                if not self._open.is_set() and not (outbound and self.answers_only):
                     self._open.wait()
                     break  # caught in the partition: cut, what it held is lost
                 sink.sendall(data)

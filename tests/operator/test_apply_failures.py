@@ -124,13 +124,76 @@ def superseded_job(body: dict[str, Any]) -> dict[str, Any]:
 def test_a_job_the_api_server_refuses_names_the_spec_field_in_the_status_and_an_event() -> None:
     api = ScriptedAPI({"create_job": [refused(("spec.template.spec.tolerations[0].key", "Invalid value: \"$(id)\""))]})
     state, result, events = run(cache(), api)
-    assert result is not None and result.problem and result.retry_after == SETTINGS.retry_seconds
+    assert result is not None and result.problem and result.until_changed and result.retry_after is None
     condition = ready(api.statuses[-1])
     assert (condition["status"], condition["reason"]) == ("False", reconcile_failures.JOB_REFUSED)
     assert condition["message"].startswith("spec.warmup.tolerations: creating warm-up Job cc-mlp-")
     assert "HTTP 422 Invalid" in condition["message"] and "$(id)" in condition["message"]
     assert ("Warning", reconcile_failures.JOB_REFUSED, condition["message"]) in events
-    assert KEY in state.scheduler.warnings and KEY not in state.scheduler.settled
+    assert KEY in state.scheduler.warnings and KEY in state.scheduler.settled, "settled until the cache changes"
+
+
+def test_a_job_refused_for_good_is_said_once_and_tried_again_only_when_the_cache_changes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """HTTP 422 on the Job: one Warning event and one warning line, no look again scheduled, the resync and the
+    cache's own events (its status write) pass it by; a new version of the cache (its spec changed) tries once
+    more. A 403 (a quota: it may pass) is looked at again instead."""
+    body = cache()
+    api = ScriptedAPI({"create_job": [refused(("spec.template.spec.tolerations[0].key", "Invalid value")) for _ in
+                                      range(3)]})
+    state = State(settings=replace(SETTINGS, retry_seconds=0.01), metrics=Metrics(), api=cast(KubeAPI, api))
+    state.cluster.indexes = Indexes(caches={KEY: [body]}, jobs={})
+    events: list[str] = []
+
+    def emit(_body: Any, _type: str, reason: str, _message: str) -> None:
+        events.append(reason)
+
+    async def go() -> None:
+        await scheduling.handle(state, KEY, emit)
+        assert KEY not in state.scheduler.retries, "no look again scheduled"
+        for _ in range(5):  # the resync and the events of its own status write
+            await scheduling.resync(state, emit)
+            await scheduling.handle(state, KEY, emit)
+            await asyncio.sleep(0.02)
+        assert api.calls.count("create_job") == 1
+        changed = {**body, "metadata": {**body["metadata"], "resourceVersion": "101", "generation": 2}}
+        state.cluster.indexes = Indexes(caches={KEY: [changed]}, jobs={})
+        await scheduling.handle(state, KEY, emit)
+        assert api.calls.count("create_job") == 2, "a new version of the cache tries again"
+
+    with caplog.at_level(logging.INFO, logger="compilecache_operator.controller.scheduling"):
+        asyncio.run(go())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2, "one line for each version of the cache refused"
+    assert all("not tried again until the CompileCache changes" in w for w in warnings)
+    assert "-g3 refused" in warnings[0] and "-g2 refused" in warnings[1]
+    assert events.count(reconcile_failures.JOB_REFUSED) == 2
+    quota = KubeError("POST", "/x", 403, '{"reason": "Forbidden", "message": "exceeded quota: no-jobs"}')
+    _, result, _ = run(cache(), ScriptedAPI({"create_job": [quota]}))
+    assert result is not None and not result.until_changed and result.retry_after == SETTINGS.retry_seconds
+
+
+def test_a_lasting_problem_is_looked_at_again_less_and_less_often() -> None:
+    """Each reconcile that ends in a problem doubles the pause before the next look, up to BACKOFF_LIMIT times
+    retry_seconds; one that ends without a problem starts again from retry_seconds."""
+    from compilecache_operator.controller.state import BACKOFF_LIMIT
+
+    api = ScriptedAPI({"create_job": [RuntimeError("down") for _ in range(6)]})
+    state = State(settings=SETTINGS, metrics=Metrics(), api=cast(KubeAPI, api))
+    state.cluster.indexes = Indexes(caches={KEY: [cache()]}, jobs={})
+
+    async def pauses(times: int) -> list[float | None]:
+        out = []
+        for _ in range(times):
+            result = await scheduling.reconcile(state, *KEY)
+            out.append(result.retry_after if result else None)
+        return out
+
+    seen = asyncio.run(pauses(6))
+    base = SETTINGS.retry_seconds
+    assert seen == [base, 2 * base, 4 * base, 8 * base, BACKOFF_LIMIT * base, BACKOFF_LIMIT * base], seen
+    assert asyncio.run(pauses(1)) == [None] and KEY not in state.scheduler.failures, "healthy again"
 
 
 @pytest.mark.parametrize(("method", "error", "what", "spec", "jobs"), [
@@ -341,3 +404,39 @@ def test_a_deletion_whose_storage_secret_may_not_be_read_says_so_once_and_keeps_
     assert [reason for reason, _ in events] == ["SecretForbidden"], events
     assert "may not read Secret 's' in namespace 'team-a'" in events[0][1]
     assert api.calls.count("read_secret") == 2 and "set_finalizers" not in api.calls
+
+
+def test_a_deletion_deletes_every_job_while_the_watch_removes_them_from_the_index(tmp_path: Any) -> None:
+    """A cache being deleted with three warm-up Jobs: the operator deletes them one by one, and the watch's
+    DELETED event of each arrives while it waits for the next answer (the index's group of that cache shrinks
+    under the loop). Every Job is deleted, the bundles after them, and no "dictionary changed size during
+    iteration" ends the deletion in CleanupFailed."""
+    from compilecache_operator.controller.state import owner_uids
+    from compilecache_operator.controller.watches import Grouped
+    from compilecache_operator.edge.informer import DELETED, Change, index_by
+
+    body = cache(storage={"url": f"file://{tmp_path}"}, deletionPolicy="Delete")
+    body["metadata"]["finalizers"] = [FINALIZER]
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    groups: dict[str, dict[Any, Any]] = {}
+    for i in range(3):
+        job = {**superseded_job(body)}
+        job["metadata"] = {**job["metadata"], "name": f"mlp-{i}", "uid": f"job-{i}"}
+        index_by(groups, Change("ADDED", ("team-a", f"mlp-{i}"), None, job), owner_uids)
+
+    class WatchedAPI(ScriptedAPI):
+        async def delete_job(self, namespace: str, name: str) -> bool:
+            await super().delete_job(namespace, name)
+            gone = groups["uid-1234"][(namespace, name)]
+            index_by(groups, Change(DELETED, (namespace, name), gone, None), owner_uids)  # the watch, meanwhile
+            await asyncio.sleep(0)
+            return True
+
+    api = WatchedAPI()
+    state = State(settings=SETTINGS, metrics=Metrics(), api=cast(KubeAPI, api))
+    state.cluster.indexes = Indexes(caches={KEY: [body]}, jobs=Grouped(groups))
+    events: list[tuple[str, str]] = []
+    asyncio.run(scheduling.handle(state, KEY, lambda _body, _type, reason, message: events.append((reason, message))))
+    assert api.calls.count("delete_job") == 3, api.calls
+    assert [reason for reason, _ in events] == ["BundlesDeleted"], events
+    assert api.calls[-1] == "set_finalizers"

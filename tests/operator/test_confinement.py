@@ -94,6 +94,42 @@ def test_a_confined_cache_is_invalid_and_never_wired_into_pods() -> None:
     assert inject(pod(), refused).skipped == "not-ready"
 
 
+@pytest.mark.parametrize(("host", "port", "allowed"), [
+    ("redis.cache.svc", 6379, True),
+    ("Redis.Cache.SVC", 6379, True),
+    ("collector.attacker.example", 6379, False),
+    ("169.254.169.254", 80, False),
+    ("redis.cache.svc", 6380, False),  # the allow-list pins the port
+    ("other.team.svc", 6379, True),  # a grant's host
+])
+def test_the_remote_cache_is_confined_like_a_store(host: str, port: int, allowed: bool) -> None:
+    """``spec.remoteCache`` points the warm-up and every opted-in pod's PyTorch remote cache (entries torch loads and
+    runs, signed by nobody) at a Redis: its ``host:port`` is held against the stores' allow-list, grants included,
+    and refused with the field named, at the reconcile and in the webhook's view (no pod is wired to it)."""
+    from compilecache_operator.model.confinement import Grant
+
+    confined = Confinement(store_hosts=("redis.cache.svc:6379",),
+                           grants=(Grant(source="cm", namespaces=("team-a",), store_hosts=("*.team.svc",)),))
+    remote = {"host": host, "port": port}
+    spec = parsed(storage={"url": "redis://redis.cache.svc:6379/0"}, remoteCache=remote)
+    body = owner(storage={"url": "redis://redis.cache.svc:6379/0"}, remoteCache=remote)
+    body["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    from compilecache_operator.model.spec import Defaults
+
+    if allowed:
+        check_confinement(confined, "team-a", spec)
+        assert cacheview.cache_view(body, Defaults(), confined).ready
+        return
+    with pytest.raises(InvalidSpec) as refused:
+        check_confinement(confined, "team-a", spec)
+    (error,) = refused.value.errors
+    assert error.path == "spec.remoteCache.host"
+    assert f"remote cache {host.lower()}:{port} is not on the operator's allow-list" in error.message
+    view_of = cacheview.cache_view(body, Defaults(), confined)
+    assert not view_of.ready and inject(pod(), view_of).skipped == "not-ready"
+    check_confinement(Confinement(), "team-a", spec)  # a list not configured confines nothing
+
+
 def test_webhook_passes_the_trusted_keys_to_the_preload() -> None:
     keys = ("a" * 44, "b" * 44)
     patch = podpatch.build_pod_patch(pod(), view(), preloader_image="img", trusted_keys=keys)

@@ -24,6 +24,8 @@ from compilecache_operator.model.names import (
 )
 from compilecache_operator.model.sidecars import SidecarSupport
 from compilecache_operator.model.spec import InvalidSpec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cachelib.cli.parser import build_parser
 from tests.operator.samples import env_of, inject, job_for, parsed, pod, view
@@ -80,6 +82,42 @@ def test_bad_vllm_specs_name_the_field(model: dict[str, Any], extra: dict[str, A
         parsed(model=model, **extra)
     errors = {e.path: e.message for e in raised.value.errors}
     assert path in errors and fragment in errors[path], errors
+
+
+UNSEEN = st.characters(categories=["Cc", "Cf", "Co", "Zl", "Zp"])
+"""Characters nobody sees in a manifest: controls (NUL, escape, bell, DEL, C1), format (zero-width space,
+right-to-left override, byte-order mark), private use, line and paragraph separators."""
+
+
+@settings(max_examples=150, derandomize=True, database=None, deadline=None)
+@given(field=st.sampled_from(["model", "args", "command", "env"]), hidden=UNSEEN,
+       text=st.text(st.characters(categories=["L", "N"]) | st.sampled_from("/-_.:"), min_size=1, max_size=20),
+       at=st.integers(0, 20))
+def test_a_hidden_character_in_any_vllm_string_is_refused_with_its_field(field: str, hidden: str, text: str,
+                                                                         at: int) -> None:
+    """The model string is refused as every other vLLM string is: a control or invisible character anywhere in it
+    names the field and the character's code point (engine arguments and variables' values may keep a tab or a
+    line end, which JSON and YAML blocks carry)."""
+    value = text[:at] + hidden + text[at:]
+    vllm: dict[str, Any] = {"model": MODEL}
+    path = {"model": "spec.model.vllm.model", "args": "spec.model.vllm.args[1]",
+            "command": "spec.model.vllm.command[1]", "env": "spec.model.vllm.env[0].value"}[field]
+    if field == "model":
+        vllm["model"] = value
+    elif field == "args":
+        vllm["args"] = ["--served-model-name", value]
+    elif field == "command":
+        vllm["command"] = ["vllm", value]
+    else:
+        vllm["env"] = [{"name": "VLLM_X", "value": value}]
+    if field in ("args", "env") and hidden in "\t\n\r":
+        parsed(model={"vllm": vllm})
+        return
+    with pytest.raises(InvalidSpec) as raised:
+        parsed(model={"vllm": vllm})
+    errors = {e.path: e.message for e in raised.value.errors}
+    assert list(errors) == [path], errors
+    assert f"U+{ord(hidden):04X}" in errors[path] and "control and invisible characters" in errors[path]
 
 
 def test_each_part_of_the_start_is_part_of_the_variant() -> None:

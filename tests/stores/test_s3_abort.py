@@ -43,10 +43,10 @@ CUT_SECONDS = 3.0
 """How long the relay stays cut off: longer than a part's timeout (1 s), so the upload fails while it lasts."""
 
 
-def relayed_bucket(s3_server: S3Server, relay: PartitionRelay) -> tuple[str, str]:
-    """A new bucket's store URL through ``relay`` (5 MiB parts, one at a time, 1 s timeouts, no retries), and its
-    bucket."""
-    url = s3_server.new_bucket(part="5M", workers="1", timeout="1", retries="0")
+def relayed_bucket(s3_server: S3Server, relay: PartitionRelay, retries: int = 0) -> tuple[str, str]:
+    """A new bucket's store URL through ``relay`` (5 MiB parts, one at a time, 1 s timeouts, ``retries`` client
+    retries), and its bucket."""
+    url = s3_server.new_bucket(part="5M", workers="1", timeout="1", retries=str(retries))
     url = url.replace(s3_server.endpoint, f"http://{relay.host}:{relay.port}")
     return url, urlsplit(url).netloc
 
@@ -56,16 +56,17 @@ def incomplete_uploads(s3_server: S3Server, bucket: str) -> list[str]:
     return [u["Key"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
 
 
-def relay_to(s3_server: S3Server, freeze_after: int) -> PartitionRelay:
+def relay_to(s3_server: S3Server, freeze_after: int, answers_only: bool = False) -> PartitionRelay:
     upstream = urlsplit(s3_server.endpoint)
-    return PartitionRelay(("127.0.0.1", 0), (str(upstream.hostname), int(upstream.port or 80)), freeze_after)
+    return PartitionRelay(("127.0.0.1", 0), (str(upstream.hostname), int(upstream.port or 80)), freeze_after,
+                          answers_only=answers_only)
 
 
-def thaw_later(relay: PartitionRelay) -> threading.Thread:
-    """Restore ``relay`` CUT_SECONDS after it was cut off."""
+def thaw_later(relay: PartitionRelay, seconds: float = CUT_SECONDS) -> threading.Thread:
+    """Restore ``relay`` ``seconds`` after it was cut off."""
     def run() -> None:
         relay.frozen.wait(60)
-        time.sleep(CUT_SECONDS)
+        time.sleep(seconds)
         relay.thaw()
 
     thread = threading.Thread(target=run, daemon=True)
@@ -85,6 +86,33 @@ def test_a_put_cut_off_mid_part_aborts_its_upload_once_the_server_answers(s3_ser
         assert relay.sent >= 7 * MiB, "the relay was cut off mid-upload"
         assert incomplete_uploads(s3_server, bucket) == []
         assert CUT_SECONDS <= took < ABORT_SECONDS, "the abort was asked for again until the server answered"
+
+
+@pytest.mark.parametrize(("retries", "held"), [(2, 12.0), (3, 1.5)], ids=["the-put-fails", "a-later-attempt-succeeds"])
+def test_uploads_opened_by_requests_answered_too_late_are_aborted(s3_server: S3Server, retries: int, held: float
+                                                                  ) -> None:
+    """The server receives the upload's opening request (and the client's retries of it) but its answers are held:
+    past every attempt (3 of 1 s each, with the client's pauses between them), or for 1.5 s, past the first one only.
+    Each request the server received opened an upload whose id the put never learnt. Failed or not, the put leaves
+    no incomplete upload of the object behind (an upload of another object of the bucket is left alone), and a
+    bundle that did go up is whole."""
+    with relay_to(s3_server, freeze_after=1, answers_only=True) as relay:
+        url, bucket = relayed_bucket(s3_server, relay, retries=retries)
+        client: S3Client = boto3.client("s3", endpoint_url=s3_server.endpoint)
+        other = client.create_multipart_upload(Bucket=bucket, Key="someone-else")["UploadId"]
+        thawed = thaw_later(relay, held)
+        body = os.urandom(11 * MiB + 5)
+        with open_store(url) as store:
+            if held > retries * 3:
+                with pytest.raises(StoreUnavailable):
+                    store.put("big", io.BytesIO(body), len(body))
+            else:
+                store.put("big", io.BytesIO(body), len(body))
+                with store.get("big") as stream:
+                    assert stream.read() == body
+        thawed.join(30)
+    assert incomplete_uploads(s3_server, bucket) == ["someone-else"]
+    client.abort_multipart_upload(Bucket=bucket, Key="someone-else", UploadId=other)
 
 
 def test_publish_sent_sigterm_mid_part_aborts_its_upload_before_it_exits(s3_server: S3Server,

@@ -74,6 +74,9 @@ class Outcome:
     problem: str | None = None
     """A problem that may pass (a missing Secret, no GPU node yet): look again after ``retry_after``."""
     retry_after: float | None = None
+    until_changed: bool = False
+    """The problem ends only with a change of the cache's inputs (``retry_after`` is None): not looked at again
+    until they change."""
     invalid: str | None = None
     """Set when the spec can never work: the field paths and what is wrong."""
     gone: bool = False

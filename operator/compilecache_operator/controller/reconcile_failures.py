@@ -23,6 +23,9 @@ APPLY_FAILED = "ApplyFailed"
 RECONCILE_FAILED = "ReconcileFailed"
 """The reconcile failed before it wrote anything (reading what it decides from, or deciding)."""
 REFUSED_STATUSES = frozenset({400, 403, 422})
+REFUSED_FOR_GOOD = frozenset({400, 422})
+"""A Job refused as malformed or invalid stays refused until the spec it is built from changes (403 is a quota or
+a permission, which may pass)."""
 
 # Where the Job's fields come from in the CompileCache (warmup_job.build_job), most specific first.
 _JOB_FIELDS = (
@@ -86,7 +89,8 @@ def failure_of(exc: BaseException) -> Failure:
     if isinstance(cause, KubeError) and cause.status in REFUSED_STATUSES and exc.what.startswith("creating"):
         fields = sorted({f for f in (cache_field(field) for field, _ in cause.causes) if f})
         named = f"{', '.join(fields)}: " if fields else ""
-        return Failure(JOB_REFUSED, f"{named}{exc.what} refused by the API server: {describe(cause)}")
+        return Failure(JOB_REFUSED, f"{named}{exc.what} refused by the API server: {describe(cause)}",
+                       until_changed=cause.status in REFUSED_FOR_GOOD)
     return Failure(APPLY_FAILED, f"{exc.what} failed: {describe(cause)}")
 
 

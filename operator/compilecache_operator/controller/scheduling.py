@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from compilecache_operator.controller.cache_warnings import failure_warning, post_warnings
@@ -193,10 +194,15 @@ async def reconcile(
             if body is None:
                 raise
             result = await report_failure(state, body, exc, emit)
-        if result.problem or result.warming or actions.create or actions.count or actions.records:
+        if result.until_changed:  # settled on what it read: the next change of its inputs tries again
+            state.scheduler.settled[key] = _settled_fingerprint(state, key, before)
+        elif result.problem or result.warming or actions.create or actions.count or actions.records:
             state.scheduler.settled.pop(key, None)
         elif actions.finalizers is None:
             state.scheduler.settled[key] = _settled_fingerprint(state, key, before)
+        if result.problem and result.retry_after:
+            return replace(result, retry_after=state.scheduler.backoff(key, result.retry_after))
+        state.scheduler.failures.pop(key, None)
         return result
 
 
@@ -221,24 +227,31 @@ def _settled_fingerprint(state: State, key: Key, before: tuple[Any, ...]) -> tup
 
 async def report_failure(state: State, body: Mapping[str, Any], exc: BaseException, emit: Emit | None) -> Outcome:
     """A reconcile that failed: Ready=False with the reason and what failed (:func:`failures.failure_of`),
-    a Warning event, a log line; the cache is looked at again after ``settings.retry_seconds``. When
-    even the status cannot be written, the event and the log say both."""
+    a Warning event, a log line; the cache is looked at again after ``settings.retry_seconds`` (longer while
+    the failure lasts: :meth:`Scheduler.backoff`), or, refused for good, once its inputs change. When even the
+    status cannot be written, the event and the log say both."""
     failure = failure_of(exc)
     meta = body["metadata"]
     where = f"{meta.get('namespace')}/{meta.get('name')}"
-    logger.warning("CompileCache %s: %s: %s", where, failure.reason, failure.message,
-                   exc_info=exc if failure.reason == "ReconcileFailed" else None)
+    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    warning = failure_warning(failure)
+    # A failure said once while it stands: looking again (with a growing pause) repeats it at INFO only.
+    level = logging.INFO if warning in state.scheduler.warnings.get(key, frozenset()) else logging.WARNING
+    logger.log(level, "CompileCache %s: %s: %s%s", where, failure.reason, failure.message,
+               " (not tried again until the CompileCache changes)" if failure.until_changed else "",
+               exc_info=exc if failure.reason == "ReconcileFailed" and level == logging.WARNING else None)
     generation = int(meta.get("generation") or 1)
     status = cache_status.build_status(body.get("status"), generation=generation,
                                    conditions=cache_status.failure_conditions(failure), bundles=None,
                                    planned_gpus=None, storage_url=None, now=now_rfc3339())
-    warning = failure_warning(failure)
     try:
         await write_status(state, body, status)
     except Exception as write_exc:
         logger.error("CompileCache %s: the status saying so could not be written either: %s", where, write_exc)
         warning = WarningEvent(failure.reason, f"{failure.message} (and the status could not be written: {write_exc})")
     post_warnings(state, body, [warning], emit)
+    if failure.until_changed:
+        return Outcome(problem=failure.message, until_changed=True)
     return Outcome(problem=failure.message, retry_after=state.settings.retry_seconds)
 
 

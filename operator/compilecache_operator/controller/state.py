@@ -188,6 +188,10 @@ class ClusterView:
         self.specs.pop(key, None)
 
 
+BACKOFF_LIMIT = 8
+"""The longest pause between looks at a cache with a lasting problem, in ``Settings.retry_seconds``."""
+
+
 @dataclass
 class Scheduler:
     """What decides when a cache is reconciled: the queue of caches to handle, the per-cache locks and
@@ -203,6 +207,8 @@ class Scheduler:
     """Per cache, the fingerprint of the inputs of its last reconcile that left nothing to wait for."""
     retries: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
     """Per cache, a look again scheduled after a problem that may pass."""
+    failures: dict[Key, int] = field(default_factory=dict)
+    """Per cache, how many reconciles in a row ended in a problem (:meth:`backoff`)."""
     warnings: dict[Key, frozenset[WarningEvent]] = field(default_factory=dict)
     """Per cache, the Warning events of problems still standing: each is posted when it begins."""
     background: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -223,9 +229,16 @@ class Scheduler:
             self._slots = asyncio.Semaphore(max(1, self.concurrency))
         return self._slots
 
+    def backoff(self, key: Key, pause: float) -> float:
+        """The pause before looking again at a cache whose last reconciles all ended in a problem: ``pause``
+        after the first, doubled after each one more, at most :data:`BACKOFF_LIMIT` times ``pause``."""
+        failures = self.failures[key] = self.failures.get(key, 0) + 1
+        return pause * float(min(2 ** (failures - 1), BACKOFF_LIMIT))
+
     def forget(self, key: Key) -> None:
         self.warnings.pop(key, None)
         self.settled.pop(key, None)
+        self.failures.pop(key, None)
         retry = self.retries.pop(key, None)
         if retry is not None:
             retry.cancel()

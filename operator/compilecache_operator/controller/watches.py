@@ -62,13 +62,16 @@ class Singles(Mapping[Key, tuple[Obj]]):
 
 
 class Grouped(Mapping[str, Collection[Obj]]):
-    """Objects grouped under index keys (``index_by``), read as an index: the objects under each key."""
+    """Objects grouped under index keys (``index_by``), read as an index: the objects under each key, as they
+    are at the read. A reader may iterate them across an ``await`` (a deletion deletes a cache's Jobs one by
+    one), during which the watch changes the group: a live view of it would end that loop with "dictionary
+    changed size during iteration"."""
 
     def __init__(self, groups: Mapping[str, Mapping[ObjectKey, Obj]]) -> None:
         self._groups = groups
 
-    def __getitem__(self, key: str) -> Collection[Obj]:
-        return self._groups[key].values()
+    def __getitem__(self, key: str) -> tuple[Obj, ...]:
+        return tuple(self._groups[key].values())
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._groups)

@@ -21,6 +21,9 @@ class Failure:
 
     reason: str
     message: str
+    until_changed: bool = False
+    """Only a change of the cache's inputs can end it (the API server refuses a Job built from the spec as it
+    is): trying again with the same inputs would only repeat the refusal."""
 
 
 def failure_conditions(failure: Failure) -> list[cond.Condition]:

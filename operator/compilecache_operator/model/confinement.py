@@ -8,7 +8,9 @@ The operator therefore accepts only:
 
 - stores whose destination is on the allow-list (``--allowed-store-hosts``): a Redis or S3-endpoint
   host (``redis.cache.svc``, with ``:port`` to pin the port, ``*.cache.svc`` for a domain), an S3
-  bucket without endpoint (``s3://bucket``), a file store root (``file:///shared/cache``);
+  bucket without endpoint (``s3://bucket``), a file store root (``file:///shared/cache``); the same list holds
+  PyTorch's own remote cache (``spec.remoteCache``: a Redis the warm-up and every opted-in pod read compiled
+  entries from, which torch loads and runs unsigned), as ``host:port``;
 - credentials Secrets on the allow-list (``--allowed-store-secrets``): ``NAME`` in any namespace or
   ``NAMESPACE/NAME``;
 - warm-up ServiceAccounts on the allow-list (``--allowed-warmup-service-accounts``), same forms.
@@ -215,19 +217,26 @@ def problems(
     store_url: str | StoreURL,
     secret_name: str | None,
     service_account: str | None,
+    remote_cache: tuple[str, int] | None = None,
 ) -> list[FieldError]:
-    """The field path and what is wrong of each choice of the CompileCache outside the allow-lists."""
+    """The field path and what is wrong of each choice of the CompileCache outside the allow-lists
+    (``remote_cache``: the host and port of ``spec.remoteCache``)."""
     confinement = confinement.for_namespace(namespace)
     found: list[FieldError] = []
     if confinement.store_hosts is not None:
+        hosts = ", ".join(confinement.store_hosts) or "none"
         try:
             destination = store_destination(store_url)
         except StoreURLError as exc:
             return [FieldError("spec.storage.url", str(exc))]
         if not destination_allowed(destination, confinement.store_hosts):
-            hosts = ", ".join(confinement.store_hosts) or "none"
             what = f"store {destination} is not on the operator's allow-list ({hosts})"
             found.append(FieldError("spec.storage.url", what))
+        if remote_cache is not None:
+            remote = f"{remote_cache[0].lower()}:{remote_cache[1]}"
+            if not destination_allowed(remote, confinement.store_hosts):
+                found.append(FieldError("spec.remoteCache.host", f"remote cache {remote} is not on the operator's "
+                                                                 f"allow-list ({hosts})"))
     if secret_name and (allowed := _outside(confinement.store_secrets, namespace, secret_name)) is not None:
         found.append(FieldError(
             "spec.storage.secretRef.name",
@@ -283,6 +292,7 @@ def check_confinement(confinement: Confinement, namespace: str, spec: CacheSpec)
         store_url=spec.storage.store or spec.storage.url,
         secret_name=spec.storage.secret_name,
         service_account=spec.warmup.service_account_name,
+        remote_cache=(spec.remote_cache.host, spec.remote_cache.port) if spec.remote_cache is not None else None,
     )
     found += warmup_problems(confinement, namespace, spec.warmup)
     if found:

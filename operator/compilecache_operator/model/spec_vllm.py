@@ -8,6 +8,7 @@ here with the field named; what vLLM itself would refuse is left to vLLM (the wa
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,16 +24,41 @@ from compilecache_operator.model.spec_fields import FieldErrors, read_list, read
 
 _ENV_NAME = re.compile(r"^VLLM_[A-Za-z0-9_]*$")
 MAX_ARG_LENGTH = 4096
+UNSEEN_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
+"""Unicode categories of characters a reader of the spec cannot see or that end a line: controls (NUL, escape, DEL),
+format characters (zero-width space, right-to-left override), private-use, surrogates, unassigned, line and
+paragraph separators. A vLLM string may hold none: vLLM hashes the string as written, so a hidden character is a
+key nobody can type (the pods' manifests would have to carry it too), and a warm-up fails on it."""
+LINE_WHITESPACE = frozenset("\t\n\r")
+"""Controls a value may keep where it is JSON or free text (an engine argument, a variable's value): YAML's ``|``
+ends a block with a newline."""
+
+
+def unseen_character(text: str, allowed: frozenset[str] = frozenset()) -> str | None:
+    """Why ``text`` is refused: the first character of :data:`UNSEEN_CATEGORIES` in it (not one of ``allowed``),
+    named with its code point and position; None when it has none."""
+    for i, char in enumerate(text):
+        if char not in allowed and unicodedata.category(char) in UNSEEN_CATEGORIES:
+            name = unicodedata.name(char, unicodedata.category(char))
+            return f"holds U+{ord(char):04X} ({name}) at character {i + 1}: control and invisible characters are " \
+                   "refused"
+    return None
 
 
 def parse_vllm(raw: Any, path: str, errors: FieldErrors) -> VllmSpec | None:
     """``spec.model.vllm`` -> :class:`VllmSpec`, every problem added to ``errors`` at its field's path."""
     section = read_mapping(raw, path, errors)
     model = read_string(section, "model", path, errors, required=True, max_length=1024)
-    command = _strings(section.get("command"), f"{path}.command", errors, 16) or list(DEFAULT_VLLM_COMMAND)
-    args = _strings(section.get("args"), f"{path}.args", errors, MAX_VLLM_ARGS)
+    if model is not None and (problem := unseen_character(model)):
+        errors.add(f"{path}.model", f"{shown(model)} {problem}")
+        model = None
+    before = len(errors.items)
+    command = (_strings(section.get("command"), f"{path}.command", errors, 16, frozenset())
+               or list(DEFAULT_VLLM_COMMAND))
+    command_refused = len(errors.items) > before
+    args = _strings(section.get("args"), f"{path}.args", errors, MAX_VLLM_ARGS, LINE_WHITESPACE)
     env = _env(section.get("env"), f"{path}.env", errors)
-    if vllmargs.launcher_length(command) is None:
+    if not command_refused and vllmargs.launcher_length(command) is None:
         errors.add(f"{path}.command", f"{shown(command)} does not start vLLM's server: vllm serve, or python -m "
                                       f"{vllmargs.LAUNCH_MODULES[0]}")  # fmt: skip
     if model is None:
@@ -42,15 +68,18 @@ def parse_vllm(raw: Any, path: str, errors: FieldErrors) -> VllmSpec | None:
     return spec
 
 
-def _strings(raw: Any, path: str, errors: FieldErrors, most: int) -> list[str]:
+def _strings(raw: Any, path: str, errors: FieldErrors, most: int, allowed: frozenset[str]) -> list[str]:
     items = read_list(raw, path, errors)
     if len(items) > most:
         errors.add(path, f"at most {most} items, got {len(items)}")
         return []
     out = []
     for i, item in enumerate(items):
-        if not isinstance(item, str) or len(item) > MAX_ARG_LENGTH or "\x00" in item:
-            errors.add(f"{path}[{i}]", f"must be a string of at most {MAX_ARG_LENGTH} characters without NUL")
+        if not isinstance(item, str) or len(item) > MAX_ARG_LENGTH:
+            errors.add(f"{path}[{i}]", f"must be a string of at most {MAX_ARG_LENGTH} characters")
+            continue
+        if problem := unseen_character(item, allowed):
+            errors.add(f"{path}[{i}]", f"{shown(item)} {problem}")
             continue
         out.append(item)
     return out
@@ -76,8 +105,11 @@ def _env(raw: Any, path: str, errors: FieldErrors) -> list[tuple[str, str]]:
         if name in out:
             errors.add(f"{where}.name", f"{name} is set twice")
             continue
-        if not isinstance(value, str) or "\x00" in value:
-            errors.add(f"{where}.value", "must be a string without NUL (the value is part of vLLM's key: no valueFrom)")
+        if not isinstance(value, str):
+            errors.add(f"{where}.value", "must be a string (the value is part of vLLM's key: no valueFrom)")
+            continue
+        if problem := unseen_character(value, LINE_WHITESPACE):
+            errors.add(f"{where}.value", f"{shown(value)} {problem}")
             continue
         out[name] = value
     return sorted(out.items())
