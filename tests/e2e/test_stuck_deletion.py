@@ -1,11 +1,11 @@
 """The CRD stuck Terminating after the operator is gone, and docs/runbooks.md's recovery, run as written.
 
 A CompileCache with ``deletionPolicy: Delete`` carries the operator's finalizer and has a bundle in a real
-redis-server, the operator stops (as
-``helm uninstall`` removes it), the CRD is deleted (as the uninstall does with ``crds.keep: false``): the CRD stays
-Terminating while the cache keeps the operator's finalizer. The runbook's commands (its
-``<!-- stuck-deletion-recovery -->`` block, in bash with kubectl and the ``compilecache`` CLI of this checkout on
-the PATH, the cluster's admin kubeconfig) end it: the CRD is gone and the bundle is deleted from the store.
+redis-server, the operator stops (as ``helm uninstall`` removes it), the CRD is deleted (as the uninstall does with
+``crds.keep: false``): the CRD stays Terminating while the cache keeps the operator's finalizer, and its warm-up still
+runs. The runbook's commands (its ``<!-- stuck-deletion-recovery -->`` block, in bash with kubectl and the
+``compilecache`` CLI of this checkout on the PATH, the cluster's admin kubeconfig) end it: the CRD is gone, no
+warm-up pod is left to publish, and the bundle is deleted from the store.
 The chart's ValidatingWebhookConfiguration is left behind too, its Service gone (an uninstall that stopped half-way):
 it refuses a change of spec it cannot have checked, and is never sent the runbook's finalizer removal.
 The CRD is installed again afterwards for the tests that follow in the session.
@@ -69,9 +69,10 @@ def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
 ) -> None:
     ns = kube_namespace
     store = redis_server.store_url()
+    # its warm-up still runs when the operator goes: a publish after the runbook's clean-up would leave a bundle
     kube_client.post(e2e.cache_path(ns), e2e.compile_cache("doomed", {
-        "image": WORKLOAD_IMAGE, "model": {"target": "tiny_mlp"}, "storage": {"url": store},
-        "deletionPolicy": "Delete"}))
+        "image": WORKLOAD_IMAGE, "model": {"command": "python -c 'import time; time.sleep(600)'"},
+        "storage": {"url": store}, "deletionPolicy": "Delete"}))
     # the operator takes the cache on (its finalizer); a bundle of the cache's key is in the store (published
     # here, as its warm-up would: the test is about the deletion, not the warm-up)
     wait_for(lambda: OURS in (kube_client.get(e2e.cache_path(ns, "doomed"))["metadata"].get("finalizers") or []), 60,
@@ -79,6 +80,7 @@ def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
     with open_store(store) as opened:
         publish(make_outdir(tmp_path / "out", make_key(namespace=ns, name="doomed")), opened)
     assert bundles(store) == 1
+    wait_for(lambda: warmup_pods(kube_client, ns), 120, "the warm-up pod")
 
     check = one(template(helm_bin, set_values=[f"operator.watchNamespaces={{{ns}}}"], namespace=f"{ns}-gone"),
                 "ValidatingWebhookConfiguration")
@@ -119,11 +121,17 @@ def test_the_runbook_ends_a_crd_stuck_terminating_after_the_operator_is_gone(
         assert proc.returncode == 0, said
         assert not crd_exists(kube_client), said
         assert "unseen" not in proc.stderr, proc.stderr  # nothing to collect for it, and no error
+        assert warmup_pods(kube_client, ns) == [], said  # no warm-up left to publish after the clean-up
         assert bundles(store) == 0, said  # what the finalizer would have deleted
     finally:  # its failures are notes on the test's own (testsupport/firstfailure.py)
         kube_client.delete_if_present(f"{VWC_API}/{ns}-left-behind")
         end_a_stuck_crd(kube_client)
         install_crd(kube_client)  # for the tests after this one in the session
+
+
+def warmup_pods(client: KubeClient, namespace: str) -> list[str]:
+    pods = client.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector="compilecache.io/warmup-for")["items"]
+    return [p["metadata"]["name"] for p in pods]
 
 
 def what_holds_the_crd(client: KubeClient) -> str:
